@@ -1,0 +1,83 @@
+//! `fault_inject`: passes samples through but fails on chosen ones, to drill supervision and dead letters.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{
+    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
+    PortSpec,
+};
+
+/// How a chosen message fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum FaultMode {
+    #[default]
+    Panic,
+    Error,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultInjectParams {
+    /// Fail on every sample whose id ends with one of these suffixes (e.g. `"-13"`).
+    pub fail_ids_ending: Vec<String>,
+    pub mode: FaultMode,
+}
+
+static INFO: KindInfo = KindInfo {
+    name: "fault_inject",
+    about: "passes samples through, panicking or erroring on chosen ids (supervision drills)",
+    inputs: &[PortSpec::new("in", MessageType::Sample)],
+    outputs: &[PortSpec::new("out", MessageType::Sample)],
+    source: false,
+};
+
+impl ActorFactory for FaultInjectParams {
+    fn info(&self) -> &'static KindInfo {
+        &INFO
+    }
+
+    fn build(&self, _ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+        Ok(Box::new(FaultInject {
+            params: self.clone(),
+        }))
+    }
+}
+
+impl KindParams for FaultInjectParams {
+    fn example() -> Self {
+        FaultInjectParams {
+            fail_ids_ending: vec!["-13".to_owned()],
+            mode: FaultMode::Panic,
+        }
+    }
+}
+
+struct FaultInject {
+    params: FaultInjectParams,
+}
+
+impl Actor for FaultInject {
+    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
+        let Message::Sample(sample) = message else {
+            return Err(ActorError::Unexpected {
+                port: port.to_owned(),
+                got: message.message_type(),
+            });
+        };
+        if self
+            .params
+            .fail_ids_ending
+            .iter()
+            .any(|s| sample.id.ends_with(s.as_str()))
+        {
+            match self.params.mode {
+                FaultMode::Panic => panic!("injected fault on {}", sample.id),
+                FaultMode::Error => {
+                    return Err(ActorError::Failed(format!("injected fault on {}", sample.id)));
+                }
+            }
+        }
+        out.send("out", message.clone())
+            .map_err(|e| ActorError::Failed(e.to_string()))
+    }
+}

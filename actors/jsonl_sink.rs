@@ -1,0 +1,81 @@
+//! `jsonl_sink`: appends every message it receives to a JSON Lines file, one message per line.
+//!
+//! Each line is written with a single `write` on an append-mode file, so workers sharing the file never
+//! interleave within a line; the file is synced when the worker drains at shutdown.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{
+    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
+    PortSpec,
+};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlSinkParams {
+    /// The file to append to; relative paths are under the graph's data directory.
+    pub path: String,
+}
+
+static INFO: KindInfo = KindInfo {
+    name: "jsonl_sink",
+    about: "appends samples (and, if wired, curation decisions) to a JSON Lines file",
+    inputs: &[
+        PortSpec::new("in", MessageType::Sample),
+        PortSpec::optional("decisions", MessageType::Decision),
+    ],
+    outputs: &[],
+    source: false,
+};
+
+impl ActorFactory for JsonlSinkParams {
+    fn info(&self) -> &'static KindInfo {
+        &INFO
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+        let path = ctx.data_dir.join(&self.path);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| ActorError::Build(format!("{}: {e}", path.display())))?;
+        Ok(Box::new(JsonlSink { file, path }))
+    }
+}
+
+impl KindParams for JsonlSinkParams {
+    fn example() -> Self {
+        JsonlSinkParams {
+            path: "training_set.jsonl".to_owned(),
+        }
+    }
+}
+
+struct JsonlSink {
+    file: File,
+    path: PathBuf,
+}
+
+impl Actor for JsonlSink {
+    fn handle(&mut self, _port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
+        let mut line =
+            serde_json::to_vec(message).map_err(|e| ActorError::Failed(format!("encode: {e}")))?;
+        line.push(b'\n');
+        self.file
+            .write_all(&line)
+            .map_err(|e| ActorError::Failed(format!("{}: {e}", self.path.display())))
+    }
+
+    fn flush(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        self.file.sync_all()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,170 @@
+//! What an actor is to the engine: a kind with declared ports, a factory that builds one instance per worker,
+//! and the outbox through which an instance sends.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::edge::EdgeSender;
+use super::message::{Message, MessageType};
+
+/// A port an actor kind declares, with the one message type it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortSpec {
+    pub name: &'static str,
+    pub message_type: MessageType,
+    /// An input that must be fed by some edge; `hearth check` rejects a graph that leaves it dangling.
+    pub required: bool,
+}
+
+impl PortSpec {
+    /// A port that must be connected (inputs) or that carries the actor's main output.
+    pub const fn new(name: &'static str, message_type: MessageType) -> Self {
+        PortSpec {
+            name,
+            message_type,
+            required: true,
+        }
+    }
+
+    /// An input the actor can run without (e.g. serve's delta feedback when no trainer is wired).
+    pub const fn optional(name: &'static str, message_type: MessageType) -> Self {
+        PortSpec {
+            name,
+            message_type,
+            required: false,
+        }
+    }
+}
+
+/// Static facts about an actor kind, used by validation, `hearth actors` and the runtime.
+#[derive(Debug)]
+pub struct KindInfo {
+    /// The snake_case name used in metrics, docs and the `actors/` file name.
+    pub name: &'static str,
+    pub about: &'static str,
+    pub inputs: &'static [PortSpec],
+    pub outputs: &'static [PortSpec],
+    /// A source produces messages without input (it may still take feedback input); shutdown stops sources first.
+    pub source: bool,
+}
+
+impl KindInfo {
+    pub fn input(&self, name: &str) -> Option<&PortSpec> {
+        self.inputs.iter().find(|p| p.name == name)
+    }
+    pub fn output(&self, name: &str) -> Option<&PortSpec> {
+        self.outputs.iter().find(|p| p.name == name)
+    }
+}
+
+/// Why handling one message failed. The engine dead-letters the message and restarts the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum ActorError {
+    #[error("{0}")]
+    Failed(String),
+    #[error("message type {got} on port `{port}` is not handled by this actor")]
+    Unexpected { port: String, got: MessageType },
+    #[error("cannot build actor: {0}")]
+    Build(String),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What a source did on one call of [`Actor::produce`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Produce {
+    /// Sent something (or made progress); call again at once.
+    Produced,
+    /// Nothing to do now; the engine waits up to this long (waking early for input) before calling again.
+    Idle(Duration),
+    /// The source has nothing more, ever.
+    Exhausted,
+}
+
+/// One running instance of an actor kind. Each worker of a node owns one; it is rebuilt after a failure.
+pub trait Actor: Send {
+    /// Handles one message arriving on `port`. Taking it by reference lets the engine keep the message for the
+    /// dead-letter store if this call fails or panics.
+    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox)
+    -> Result<(), ActorError>;
+
+    /// Sources only: produce the next messages.
+    fn produce(&mut self, _out: &mut Outbox) -> Result<Produce, ActorError> {
+        Ok(Produce::Exhausted)
+    }
+
+    /// Called once when the worker's inputs are drained at shutdown; buffered work must be sent or persisted here.
+    fn flush(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        Ok(())
+    }
+}
+
+/// What a factory gets to build an instance.
+#[derive(Debug, Clone)]
+pub struct BuildContext {
+    pub node_id: String,
+    pub worker: usize,
+    pub data_dir: PathBuf,
+}
+
+/// Builds actor instances of one configured kind. Graph files reach this through [`crate::actors::ActorKind`];
+/// tests and benches may implement it directly.
+pub trait ActorFactory: Send + Sync {
+    fn info(&self) -> &'static KindInfo;
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError>;
+}
+
+/// The sending side of a worker: each output port fans out to every edge connected to it.
+pub struct Outbox {
+    node_id: Arc<str>,
+    ports: Vec<(&'static str, Vec<EdgeSender>)>,
+}
+
+/// A send that could not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("node `{node}` has no output port `{port}`")]
+    UnknownPort { node: String, port: String },
+}
+
+impl Outbox {
+    pub(crate) fn new(node_id: Arc<str>, ports: Vec<(&'static str, Vec<EdgeSender>)>) -> Self {
+        Outbox { node_id, ports }
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Sends on `port` to every connected edge, applying each edge's `when_full` policy. A port with no edge
+    /// discards silently by design: the graph chose not to consume it (validation lists such ports).
+    pub fn send(&mut self, port: &str, message: Message) -> Result<(), SendError> {
+        let Some((_, edges)) = self.ports.iter().find(|(p, _)| *p == port) else {
+            return Err(SendError::UnknownPort {
+                node: self.node_id.to_string(),
+                port: port.to_owned(),
+            });
+        };
+        if let Some((last, rest)) = edges.split_last() {
+            for edge in rest {
+                edge.send(message.clone());
+            }
+            last.send(message);
+        }
+        Ok(())
+    }
+
+    /// Whether any edge is connected to `port`, so an actor can skip building a message nobody reads.
+    pub fn is_connected(&self, port: &str) -> bool {
+        self.ports
+            .iter()
+            .any(|(p, edges)| *p == port && !edges.is_empty())
+    }
+}
+
+/// The parameters of one actor kind as written in a graph file; they build the kind's instances.
+pub trait KindParams: ActorFactory + Clone + 'static {
+    /// A valid configuration, shown by `hearth actors` and checked by tests to build and validate.
+    fn example() -> Self;
+}

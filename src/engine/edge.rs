@@ -1,0 +1,216 @@
+//! Edges: bounded crossbeam channels with a `when_full` policy and per-edge counters.
+//!
+//! Every data path is bounded. The workers of one node share the receiving end (crossbeam channels are MPMC),
+//! so `workers: 4` means four instances pulling from one mailbox.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+use super::message::Message;
+use super::schema::WhenFull;
+
+/// Counters for one edge, mirrored into the `metrics` registry (`hearth_edge_*`) and read back by `/status`
+/// and by tests, which the `metrics` facade cannot do.
+#[derive(Debug)]
+pub struct EdgeStats {
+    pub name: String,
+    pub capacity: usize,
+    pub when_full: WhenFull,
+    pub feedback: bool,
+    pushed: AtomicU64,
+    popped: AtomicU64,
+    dropped: AtomicU64,
+    undeliverable: AtomicU64,
+    blocked_nanos: AtomicU64,
+    /// Highest queue depth seen by a sender, to show that a bounded edge stayed bounded.
+    max_depth: AtomicU64,
+    pushed_metric: metrics::Counter,
+    popped_metric: metrics::Counter,
+    dropped_metric: metrics::Counter,
+    blocked_metric: metrics::Histogram,
+}
+
+/// A point-in-time copy of an edge's counters.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EdgeSnapshot {
+    pub name: String,
+    pub capacity: usize,
+    pub depth: usize,
+    pub max_depth: u64,
+    pub pushed: u64,
+    pub popped: u64,
+    pub dropped: u64,
+    /// Sent after every receiver had exited (only possible on feedback edges at shutdown).
+    pub undeliverable: u64,
+    pub blocked_seconds: f64,
+}
+
+impl EdgeStats {
+    fn new(name: String, capacity: usize, when_full: WhenFull, feedback: bool) -> Self {
+        let labels = [("edge", name.clone())];
+        EdgeStats {
+            pushed_metric: metrics::counter!("hearth_edge_pushed_total", &labels),
+            popped_metric: metrics::counter!("hearth_edge_popped_total", &labels),
+            dropped_metric: metrics::counter!("hearth_edge_dropped_total", &labels),
+            blocked_metric: metrics::histogram!("hearth_edge_send_blocked_seconds", &labels),
+            name,
+            capacity,
+            when_full,
+            feedback,
+            pushed: AtomicU64::new(0),
+            popped: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            undeliverable: AtomicU64::new(0),
+            blocked_nanos: AtomicU64::new(0),
+            max_depth: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn record_pop(&self) {
+        self.popped.fetch_add(1, Ordering::Relaxed);
+        self.popped_metric.increment(1);
+    }
+
+    fn record_drop(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        self.dropped_metric.increment(1);
+    }
+
+    fn record_push(&self, depth: usize) {
+        self.pushed.fetch_add(1, Ordering::Relaxed);
+        self.pushed_metric.increment(1);
+        self.max_depth.fetch_max(depth as u64, Ordering::Relaxed);
+    }
+
+    /// Messages queued now. Derived from the counters rather than the channel, so that holding this view does
+    /// not keep a channel connected after its workers exit.
+    pub fn depth(&self) -> usize {
+        let pushed = self.pushed.load(Ordering::Relaxed);
+        let gone = self.popped.load(Ordering::Relaxed)
+            + match self.when_full {
+                // Evictions remove queued messages; DropNewest drops were never queued.
+                WhenFull::DropOldest => self.dropped.load(Ordering::Relaxed),
+                _ => 0,
+            };
+        pushed.saturating_sub(gone) as usize
+    }
+
+    pub fn snapshot(&self) -> EdgeSnapshot {
+        let depth = self.depth();
+        EdgeSnapshot {
+            name: self.name.clone(),
+            capacity: self.capacity,
+            depth,
+            max_depth: self.max_depth.load(Ordering::Relaxed),
+            pushed: self.pushed.load(Ordering::Relaxed),
+            popped: self.popped.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            undeliverable: self.undeliverable.load(Ordering::Relaxed),
+            blocked_seconds: self.blocked_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+/// The sending half of an edge, cloned into every worker of the upstream node.
+#[derive(Clone)]
+pub struct EdgeSender {
+    tx: Sender<Message>,
+    /// Only for `DropOldest`: lets the sender evict the head of a full queue. Kept `None` otherwise so that the
+    /// channel disconnects when its consumers exit.
+    evict: Option<Receiver<Message>>,
+    stats: Arc<EdgeStats>,
+}
+
+/// The receiving half, shared by every worker of the downstream node.
+#[derive(Clone)]
+pub struct EdgeReceiver {
+    pub rx: Receiver<Message>,
+    pub port: &'static str,
+    pub stats: Arc<EdgeStats>,
+}
+
+/// Makes one bounded edge. `capacity` is at least 1 (validation rejects 0; crossbeam's 0 is a rendezvous).
+pub fn bounded(
+    name: String,
+    capacity: usize,
+    when_full: WhenFull,
+    feedback: bool,
+    port: &'static str,
+) -> (EdgeSender, EdgeReceiver) {
+    let capacity = capacity.max(1);
+    let (tx, rx) = crossbeam_channel::bounded(capacity);
+    let stats = Arc::new(EdgeStats::new(name, capacity, when_full, feedback));
+    let evict = (when_full == WhenFull::DropOldest).then(|| rx.clone());
+    (
+        EdgeSender {
+            tx,
+            evict,
+            stats: stats.clone(),
+        },
+        EdgeReceiver { rx, port, stats },
+    )
+}
+
+impl EdgeSender {
+    /// Sends under the edge's policy. Never loses a message silently: drops are counted, and a message that no
+    /// receiver can ever take is counted as undeliverable.
+    pub fn send(&self, message: Message) {
+        let stats = &self.stats;
+        match stats.when_full {
+            WhenFull::Block => match self.tx.try_send(message) {
+                Ok(()) => stats.record_push(self.tx.len()),
+                Err(TrySendError::Full(message)) => {
+                    let start = Instant::now();
+                    let sent = self.tx.send(message);
+                    let waited = start.elapsed();
+                    stats
+                        .blocked_nanos
+                        .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+                    stats.blocked_metric.record(waited.as_secs_f64());
+                    match sent {
+                        Ok(()) => stats.record_push(self.tx.len()),
+                        Err(_) => self.undeliverable(),
+                    }
+                }
+                Err(TrySendError::Disconnected(_)) => self.undeliverable(),
+            },
+            WhenFull::DropNewest => match self.tx.try_send(message) {
+                Ok(()) => stats.record_push(self.tx.len()),
+                Err(TrySendError::Full(_)) => stats.record_drop(),
+                Err(TrySendError::Disconnected(_)) => self.undeliverable(),
+            },
+            WhenFull::DropOldest => {
+                let mut message = message;
+                loop {
+                    match self.tx.try_send(message) {
+                        Ok(()) => {
+                            stats.record_push(self.tx.len());
+                            break;
+                        }
+                        Err(TrySendError::Full(back)) => {
+                            message = back;
+                            // Another sender or a consumer may empty the slot first; either way we retry.
+                            if let Some(evict) = &self.evict
+                                && evict.try_recv().is_ok()
+                            {
+                                stats.record_drop();
+                            }
+                        }
+                        Err(TrySendError::Disconnected(_)) => {
+                            self.undeliverable();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn undeliverable(&self) {
+        self.stats.undeliverable.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(edge = %self.stats.name, "message undeliverable: every receiver has exited");
+    }
+}

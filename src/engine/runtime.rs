@@ -1,0 +1,595 @@
+//! The runtime: one OS thread per worker, bounded edges between them, supervision, and an orderly drain.
+//!
+//! Shutdown needs no coordinator: stopping the sources drops their senders, each downstream worker drains its
+//! mailbox until every non-feedback input is disconnected, flushes, and exits, dropping its own senders in
+//! turn. The drain therefore runs in topological order and loses nothing that was accepted.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Select};
+use serde::Serialize;
+
+use super::actor::{Actor, ActorError, BuildContext, Outbox, Produce};
+use super::dead_letter::{DeadLetterError, DeadLetterStore};
+use super::edge::{EdgeReceiver, EdgeSender, EdgeSnapshot, EdgeStats, bounded};
+use super::message::Message;
+use super::schema::RestartPolicy;
+use super::validate::Graph;
+
+/// Lifecycle of a node as `/status` and the run report show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum NodeState {
+    Running,
+    /// Restarting after a failure, within its restart budget.
+    Restarting,
+    /// Exceeded `max_restarts` in its window: its mailbox is now drained to the dead-letter store.
+    Failed,
+    /// Every worker exited after draining its inputs.
+    Finished,
+}
+
+impl NodeState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => NodeState::Running,
+            1 => NodeState::Restarting,
+            2 => NodeState::Failed,
+            _ => NodeState::Finished,
+        }
+    }
+}
+
+/// Counters for one node, mirrored into `hearth_node_*` metrics.
+pub struct NodeStats {
+    pub id: String,
+    pub kind: &'static str,
+    pub workers: usize,
+    state: AtomicU8,
+    live_workers: AtomicU64,
+    processed: AtomicU64,
+    errors: AtomicU64,
+    restarts: AtomicU64,
+    inbound: Vec<Arc<EdgeStats>>,
+    restart_times: Mutex<Vec<Instant>>,
+    processed_metric: metrics::Counter,
+    errors_metric: metrics::Counter,
+    restarts_metric: metrics::Counter,
+    failed_metric: metrics::Gauge,
+    handler_metric: metrics::Histogram,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeSnapshot {
+    pub id: String,
+    pub kind: &'static str,
+    pub state: NodeState,
+    pub workers: usize,
+    pub queue_depth: usize,
+    pub processed: u64,
+    pub errors: u64,
+    pub restarts: u64,
+}
+
+impl NodeStats {
+    fn state(&self) -> NodeState {
+        NodeState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    fn set_state(&self, state: NodeState) {
+        // Failed and Finished are terminal: a late update from another worker must not undo them.
+        let new = state as u8;
+        let _ = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                let old_state = NodeState::from_u8(old);
+                match (old_state, state) {
+                    (NodeState::Failed | NodeState::Finished, _) => None,
+                    _ => Some(new),
+                }
+            });
+        self.failed_metric
+            .set(if self.state() == NodeState::Failed {
+                1.0
+            } else {
+                0.0
+            });
+    }
+
+    pub fn snapshot(&self) -> NodeSnapshot {
+        NodeSnapshot {
+            id: self.id.clone(),
+            kind: self.kind,
+            state: self.state(),
+            workers: self.workers,
+            queue_depth: self.inbound.iter().map(|e| e.depth()).sum(),
+            processed: self.processed.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            restarts: self.restarts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Records a failure and decides: `Some(backoff)` to restart, `None` when the restart budget is spent.
+    fn on_failure(&self, policy: &RestartPolicy) -> Option<Duration> {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.errors_metric.increment(1);
+        let now = Instant::now();
+        // A poisoned lock only means another worker panicked while holding it; the Vec is still valid.
+        let mut times = self.restart_times.lock().unwrap_or_else(|p| p.into_inner());
+        times.retain(|t| now.duration_since(*t) <= policy.window());
+        if times.len() as u32 >= policy.max_restarts {
+            self.set_state(NodeState::Failed);
+            return None;
+        }
+        times.push(now);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        self.restarts_metric.increment(1);
+        Some(policy.backoff(times.len() as u32))
+    }
+}
+
+/// Live view of a running graph, shared with the control endpoints.
+pub struct RunStatus {
+    pub graph: String,
+    pub nodes: Vec<Arc<NodeStats>>,
+    pub edges: Vec<Arc<EdgeStats>>,
+    pub started: Instant,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusSnapshot {
+    pub graph: String,
+    pub uptime_seconds: f64,
+    pub nodes: Vec<NodeSnapshot>,
+    pub edges: Vec<EdgeSnapshot>,
+}
+
+impl RunStatus {
+    pub fn snapshot(&self) -> StatusSnapshot {
+        StatusSnapshot {
+            graph: self.graph.clone(),
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            nodes: self.nodes.iter().map(|n| n.snapshot()).collect(),
+            edges: self.edges.iter().map(|e| e.snapshot()).collect(),
+        }
+    }
+
+    /// Healthy while no node has failed.
+    pub fn healthy(&self) -> bool {
+        self.nodes.iter().all(|n| n.state() != NodeState::Failed)
+    }
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub status: StatusSnapshot,
+    pub failed_nodes: Vec<String>,
+    pub dead_letters: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    DeadLetters(#[from] DeadLetterError),
+    #[error("cannot spawn worker thread for node `{node}`: {source}")]
+    Spawn {
+        node: String,
+        source: std::io::Error,
+    },
+}
+
+/// A graph that is running.
+pub struct RunningGraph {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    status: Arc<RunStatus>,
+    dead_letters: PathBuf,
+}
+
+struct Worker {
+    stats: Arc<NodeStats>,
+    factory: Arc<dyn super::actor::ActorFactory>,
+    policy: RestartPolicy,
+    ctx: BuildContext,
+    source: bool,
+    inputs: Vec<(EdgeReceiver, bool)>,
+    outbox: Outbox,
+    stop: Arc<AtomicBool>,
+    dead_letters: Arc<DeadLetterStore>,
+}
+
+/// Starts every worker of a validated graph. `data_dir` overrides the graph's own setting (tests use temp dirs).
+pub fn start(graph: Graph, data_dir: Option<&Path>) -> Result<RunningGraph, RuntimeError> {
+    super::metrics::install();
+    let data_dir = data_dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(&graph.plan.settings.data_dir));
+    let dead_letters = Arc::new(DeadLetterStore::open(&data_dir)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let plan = &graph.plan;
+
+    // Edges first: each node needs its senders (outputs) and receivers (inputs).
+    let mut senders: Vec<Vec<(&'static str, Vec<EdgeSender>)>> = plan
+        .nodes
+        .iter()
+        .map(|n| {
+            n.factory
+                .info()
+                .outputs
+                .iter()
+                .map(|p| (p.name, Vec::new()))
+                .collect()
+        })
+        .collect();
+    let mut receivers: Vec<Vec<(EdgeReceiver, bool)>> = vec![Vec::new(); plan.nodes.len()];
+    let mut edge_stats = Vec::new();
+    for edge in &graph.edges {
+        let (tx, rx) = bounded(
+            edge.spec.name(),
+            edge.spec.capacity,
+            edge.spec.when_full,
+            edge.spec.feedback,
+            edge.to_port,
+        );
+        edge_stats.push(rx.stats.clone());
+        if let Some((_, list)) = senders[edge.from_node]
+            .iter_mut()
+            .find(|(p, _)| *p == edge.from_port)
+        {
+            list.push(tx);
+        }
+        receivers[edge.to_node].push((rx, edge.spec.feedback));
+    }
+
+    let node_stats: Vec<Arc<NodeStats>> = plan
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let labels = [("node", n.id.clone())];
+            Arc::new(NodeStats {
+                id: n.id.clone(),
+                kind: n.factory.info().name,
+                workers: n.workers,
+                state: AtomicU8::new(NodeState::Running as u8),
+                live_workers: AtomicU64::new(n.workers as u64),
+                processed: AtomicU64::new(0),
+                errors: AtomicU64::new(0),
+                restarts: AtomicU64::new(0),
+                inbound: receivers[i].iter().map(|(r, _)| r.stats.clone()).collect(),
+                restart_times: Mutex::new(Vec::new()),
+                processed_metric: metrics::counter!("hearth_node_processed_total", &labels),
+                errors_metric: metrics::counter!("hearth_node_errors_total", &labels),
+                restarts_metric: metrics::counter!("hearth_node_restarts_total", &labels),
+                failed_metric: metrics::gauge!("hearth_node_failed", &labels),
+                handler_metric: metrics::histogram!("hearth_node_handler_seconds", &labels),
+            })
+        })
+        .collect();
+
+    let status = Arc::new(RunStatus {
+        graph: plan.name.clone(),
+        nodes: node_stats.clone(),
+        edges: edge_stats,
+        started: Instant::now(),
+    });
+
+    let mut threads = Vec::new();
+    for &i in &graph.topo_order {
+        let node = &plan.nodes[i];
+        let node_id: Arc<str> = Arc::from(node.id.as_str());
+        for w in 0..node.workers {
+            let worker = Worker {
+                stats: node_stats[i].clone(),
+                factory: node.factory.clone(),
+                policy: node.restart,
+                ctx: BuildContext {
+                    node_id: node.id.clone(),
+                    worker: w,
+                    data_dir: data_dir.clone(),
+                },
+                source: node.factory.info().source,
+                inputs: receivers[i].clone(),
+                outbox: Outbox::new(node_id.clone(), senders[i].clone()),
+                stop: stop.clone(),
+                dead_letters: dead_letters.clone(),
+            };
+            let handle = std::thread::Builder::new()
+                .name(format!("{}#{w}", node.id))
+                .spawn(move || worker.run())
+                .map_err(|source| RuntimeError::Spawn {
+                    node: node.id.clone(),
+                    source,
+                })?;
+            threads.push(handle);
+        }
+    }
+    // Drop the originals so that only workers hold channel ends: disconnection then means "upstream is done".
+    drop(senders);
+    drop(receivers);
+
+    Ok(RunningGraph {
+        stop,
+        threads,
+        status,
+        dead_letters: dead_letters.path().to_path_buf(),
+    })
+}
+
+impl RunningGraph {
+    pub fn status(&self) -> Arc<RunStatus> {
+        self.status.clone()
+    }
+
+    /// A flag that, once set, stops the sources (what SIGINT/SIGTERM do).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Asks sources to stop; the rest drains on its own.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Waits for every worker to finish draining and returns the report.
+    pub fn wait(self) -> RunReport {
+        for t in self.threads {
+            // A worker thread only ends by returning: handler panics are caught inside it.
+            let _ = t.join();
+        }
+        let status = self.status.snapshot();
+        let failed_nodes = status
+            .nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Failed)
+            .map(|n| n.id.clone())
+            .collect();
+        RunReport {
+            status,
+            failed_nodes,
+            dead_letters: self.dead_letters,
+        }
+    }
+
+    /// Stops the sources and waits for the drain.
+    pub fn shutdown(self) -> RunReport {
+        self.stop();
+        self.wait()
+    }
+}
+
+/// How long an idle worker sleeps between checks of the stop flag when it has nothing to wait on.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
+impl Worker {
+    fn run(mut self) {
+        let mut actor = self.build_until_ok();
+        if self.source {
+            self.run_source(&mut actor);
+        }
+        self.run_inputs(&mut actor);
+        if let Some(actor) = actor.as_mut()
+            && let Err(e) = guarded(|| actor.flush(&mut self.outbox))
+        {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(node = %self.ctx.node_id, error = %e, "flush failed");
+        }
+        if self.stats.live_workers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.stats.set_state(NodeState::Finished);
+        }
+    }
+
+    /// Builds the actor, retrying under the restart policy; `None` once the node has failed.
+    fn build_until_ok(&self) -> Option<Box<dyn Actor>> {
+        loop {
+            if self.stats.state() == NodeState::Failed {
+                return None;
+            }
+            match guarded(|| self.factory.build(&self.ctx)) {
+                Ok(actor) => {
+                    self.stats.set_state(NodeState::Running);
+                    return Some(actor);
+                }
+                Err(e) => {
+                    tracing::error!(node = %self.ctx.node_id, error = %e, "cannot build actor");
+                    self.backoff_or_fail()?;
+                }
+            }
+        }
+    }
+
+    /// After a failure: sleep the backoff and return `Some`, or return `None` when the node has failed.
+    fn backoff_or_fail(&self) -> Option<()> {
+        match self.stats.on_failure(&self.policy) {
+            Some(backoff) => {
+                self.stats.set_state(NodeState::Restarting);
+                tracing::warn!(node = %self.ctx.node_id, ?backoff, "restarting worker");
+                std::thread::sleep(backoff);
+                Some(())
+            }
+            None => {
+                tracing::error!(node = %self.ctx.node_id, "restart limit reached: node failed");
+                None
+            }
+        }
+    }
+
+    fn restart(&self, actor: &mut Option<Box<dyn Actor>>) {
+        *actor = None;
+        if self.backoff_or_fail().is_some() {
+            *actor = self.build_until_ok();
+        }
+    }
+
+    fn run_source(&mut self, actor: &mut Option<Box<dyn Actor>>) {
+        while !self.stop.load(Ordering::Acquire) {
+            let Some(a) = actor.as_mut() else { return };
+            let started = Instant::now();
+            let produced = guarded(|| a.produce(&mut self.outbox));
+            self.stats
+                .handler_metric
+                .record(started.elapsed().as_secs_f64());
+            match produced {
+                Ok(Produce::Produced) => {}
+                Ok(Produce::Idle(wait)) => {
+                    self.wait_for_input(actor, wait);
+                }
+                Ok(Produce::Exhausted) => return,
+                Err(e) => {
+                    tracing::error!(node = %self.ctx.node_id, error = %e, "source failed");
+                    self.restart(actor);
+                }
+            }
+            // Feedback (e.g. a promoted delta) must reach a busy source too.
+            self.poll_inputs_once(actor);
+        }
+    }
+
+    /// Waits up to `wait` for input (handled as it comes) or for the stop flag.
+    fn wait_for_input(&mut self, actor: &mut Option<Box<dyn Actor>>, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline && !self.stop.load(Ordering::Acquire) {
+            if self.inputs.is_empty() {
+                std::thread::sleep(STOP_POLL.min(deadline - Instant::now()));
+                continue;
+            }
+            let receivers: Vec<Receiver<Message>> =
+                self.inputs.iter().map(|(r, _)| r.rx.clone()).collect();
+            let mut select = Select::new();
+            for rx in &receivers {
+                select.recv(rx);
+            }
+            let timeout = STOP_POLL.min(deadline.saturating_duration_since(Instant::now()));
+            let Ok(op) = select.select_timeout(timeout) else {
+                continue;
+            };
+            let i = op.index();
+            if let Ok(message) = op.recv(&receivers[i]) {
+                self.deliver(actor, i, message);
+            } else {
+                // Disconnected feedback input: nothing more will come on it.
+                self.inputs.remove(i);
+            }
+        }
+    }
+
+    fn poll_inputs_once(&mut self, actor: &mut Option<Box<dyn Actor>>) {
+        let mut i = 0;
+        while i < self.inputs.len() {
+            match self.inputs[i].0.rx.try_recv() {
+                Ok(message) => self.deliver(actor, i, message),
+                Err(_) => i += 1,
+            }
+        }
+    }
+
+    /// The main loop of a non-source worker (and the tail of a source's): take messages until every
+    /// non-feedback input is disconnected and empty, then take what feedback inputs still hold.
+    fn run_inputs(&mut self, actor: &mut Option<Box<dyn Actor>>) {
+        let mut live: Vec<usize> = (0..self.inputs.len())
+            .filter(|&i| !self.inputs[i].1)
+            .collect();
+        let feedback: Vec<usize> = (0..self.inputs.len())
+            .filter(|&i| self.inputs[i].1)
+            .collect();
+        // A node fed only by feedback edges (or a source) runs until stop, serving what arrives.
+        let feedback_only = live.is_empty() && !self.source;
+        while !live.is_empty() || (feedback_only && !self.stop.load(Ordering::Acquire)) {
+            let watched: Vec<usize> = if live.is_empty() {
+                feedback.clone()
+            } else {
+                live.iter().chain(feedback.iter()).copied().collect()
+            };
+            if watched.is_empty() {
+                std::thread::sleep(STOP_POLL);
+                continue;
+            }
+            let receivers: Vec<Receiver<Message>> = watched
+                .iter()
+                .map(|&i| self.inputs[i].0.rx.clone())
+                .collect();
+            let mut select = Select::new();
+            for rx in &receivers {
+                select.recv(rx);
+            }
+            let Ok(op) = select.select_timeout(STOP_POLL) else {
+                continue;
+            };
+            let k = op.index();
+            match op.recv(&receivers[k]) {
+                Ok(message) => self.deliver(actor, watched[k], message),
+                Err(_) => {
+                    let idx = watched[k];
+                    if self.inputs[idx].1 {
+                        // A disconnected feedback edge is simply done.
+                        continue;
+                    }
+                    live.retain(|&i| i != idx);
+                }
+            }
+        }
+        for &i in &feedback {
+            while let Ok(message) = self.inputs[i].0.rx.try_recv() {
+                self.deliver(actor, i, message);
+            }
+        }
+    }
+
+    /// Handles one message with supervision: a panic or error dead-letters it and restarts the worker; a
+    /// failed node dead-letters everything it still receives so upstream never blocks on it.
+    fn deliver(&mut self, actor: &mut Option<Box<dyn Actor>>, input: usize, message: Message) {
+        let (edge, _) = &self.inputs[input];
+        edge.stats.record_pop();
+        let port = edge.port;
+        let Some(a) = actor.as_mut() else {
+            self.dead_letters.put(
+                &self.ctx.node_id,
+                self.ctx.worker,
+                "node failed: restart limit reached",
+                &message,
+            );
+            return;
+        };
+        let started = Instant::now();
+        let result = guarded(|| a.handle(port, &message, &mut self.outbox));
+        self.stats
+            .handler_metric
+            .record(started.elapsed().as_secs_f64());
+        match result {
+            Ok(()) => {
+                self.stats.processed.fetch_add(1, Ordering::Relaxed);
+                self.stats.processed_metric.increment(1);
+            }
+            Err(e) => {
+                let error = e.to_string();
+                tracing::warn!(node = %self.ctx.node_id, message = message.id(), %error, "handler failed");
+                self.dead_letters
+                    .put(&self.ctx.node_id, self.ctx.worker, &error, &message);
+                self.restart(actor);
+            }
+        }
+        if self.stats.state() == NodeState::Failed {
+            *actor = None;
+        }
+    }
+}
+
+/// Runs `f`, turning a panic into an error so one bad message cannot take the worker thread down.
+fn guarded<T>(f: impl FnOnce() -> Result<T, ActorError>) -> Result<T, ActorError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".to_owned());
+            Err(ActorError::Failed(format!("panicked: {text}")))
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! hearth: a private AI that keeps learning from its user, on their own machine.
+//!
+//! Library areas live under `src/`; the actor kinds a graph file can name live under `actors/`, one thin file
+//! each over a library module.
+
+#[path = "../actors/mod.rs"]
+pub mod actors;
+pub mod engine;
+pub mod http;

@@ -1,0 +1,228 @@
+//! The `hearth` command line. anyhow lives only here, at the binary's edge; the library returns typed errors.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use hearth::actors::ActorKind;
+use hearth::engine::draw::{DrawFormat, draw};
+use hearth::engine::schema::GraphError;
+use hearth::engine::{Graph, runtime};
+use hearth::http::ControlServer;
+
+#[derive(Parser)]
+#[command(
+    name = "hearth",
+    version,
+    about = "A private AI that keeps learning from you, on your machine"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a graph until its sources finish or SIGINT/SIGTERM, then drain and report.
+    Run {
+        graph: PathBuf,
+        /// Data directory (overrides the graph's `settings.data_dir`).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Control endpoints address (overrides `settings.control`), e.g. 127.0.0.1:9090.
+        #[arg(long)]
+        control: Option<String>,
+        /// Stop the sources after this many seconds.
+        #[arg(long)]
+        duration: Option<f64>,
+    },
+    /// Validate graph files, reporting every error with file:line:col; exit 2 if any is invalid.
+    Check {
+        #[arg(required = true)]
+        graphs: Vec<PathBuf>,
+    },
+    /// Draw a graph with ports, capacities and policies.
+    Graph {
+        graph: PathBuf,
+        #[arg(long, value_enum, default_value = "dot")]
+        format: DrawFormat,
+    },
+    /// List every actor kind with its ports, message types and an example of its parameters.
+    Actors,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_errors(path: &Path, errors: &[GraphError]) {
+    for e in errors {
+        match e.at {
+            Some(at) => eprintln!("{}:{at}: error: {}", path.display(), e.message),
+            None => eprintln!("{}: error: {}", path.display(), e.message),
+        }
+    }
+    eprintln!("{}: {} error(s)", path.display(), errors.len());
+}
+
+/// Reads and validates a graph file; `Ok(None)` after printing its errors.
+fn load(path: &Path) -> anyhow::Result<Option<Graph>> {
+    let src =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    match Graph::from_ron(&src) {
+        Ok(g) => Ok(Some(g)),
+        Err(errors) => {
+            print_errors(path, &errors);
+            Ok(None)
+        }
+    }
+}
+
+const INVALID: u8 = 2;
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Check { graphs } => {
+            let mut ok = true;
+            for path in &graphs {
+                match load(path)? {
+                    Some(g) => println!("{}: {}", path.display(), g.summary()),
+                    None => ok = false,
+                }
+            }
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(INVALID)
+            })
+        }
+        Command::Graph { graph, format } => {
+            let Some(g) = load(&graph)? else {
+                return Ok(ExitCode::from(INVALID));
+            };
+            print!("{}", draw(&g, format));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Actors => {
+            for kind in ActorKind::examples() {
+                let info = kind.info();
+                println!("{} — {}", info.name, info.about);
+                let ports = |ps: &[hearth::engine::PortSpec]| {
+                    ps.iter()
+                        .map(|p| {
+                            format!(
+                                "{}: {}{}",
+                                p.name,
+                                p.message_type,
+                                if p.required { "" } else { " (optional)" }
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                println!("  inputs:  {}", ports(info.inputs));
+                println!("  outputs: {}", ports(info.outputs));
+                println!("  source:  {}", info.source);
+                println!("  example: kind: {}", kind.to_ron());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run {
+            graph,
+            data_dir,
+            control,
+            duration,
+        } => {
+            let Some(g) = load(&graph)? else {
+                return Ok(ExitCode::from(INVALID));
+            };
+            let control = control.or_else(|| g.plan.settings.control.clone());
+            eprintln!("{}", g.summary());
+            let running = runtime::start(g, data_dir.as_deref()).context("starting graph")?;
+            let server = match control {
+                Some(addr) => {
+                    let server = ControlServer::start(&addr, running.status())?;
+                    eprintln!(
+                        "control endpoints on http://{}/{{healthz,status,metrics}}",
+                        server.addr
+                    );
+                    Some(server)
+                }
+                None => None,
+            };
+            install_signal_handler(running.stop_flag())?;
+            if let Some(secs) = duration {
+                let stop = running.stop_flag();
+                std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_secs_f64(secs.max(0.0)));
+                    stop.store(true, Ordering::Release);
+                });
+            }
+            let report = running.wait();
+            if let Some(server) = server {
+                server.stop();
+            }
+            for n in &report.status.nodes {
+                eprintln!(
+                    "node {:<16} {:<12} {:?} processed={} errors={} restarts={}",
+                    n.id, n.kind, n.state, n.processed, n.errors, n.restarts
+                );
+            }
+            for e in &report.status.edges {
+                eprintln!(
+                    "edge {:<40} pushed={} popped={} dropped={} undeliverable={} blocked={:.3}s",
+                    e.name, e.pushed, e.popped, e.dropped, e.undeliverable, e.blocked_seconds
+                );
+            }
+            if report.failed_nodes.is_empty() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!(
+                    "failed nodes: {} (dead letters in {})",
+                    report.failed_nodes.join(", "),
+                    report.dead_letters.display()
+                );
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    }
+}
+
+/// First SIGINT/SIGTERM stops the sources and drains; a second one exits at once.
+fn install_signal_handler(
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    std::thread::Builder::new()
+        .name("signals".to_owned())
+        .spawn(move || {
+            let mut seen = 0;
+            for signal in signals.forever() {
+                seen += 1;
+                if seen > 1 {
+                    eprintln!("second signal: exiting without drain");
+                    std::process::exit(130);
+                }
+                eprintln!("signal {signal}: stopping sources and draining");
+                stop.store(true, Ordering::Release);
+            }
+        })?;
+    Ok(())
+}
