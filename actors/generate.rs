@@ -115,7 +115,7 @@ impl Actor for Generate {
             created_at_unix_ms: now_unix_ms(),
         };
         self.emitted += 1;
-        out.send("out", Message::Sample(sample))
+        out.send("out", Message::Sample(std::sync::Arc::new(sample)))
             .map_err(|e| ActorError::Failed(e.to_string()))?;
         if self.params.interval_us == 0 {
             Ok(Produce::Produced)

@@ -62,7 +62,7 @@ impl Actor for Throttle {
             std::thread::sleep(self.delay);
         }
         let mut sample = sample.clone();
-        sample.record(&self.node, "passed", serde_json::Value::Null);
+        std::sync::Arc::make_mut(&mut sample).record(&self.node, "passed", serde_json::Value::Null);
         out.send("out", Message::Sample(sample))
             .map_err(|e| ActorError::Failed(e.to_string()))
     }

@@ -155,6 +155,15 @@ impl Outbox {
         Ok(())
     }
 
+    /// Publishes locally batched send counts; the worker calls this before it blocks or exits.
+    pub(crate) fn publish_counts(&self) {
+        for (_, edges) in &self.ports {
+            for edge in edges {
+                edge.publish();
+            }
+        }
+    }
+
     /// Whether any edge is connected to `port`, so an actor can skip building a message nobody reads.
     pub fn is_connected(&self, port: &str) -> bool {
         self.ports

@@ -3,6 +3,7 @@
 //! Every data path is bounded. The workers of one node share the receiving end (crossbeam channels are MPMC),
 //! so `workers: 4` means four instances pulling from one mailbox.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -69,20 +70,12 @@ impl EdgeStats {
         }
     }
 
-    pub(crate) fn record_pop(&self) {
-        self.popped.fetch_add(1, Ordering::Relaxed);
-        self.popped_metric.increment(1);
-    }
-
-    fn record_drop(&self) {
-        self.dropped.fetch_add(1, Ordering::Relaxed);
-        self.dropped_metric.increment(1);
-    }
-
-    fn record_push(&self, depth: usize) {
-        self.pushed.fetch_add(1, Ordering::Relaxed);
-        self.pushed_metric.increment(1);
-        self.max_depth.fetch_max(depth as u64, Ordering::Relaxed);
+    /// Publishes `n` receives counted locally by a worker.
+    pub(crate) fn add_popped(&self, n: u64) {
+        if n > 0 {
+            self.popped.fetch_add(n, Ordering::Relaxed);
+            self.popped_metric.increment(n);
+        }
     }
 
     /// Messages queued now. Derived from the counters rather than the channel, so that holding this view does
@@ -114,14 +107,45 @@ impl EdgeStats {
     }
 }
 
-/// The sending half of an edge, cloned into every worker of the upstream node.
-#[derive(Clone)]
+/// How many sends a worker counts locally before publishing to the shared counters. Per-message atomic
+/// updates on counters shared by sender and receiver threads cost more than the channel itself.
+pub(crate) const COUNT_BATCH: u64 = 64;
+
+/// Counts not yet published to [`EdgeStats`].
+#[derive(Default)]
+struct Pending {
+    pushed: Cell<u64>,
+    dropped: Cell<u64>,
+    max_depth: Cell<u64>,
+}
+
+/// The sending half of an edge, cloned into every worker of the upstream node. Each clone counts locally and
+/// publishes every [`COUNT_BATCH`] sends, before its worker blocks, and when dropped.
 pub struct EdgeSender {
     tx: Sender<Message>,
     /// Only for `DropOldest`: lets the sender evict the head of a full queue. Kept `None` otherwise so that the
     /// channel disconnects when its consumers exit.
     evict: Option<Receiver<Message>>,
     stats: Arc<EdgeStats>,
+    pending: Pending,
+}
+
+impl Clone for EdgeSender {
+    /// A clone starts with nothing pending, so no count is published twice.
+    fn clone(&self) -> Self {
+        EdgeSender {
+            tx: self.tx.clone(),
+            evict: self.evict.clone(),
+            stats: self.stats.clone(),
+            pending: Pending::default(),
+        }
+    }
+}
+
+impl Drop for EdgeSender {
+    fn drop(&mut self) {
+        self.publish();
+    }
 }
 
 /// The receiving half, shared by every worker of the downstream node.
@@ -149,6 +173,7 @@ pub fn bounded(
             tx,
             evict,
             stats: stats.clone(),
+            pending: Pending::default(),
         },
         EdgeReceiver { rx, port, stats },
     )
@@ -161,8 +186,9 @@ impl EdgeSender {
         let stats = &self.stats;
         match stats.when_full {
             WhenFull::Block => match self.tx.try_send(message) {
-                Ok(()) => stats.record_push(self.tx.len()),
+                Ok(()) => self.count_push(),
                 Err(TrySendError::Full(message)) => {
+                    self.saw_full();
                     let start = Instant::now();
                     let sent = self.tx.send(message);
                     let waited = start.elapsed();
@@ -171,15 +197,18 @@ impl EdgeSender {
                         .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
                     stats.blocked_metric.record(waited.as_secs_f64());
                     match sent {
-                        Ok(()) => stats.record_push(self.tx.len()),
+                        Ok(()) => self.count_push(),
                         Err(_) => self.undeliverable(),
                     }
                 }
                 Err(TrySendError::Disconnected(_)) => self.undeliverable(),
             },
             WhenFull::DropNewest => match self.tx.try_send(message) {
-                Ok(()) => stats.record_push(self.tx.len()),
-                Err(TrySendError::Full(_)) => stats.record_drop(),
+                Ok(()) => self.count_push(),
+                Err(TrySendError::Full(_)) => {
+                    self.saw_full();
+                    self.count_drop();
+                }
                 Err(TrySendError::Disconnected(_)) => self.undeliverable(),
             },
             WhenFull::DropOldest => {
@@ -187,16 +216,17 @@ impl EdgeSender {
                 loop {
                     match self.tx.try_send(message) {
                         Ok(()) => {
-                            stats.record_push(self.tx.len());
+                            self.count_push();
                             break;
                         }
                         Err(TrySendError::Full(back)) => {
                             message = back;
+                            self.saw_full();
                             // Another sender or a consumer may empty the slot first; either way we retry.
                             if let Some(evict) = &self.evict
                                 && evict.try_recv().is_ok()
                             {
-                                stats.record_drop();
+                                self.count_drop();
                             }
                         }
                         Err(TrySendError::Disconnected(_)) => {
@@ -207,6 +237,49 @@ impl EdgeSender {
                 }
             }
         }
+    }
+
+    fn count_push(&self) {
+        let p = &self.pending;
+        p.pushed.set(p.pushed.get() + 1);
+        // Reading the depth touches the channel's shared head and tail; sample it (full queues are also
+        // recorded where a send meets a full queue).
+        if p.pushed.get() % 8 == 1 {
+            p.max_depth.set(p.max_depth.get().max(self.tx.len() as u64));
+        }
+        if p.pushed.get() >= COUNT_BATCH {
+            self.publish();
+        }
+    }
+
+    fn saw_full(&self) {
+        self.pending.max_depth.set(self.stats.capacity as u64);
+    }
+
+    fn count_drop(&self) {
+        let p = &self.pending;
+        p.dropped.set(p.dropped.get() + 1);
+        if p.dropped.get() >= COUNT_BATCH {
+            self.publish();
+        }
+    }
+
+    /// Publishes locally counted sends to the shared counters and metrics.
+    pub fn publish(&self) {
+        let stats = &self.stats;
+        let pushed = self.pending.pushed.replace(0);
+        if pushed > 0 {
+            stats.pushed.fetch_add(pushed, Ordering::Relaxed);
+            stats.pushed_metric.increment(pushed);
+        }
+        let dropped = self.pending.dropped.replace(0);
+        if dropped > 0 {
+            stats.dropped.fetch_add(dropped, Ordering::Relaxed);
+            stats.dropped_metric.increment(dropped);
+        }
+        stats
+            .max_depth
+            .fetch_max(self.pending.max_depth.replace(0), Ordering::Relaxed);
     }
 
     fn undeliverable(&self) {

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// The type carried on a port; edges must connect ports of equal type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -241,14 +242,18 @@ pub struct EvalReport {
 }
 
 /// A message on an edge. Every variant corresponds to exactly one [`MessageType`].
+///
+/// Payloads are shared (`Arc`): fan-out and pass-through cost a reference count, and the engine can keep the
+/// message for the dead-letter store while an actor handles it. An actor that changes a payload clones it
+/// (`Arc::make_mut` or `(*arc).clone()`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Message {
-    Interaction(Interaction),
-    Feedback(Feedback),
-    Sample(Sample),
-    Decision(Decision),
-    Delta(Delta),
-    EvalReport(EvalReport),
+    Interaction(Arc<Interaction>),
+    Feedback(Arc<Feedback>),
+    Sample(Arc<Sample>),
+    Decision(Arc<Decision>),
+    Delta(Arc<Delta>),
+    EvalReport(Arc<EvalReport>),
 }
 
 impl Message {

@@ -21,9 +21,29 @@ pub fn install() -> Option<&'static PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
             let builder = PrometheusBuilder::new().set_buckets(BUCKETS).ok()?;
-            builder.install_recorder().ok()
+            let handle = builder.install_recorder().ok()?;
+            spawn_upkeep();
+            Some(handle)
         })
         .as_ref()
+}
+
+/// Histograms buffer raw observations until upkeep folds them into buckets; a process that runs for days
+/// without anyone scraping `/metrics` would otherwise grow without bound.
+fn spawn_upkeep() {
+    let spawned = std::thread::Builder::new()
+        .name("metrics-upkeep".to_owned())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                if let Some(Some(handle)) = HANDLE.get() {
+                    handle.run_upkeep();
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no metrics upkeep thread: histogram memory grows until /metrics is read");
+    }
 }
 
 /// Renders every metric in Prometheus text format.

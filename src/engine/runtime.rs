@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Select};
+use crossbeam_channel::{RecvTimeoutError, Select, TryRecvError};
 use serde::Serialize;
 
 use super::actor::{Actor, ActorError, BuildContext, Outbox, Produce};
@@ -201,6 +201,13 @@ struct Worker {
     outbox: Outbox,
     stop: Arc<AtomicBool>,
     dead_letters: Arc<DeadLetterStore>,
+    /// Receives per input and handled messages counted locally, published every `COUNT_BATCH` deliveries and
+    /// whenever the worker is about to block or exit (see [`Worker::publish_counts`]).
+    pending_pops: Vec<u64>,
+    pending_processed: u64,
+    /// False once an input is disconnected and empty: nothing more will come on it.
+    input_open: Vec<bool>,
+    deliveries: u64,
 }
 
 /// Starts every worker of a validated graph. `data_dir` overrides the graph's own setting (tests use temp dirs).
@@ -298,6 +305,10 @@ pub fn start(graph: Graph, data_dir: Option<&Path>) -> Result<RunningGraph, Runt
                 outbox: Outbox::new(node_id.clone(), senders[i].clone()),
                 stop: stop.clone(),
                 dead_letters: dead_letters.clone(),
+                pending_pops: vec![0; receivers[i].len()],
+                input_open: vec![true; receivers[i].len()],
+                pending_processed: 0,
+                deliveries: 0,
             };
             let handle = std::thread::Builder::new()
                 .name(format!("{}#{w}", node.id))
@@ -363,6 +374,9 @@ impl RunningGraph {
     }
 }
 
+/// One message in this many has its handler time recorded in `hearth_node_handler_seconds`.
+const HANDLER_SAMPLE: u64 = 16;
+
 /// How long an idle worker sleeps between checks of the stop flag when it has nothing to wait on.
 const STOP_POLL: Duration = Duration::from_millis(20);
 
@@ -379,9 +393,23 @@ impl Worker {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!(node = %self.ctx.node_id, error = %e, "flush failed");
         }
+        self.publish_counts();
         if self.stats.live_workers.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.stats.set_state(NodeState::Finished);
         }
+    }
+
+    /// Publishes locally batched counts (receives, handled messages, sends) to the shared stats and metrics.
+    fn publish_counts(&mut self) {
+        for (i, n) in self.pending_pops.iter_mut().enumerate() {
+            self.inputs[i].0.stats.add_popped(std::mem::take(n));
+        }
+        let processed = std::mem::take(&mut self.pending_processed);
+        if processed > 0 {
+            self.stats.processed.fetch_add(processed, Ordering::Relaxed);
+            self.stats.processed_metric.increment(processed);
+        }
+        self.outbox.publish_counts();
     }
 
     /// Builds the actor, retrying under the restart policy; `None` once the node has failed.
@@ -429,14 +457,11 @@ impl Worker {
     fn run_source(&mut self, actor: &mut Option<Box<dyn Actor>>) {
         while !self.stop.load(Ordering::Acquire) {
             let Some(a) = actor.as_mut() else { return };
-            let started = Instant::now();
             let produced = guarded(|| a.produce(&mut self.outbox));
-            self.stats
-                .handler_metric
-                .record(started.elapsed().as_secs_f64());
             match produced {
                 Ok(Produce::Produced) => {}
                 Ok(Produce::Idle(wait)) => {
+                    self.publish_counts();
                     self.wait_for_input(actor, wait);
                 }
                 Ok(Produce::Exhausted) => return,
@@ -453,37 +478,38 @@ impl Worker {
     /// Waits up to `wait` for input (handled as it comes) or for the stop flag.
     fn wait_for_input(&mut self, actor: &mut Option<Box<dyn Actor>>, wait: Duration) {
         let deadline = Instant::now() + wait;
-        while Instant::now() < deadline && !self.stop.load(Ordering::Acquire) {
-            if self.inputs.is_empty() {
-                std::thread::sleep(STOP_POLL.min(deadline - Instant::now()));
+        loop {
+            self.poll_inputs_once(actor);
+            let now = Instant::now();
+            if now >= deadline || self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let timeout = STOP_POLL.min(deadline - now);
+            let open: Vec<usize> = (0..self.inputs.len())
+                .filter(|&i| self.input_open[i])
+                .collect();
+            if open.is_empty() {
+                std::thread::sleep(timeout);
                 continue;
             }
-            let receivers: Vec<Receiver<Message>> =
-                self.inputs.iter().map(|(r, _)| r.rx.clone()).collect();
             let mut select = Select::new();
-            for rx in &receivers {
-                select.recv(rx);
+            for &i in &open {
+                select.recv(&self.inputs[i].0.rx);
             }
-            let timeout = STOP_POLL.min(deadline.saturating_duration_since(Instant::now()));
-            let Ok(op) = select.select_timeout(timeout) else {
-                continue;
-            };
-            let i = op.index();
-            if let Ok(message) = op.recv(&receivers[i]) {
-                self.deliver(actor, i, message);
-            } else {
-                // Disconnected feedback input: nothing more will come on it.
-                self.inputs.remove(i);
-            }
+            // Readiness only: the next poll receives (and notices disconnection).
+            let _ = select.ready_timeout(timeout);
         }
     }
 
+    /// Takes whatever the open inputs hold right now, without blocking.
     fn poll_inputs_once(&mut self, actor: &mut Option<Box<dyn Actor>>) {
-        let mut i = 0;
-        while i < self.inputs.len() {
-            match self.inputs[i].0.rx.try_recv() {
-                Ok(message) => self.deliver(actor, i, message),
-                Err(_) => i += 1,
+        for i in 0..self.inputs.len() {
+            while self.input_open[i] {
+                match self.inputs[i].0.rx.try_recv() {
+                    Ok(message) => self.deliver(actor, i, message),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => self.input_open[i] = false,
+                }
             }
         }
     }
@@ -491,51 +517,69 @@ impl Worker {
     /// The main loop of a non-source worker (and the tail of a source's): take messages until every
     /// non-feedback input is disconnected and empty, then take what feedback inputs still hold.
     fn run_inputs(&mut self, actor: &mut Option<Box<dyn Actor>>) {
-        let mut live: Vec<usize> = (0..self.inputs.len())
-            .filter(|&i| !self.inputs[i].1)
+        let is_feedback: Vec<bool> = self.inputs.iter().map(|(_, f)| *f).collect();
+        let live = |open: &[bool]| (0..open.len()).any(|i| open[i] && !is_feedback[i]);
+        // A node fed only by feedback edges runs until stop, serving what arrives.
+        let feedback_only = !live(&self.input_open) && !self.source;
+        let mut watched: Vec<usize> = (0..self.inputs.len())
+            .filter(|&i| self.input_open[i])
             .collect();
-        let feedback: Vec<usize> = (0..self.inputs.len())
-            .filter(|&i| self.inputs[i].1)
-            .collect();
-        // A node fed only by feedback edges (or a source) runs until stop, serving what arrives.
-        let feedback_only = live.is_empty() && !self.source;
-        while !live.is_empty() || (feedback_only && !self.stop.load(Ordering::Acquire)) {
-            let watched: Vec<usize> = if live.is_empty() {
-                feedback.clone()
-            } else {
-                live.iter().chain(feedback.iter()).copied().collect()
-            };
-            if watched.is_empty() {
-                std::thread::sleep(STOP_POLL);
-                continue;
-            }
-            let receivers: Vec<Receiver<Message>> = watched
-                .iter()
-                .map(|&i| self.inputs[i].0.rx.clone())
-                .collect();
-            let mut select = Select::new();
-            for rx in &receivers {
-                select.recv(rx);
-            }
-            let Ok(op) = select.select_timeout(STOP_POLL) else {
-                continue;
-            };
-            let k = op.index();
-            match op.recv(&receivers[k]) {
-                Ok(message) => self.deliver(actor, watched[k], message),
-                Err(_) => {
-                    let idx = watched[k];
-                    if self.inputs[idx].1 {
-                        // A disconnected feedback edge is simply done.
-                        continue;
+        let mut cursor = 0;
+        while live(&self.input_open) || (feedback_only && !self.stop.load(Ordering::Acquire)) {
+            // Fast path, no allocation: a round-robin sweep of non-blocking receives.
+            let mut delivered = false;
+            let mut closed_any = false;
+            for k in 0..watched.len() {
+                let idx = watched[(cursor + k) % watched.len()];
+                match self.inputs[idx].0.rx.try_recv() {
+                    Ok(message) => {
+                        cursor = (cursor + k + 1) % watched.len();
+                        self.deliver(actor, idx, message);
+                        delivered = true;
+                        break;
                     }
-                    live.retain(|&i| i != idx);
+                    Err(TryRecvError::Empty) => {}
+                    Err(TryRecvError::Disconnected) => {
+                        self.input_open[idx] = false;
+                        closed_any = true;
+                    }
+                }
+            }
+            if closed_any {
+                watched.retain(|&i| self.input_open[i]);
+                cursor = 0;
+            }
+            if delivered || closed_any {
+                continue;
+            }
+            // Slow path: every watched mailbox was empty, so publish counts and block (with a timeout to
+            // notice `stop`).
+            self.publish_counts();
+            match watched.as_slice() {
+                [] => std::thread::sleep(STOP_POLL),
+                [only] => match self.inputs[*only].0.rx.recv_timeout(STOP_POLL) {
+                    Ok(message) => self.deliver(actor, *only, message),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => {
+                        self.input_open[*only] = false;
+                        watched.clear();
+                    }
+                },
+                many => {
+                    let mut select = Select::new();
+                    for &i in many {
+                        select.recv(&self.inputs[i].0.rx);
+                    }
+                    // Readiness only: the next sweep receives (and notices disconnection).
+                    let _ = select.ready_timeout(STOP_POLL);
                 }
             }
         }
-        for &i in &feedback {
-            while let Ok(message) = self.inputs[i].0.rx.try_recv() {
-                self.deliver(actor, i, message);
+        for (i, feedback) in is_feedback.into_iter().enumerate() {
+            if feedback {
+                while let Ok(message) = self.inputs[i].0.rx.try_recv() {
+                    self.deliver(actor, i, message);
+                }
             }
         }
     }
@@ -543,9 +587,8 @@ impl Worker {
     /// Handles one message with supervision: a panic or error dead-letters it and restarts the worker; a
     /// failed node dead-letters everything it still receives so upstream never blocks on it.
     fn deliver(&mut self, actor: &mut Option<Box<dyn Actor>>, input: usize, message: Message) {
-        let (edge, _) = &self.inputs[input];
-        edge.stats.record_pop();
-        let port = edge.port;
+        self.pending_pops[input] += 1;
+        let port = self.inputs[input].0.port;
         let Some(a) = actor.as_mut() else {
             self.dead_letters.put(
                 &self.ctx.node_id,
@@ -555,15 +598,23 @@ impl Worker {
             );
             return;
         };
-        let started = Instant::now();
+        self.deliveries += 1;
+        // Handler time is sampled (one message in HANDLER_SAMPLE): reading the clock twice per message and
+        // buffering every observation would cost more than a trivial handler.
+        let timed = self.deliveries.is_multiple_of(HANDLER_SAMPLE);
+        let started = timed.then(Instant::now);
         let result = guarded(|| a.handle(port, &message, &mut self.outbox));
-        self.stats
-            .handler_metric
-            .record(started.elapsed().as_secs_f64());
+        if let Some(started) = started {
+            self.stats
+                .handler_metric
+                .record(started.elapsed().as_secs_f64());
+        }
+        if self.deliveries.is_multiple_of(super::edge::COUNT_BATCH) {
+            self.publish_counts();
+        }
         match result {
             Ok(()) => {
-                self.stats.processed.fetch_add(1, Ordering::Relaxed);
-                self.stats.processed_metric.increment(1);
+                self.pending_processed += 1;
             }
             Err(e) => {
                 let error = e.to_string();

@@ -215,7 +215,6 @@ pub fn validate(
                     spec.from, from_port.message_type, spec.to, to_port.message_type
                 ),
             ));
-            targeted_by_broken_edge.push(plan.nodes[to_node].id.clone());
             continue;
         }
         fed[to_node].push(to_port.name);

@@ -1,0 +1,134 @@
+//! The binary: `check` exit codes and messages, `graph`, `actors`, and SIGTERM draining a running graph.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hearth");
+
+#[test]
+fn check_exits_2_with_every_error_and_0_with_a_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.ron");
+    std::fs::write(
+        &bad,
+        "Graph(name: \"b\", nodes: [\n  (id: \"g\", kind: Generate()),\n  (id: \"g\", kind: Nope()),\n], edges: [\n  (from: \"g.out\", to: \"x.in\", capacity: 0),\n])",
+    )
+    .unwrap();
+    let out = Command::new(BIN).arg("check").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let path = bad.display().to_string();
+    assert!(
+        err.contains(&format!(
+            "{path}:3:19: error: node `g`: Unexpected variant named `Nope`"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "{path}:5:3: error: edge `g.out->x.in`: capacity must be at least 1"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "{path}:5:3: error: edge `g.out->x.in`: unknown node `x`"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("3 error(s)"), "{err}");
+
+    let out = Command::new(BIN)
+        .args([
+            "check",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/graphs/default.ron"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 1);
+    assert!(text.contains("is valid"), "{text}");
+}
+
+#[test]
+fn graph_draws_dot_and_mermaid_and_actors_lists_kinds() {
+    let default = concat!(env!("CARGO_MANIFEST_DIR"), "/graphs/default.ron");
+    let dot = Command::new(BIN)
+        .args(["graph", default, "--format", "dot"])
+        .output()
+        .unwrap();
+    let dot = String::from_utf8_lossy(&dot.stdout);
+    assert!(dot.starts_with("digraph"), "{dot}");
+    assert!(dot.contains("cap "), "{dot}");
+    let mermaid = Command::new(BIN)
+        .args(["graph", default, "--format", "mermaid"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&mermaid.stdout).starts_with("flowchart LR"));
+    let actors = Command::new(BIN).arg("actors").output().unwrap();
+    let actors = String::from_utf8_lossy(&actors.stdout);
+    for kind in [
+        "generate",
+        "throttle",
+        "fault_inject",
+        "jsonl_sink",
+        "blackhole",
+    ] {
+        assert!(actors.contains(&format!("{kind} — ")), "{actors}");
+    }
+    assert!(actors.contains("inputs:  in: Sample"), "{actors}");
+}
+
+#[test]
+fn sigterm_stops_sources_drains_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = dir.path().join("g.ron");
+    std::fs::write(
+        &graph,
+        r#"Graph(name: "sig", nodes: [
+            (id: "gen", kind: Generate(count: None, interval_us: 50)),
+            (id: "slow", kind: Throttle(delay_us: 300), workers: 2),
+            (id: "sink", kind: JsonlSink(path: "out.jsonl")),
+        ], edges: [
+            (from: "gen.out", to: "slow.in", capacity: 16),
+            (from: "slow.out", to: "sink.in", capacity: 16),
+        ])"#,
+    )
+    .unwrap();
+    let child = Command::new(BIN)
+        .arg("run")
+        .arg(&graph)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let pushed: u64 = err
+        .lines()
+        .find(|l| l.contains("edge gen.out->slow.in"))
+        .and_then(|l| l.split("pushed=").nth(1))
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no edge line in {err}"));
+    let lines = std::fs::read_to_string(dir.path().join("out.jsonl"))
+        .unwrap()
+        .lines()
+        .count() as u64;
+    assert!(pushed > 10, "{err}");
+    assert_eq!(lines, pushed, "count in != count out\n{err}");
+}
