@@ -34,15 +34,25 @@ impl Default for GenerateParams {
 }
 
 /// Mixed demo prompts: ordinary questions, some personal data and a secret, as a real user would paste them.
-const DEMO_PROMPTS: &[&str] = &[
+/// The planted values are in [`DEMO_PLANTED`].
+pub const DEMO_PROMPTS: &[&str] = &[
     "How do I reverse a list in Python?",
     "Please email Maria Lopez at maria.lopez@example.org about Friday's meeting.",
     "My card 4111 1111 1111 1111 was charged twice, what should I do?",
     "Why does my build fail with `error[E0382]: borrow of moved value`?",
-    "Use this key for the deploy: sk-proj-9fJ2kLmN3pQrS4tUvW5xYz6AbCdEfGhIjKlMnOpQrStUvWx",
+    "Use this key for the deploy: ghp_8fK2mQ9xL4vN7pR1sT6wY3zB5cD0eH2jA9kM",
     "Summarise the plot of Hamlet in three sentences.",
     "Call me back at +1 415 555 0134 after 6pm.",
     "What is the difference between a mutex and a semaphore?",
+];
+
+/// The personal values and secrets planted in [`DEMO_PROMPTS`]: none may ever reach a training set.
+pub const DEMO_PLANTED: &[&str] = &[
+    "Maria Lopez",
+    "maria.lopez@example.org",
+    "4111 1111 1111 1111",
+    "ghp_8fK2mQ9xL4vN7pR1sT6wY3zB5cD0eH2jA9kM",
+    "415 555 0134",
 ];
 
 static INFO: KindInfo = KindInfo {

@@ -23,9 +23,9 @@ pub struct JsonlSinkParams {
 
 static INFO: KindInfo = KindInfo {
     name: "jsonl_sink",
-    about: "appends samples (and, if wired, curation decisions) to a JSON Lines file",
+    about: "appends the samples and/or curation decisions wired to it to a JSON Lines file",
     inputs: &[
-        PortSpec::new("in", MessageType::Sample),
+        PortSpec::optional("in", MessageType::Sample),
         PortSpec::optional("decisions", MessageType::Decision),
     ],
     outputs: &[],

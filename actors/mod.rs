@@ -44,6 +44,10 @@ actor_kinds! {
     FaultInject(fault_inject::FaultInjectParams),
     JsonlSink(jsonl_sink::JsonlSinkParams),
     Blackhole(blackhole::BlackholeParams),
+    Redact(redact::RedactConfig),
+    SecretFilter(secret_filter::SecretConfig),
+    Guard(guard::GuardParams),
+    Dedup(dedup::DedupConfig),
 }
 
 impl ActorKind {

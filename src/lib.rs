@@ -5,5 +5,6 @@
 
 #[path = "../actors/mod.rs"]
 pub mod actors;
+pub mod curate;
 pub mod engine;
 pub mod http;

@@ -52,6 +52,58 @@ enum Command {
     },
     /// List every actor kind with its ports, message types and an example of its parameters.
     Actors,
+    /// Find PII spans in a JSONL file (`id`, `text` per line) and write score_pii.py predictions.
+    Redact {
+        #[arg(long)]
+        jsonl: PathBuf,
+        #[arg(long)]
+        spans_out: PathBuf,
+        /// Redactor settings as RON, e.g. `(types: [Email, Phone], keep_non_personal_ips: false)`.
+        #[arg(long, default_value = "()")]
+        config: String,
+    },
+    /// Find credentials in a JSONL file (`id`, `text` per line) and write score_secrets.py findings.
+    Secrets {
+        #[arg(long)]
+        jsonl: PathBuf,
+        #[arg(long)]
+        findings_out: PathBuf,
+        /// Secret-filter settings as RON, e.g. `(min_entropy_base64: 4.5)`.
+        #[arg(long, default_value = "()")]
+        config: String,
+    },
+}
+
+/// Parses a `--config` RON value, naming the flag and position on error.
+fn parse_config<T: serde::de::DeserializeOwned>(text: &str) -> anyhow::Result<T> {
+    hearth::engine::schema::ron_options()
+        .from_str(text)
+        .map_err(|e| anyhow::anyhow!("--config {}: {}", e.span, e.code))
+}
+
+/// Opens the input and a fresh output for a JSONL conversion command.
+fn jsonl_files(
+    input: &Path,
+    output: &Path,
+) -> anyhow::Result<(
+    std::io::BufReader<std::fs::File>,
+    std::io::BufWriter<std::fs::File>,
+)> {
+    let reader =
+        std::fs::File::open(input).with_context(|| format!("opening {}", input.display()))?;
+    let writer =
+        std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    Ok((
+        std::io::BufReader::new(reader),
+        std::io::BufWriter::new(writer),
+    ))
+}
+
+/// Prints the lines a conversion skipped; they never stop the rest of the file.
+fn report_bad_lines(input: &Path, errors: &[impl std::fmt::Display]) {
+    for e in errors {
+        eprintln!("{}: skipped {e}", input.display());
+    }
 }
 
 fn main() -> ExitCode {
@@ -141,6 +193,41 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("  source:  {}", info.source);
                 println!("  example: kind: {}", kind.to_ron());
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Redact {
+            jsonl,
+            spans_out,
+            config,
+        } => {
+            let redactor = hearth::curate::redact::Redactor::new(parse_config(&config)?);
+            let (reader, writer) = jsonl_files(&jsonl, &spans_out)?;
+            let stats = hearth::curate::redact::predict_jsonl(&redactor, reader, writer)?;
+            report_bad_lines(&jsonl, &stats.errors);
+            eprintln!(
+                "{} records, {} spans -> {}",
+                stats.records,
+                stats.spans,
+                spans_out.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Secrets {
+            jsonl,
+            findings_out,
+            config,
+        } => {
+            let scanner = hearth::curate::secrets::SecretScanner::new(parse_config(&config)?)?;
+            let (reader, writer) = jsonl_files(&jsonl, &findings_out)?;
+            let stats = hearth::curate::secrets::findings_jsonl(&scanner, reader, writer)?;
+            report_bad_lines(&jsonl, &stats.errors);
+            eprintln!(
+                "{} records, {} flagged, {} findings -> {}",
+                stats.records,
+                stats.records_flagged,
+                stats.findings,
+                findings_out.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Run {

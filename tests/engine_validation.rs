@@ -143,9 +143,16 @@ fn message_type_mismatch_names_both_ends() {
         e.message
     );
     assert_eq!(at(&e), (10, 9));
-    // sink.in is now fed by nothing: reported too, at the node.
-    let unfed = one_error_containing(&errs, "`sink.in` (Sample) is fed by no edge");
-    assert_eq!(at(&unfed), (6, 9));
+}
+
+#[test]
+fn an_input_nothing_feeds_is_reported_at_its_node() {
+    let src = VALID.replace(
+        "        (from: \"gen.out\", to: \"a.in\", capacity: 4),\n",
+        "",
+    );
+    let unfed = one_error_containing(&errors(&src), "`a.in` (Sample) is fed by no edge");
+    assert_eq!(at(&unfed), (5, 9));
 }
 
 #[test]

@@ -1,0 +1,136 @@
+//! `dedup`: keeps exact and near-duplicate samples (and over-full near-duplicate clusters) out of training.
+//!
+//! Thin over [`crate::curate::dedup`]. The state lives in `DATA_DIR/dedup/<node>.state`, loaded at start and
+//! saved atomically every [`SAVE_EVERY`] checks and when the node drains, so a restart does not readmit what
+//! was seen (a crash may forget at most the last `SAVE_EVERY` checks). One worker only: the state is the node's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::curate::dedup::{DedupDecision, Deduper};
+use crate::engine::message::{Decision, Outcome};
+use crate::engine::{
+    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
+    PortSpec,
+};
+
+pub use crate::curate::dedup::DedupConfig;
+
+/// Checks between two saves of the state.
+pub const SAVE_EVERY: u64 = 256;
+
+static INFO: KindInfo = KindInfo {
+    name: "dedup",
+    about: "drops exact and near duplicates (MinHash LSH) and enforces a per-cluster diversity floor",
+    inputs: &[PortSpec::new("in", MessageType::Sample)],
+    outputs: &[
+        PortSpec::new("out", MessageType::Sample),
+        PortSpec::new("decisions", MessageType::Decision),
+    ],
+    source: false,
+};
+
+impl ActorFactory for DedupConfig {
+    fn info(&self) -> &'static KindInfo {
+        &INFO
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+        if ctx.worker > 0 {
+            return Err(ActorError::Build(format!(
+                "node `{}`: dedup keeps one state per node; use `workers: 1`",
+                ctx.node_id
+            )));
+        }
+        let path = ctx.data_dir.join("dedup").join(format!("{}.state", ctx.node_id));
+        let deduper = if path.exists() {
+            Deduper::load(&path, self.clone())
+        } else {
+            Deduper::new(self.clone())
+        }
+        .map_err(|e| ActorError::Build(format!("{}: {e}", path.display())))?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        Ok(Box::new(Dedup {
+            deduper,
+            path,
+            node: ctx.node_id.clone(),
+            unsaved: 0,
+        }))
+    }
+}
+
+impl KindParams for DedupConfig {
+    fn example() -> Self {
+        DedupConfig::default()
+    }
+}
+
+struct Dedup {
+    deduper: Deduper,
+    path: PathBuf,
+    node: String,
+    unsaved: u64,
+}
+
+impl Dedup {
+    fn save(&mut self) -> Result<(), ActorError> {
+        self.unsaved = 0;
+        self.deduper
+            .save(&self.path)
+            .map_err(|e| ActorError::Failed(format!("{}: {e}", self.path.display())))
+    }
+}
+
+impl Actor for Dedup {
+    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
+        let Message::Sample(sample) = message else {
+            return Err(ActorError::Unexpected {
+                port: port.to_owned(),
+                got: message.message_type(),
+            });
+        };
+        let text = sample.content.texts().join("\n");
+        let decision = self.deduper.check_and_insert(&text, sample.origin);
+        self.unsaved += 1;
+        if self.unsaved >= SAVE_EVERY {
+            self.save()?;
+        }
+        let reason = match decision {
+            DedupDecision::Admit => {
+                metrics::counter!("hearth_dedup_decisions_total", "node" => self.node.clone(), "decision" => "admit")
+                    .increment(1);
+                let mut sample = sample.clone();
+                Arc::make_mut(&mut sample).record(&self.node, "admitted", serde_json::Value::Null);
+                return out
+                    .send("out", Message::Sample(sample))
+                    .map_err(|e| ActorError::Failed(e.to_string()));
+            }
+            DedupDecision::ExactDuplicate { of } => ("exact_duplicate", format!("exact duplicate of #{of}")),
+            DedupDecision::NearDuplicate { of, jaccard_estimate } => (
+                "near_duplicate",
+                format!("near duplicate of #{of} (Jaccard ≈ {jaccard_estimate:.2})"),
+            ),
+            DedupDecision::DiversityFloor { cluster } => {
+                ("diversity_floor", format!("cluster #{cluster} is at its diversity floor"))
+            }
+        };
+        metrics::counter!("hearth_dedup_decisions_total", "node" => self.node.clone(), "decision" => reason.0)
+            .increment(1);
+        let mut sample = Arc::unwrap_or_clone(sample.clone());
+        sample.record(&self.node, reason.0, serde_json::Value::Null);
+        let decision = Decision {
+            sample,
+            node: self.node.clone(),
+            outcome: Outcome::Dropped,
+            reason: format!("dedup: {}", reason.1),
+        };
+        out.send("decisions", Message::Decision(Arc::new(decision)))
+            .map_err(|e| ActorError::Failed(e.to_string()))
+    }
+
+    fn flush(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        self.save()
+    }
+}

@@ -1,0 +1,99 @@
+//! Throughput of the PII redactor and the secret filter, in bytes/s, on ASCII-heavy and
+//! non-ASCII-heavy chat text. Corpora come from ../shared/data/pii (or $HEARTH_SHARED_DIR) when
+//! present, as in CI, else from built-in synthetic samples.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use hearth::curate::redact::{RedactConfig, Redactor};
+use hearth::curate::secrets::{SecretConfig, SecretScanner};
+
+const SYNTH_ASCII: &[&str] = &[
+    "hi, my name is Theresa Cabrera and my email is theresa.c@example.org. can you help me write a cover letter?",
+    "Can you call me back at +1 (916) 530-2931? I'm free after 5pm.",
+    "Upgrade from version 1.2.3 to 1.4.0 fixed it for me. commit 3f786850e387550fdab836ed7e6dc881de23001b broke the build.",
+    "I moved! New address: 669 Perez Crescent, West Felicia, MH 43757. Please update my profile.",
+    "Explain the proof that there are infinitely many primes, step by step, with an example.",
+    "The server at 10.123.252.217 keeps refusing SSH connections, any idea why? error: could not open /home/sharon42/.ssh/id_rsa",
+];
+const SYNTH_UNICODE: &[&str] = &[
+    "Grüße aus Köln! Schicken Sie das Paket an Jürgen Müller, Scholzstraße 78, 95675 Neuss.",
+    "Je m'appelle Hélène Lefèvre, j'habite 11, avenue René Thomas, 67937 Allard. Ça va très bien.",
+    "Привет! Меня зовут Алексей, мой телефон +7 495 123-45-67, напишите мне завтра утром.",
+    "東京都の天気は晴れです。明日の会議は十時からです。よろしくお願いします。",
+    "Ο Γιώργος μένει στην Αθήνα και δουλεύει ως μηχανικός λογισμικού στην εταιρεία μας.",
+    "Šárka Ottová a Krisztián Szöllösy přijdou zítra v 10:30, číslo karty 4111 1111 1111 1111.",
+];
+
+fn corpus(unicode: bool) -> String {
+    let dir = std::env::var("HEARTH_SHARED_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../shared").to_string());
+    let path = format!("{dir}/data/pii/pii_10k.jsonl");
+    let mut out = String::new();
+    if let Ok(data) = std::fs::read_to_string(path) {
+        for (i, line) in data.lines().take(4000).enumerate() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if let Some(t) = v["text"].as_str() {
+                out.push_str(t);
+                out.push('\n');
+            }
+            if unicode {
+                // interleave so that about half of the bytes are non-ASCII
+                out.push_str(SYNTH_UNICODE[i % SYNTH_UNICODE.len()]);
+                out.push('\n');
+                out.push_str(SYNTH_UNICODE[(i + 3) % SYNTH_UNICODE.len()]);
+                out.push('\n');
+            }
+        }
+    }
+    if out.is_empty() {
+        let src = if unicode { SYNTH_UNICODE } else { SYNTH_ASCII };
+        while out.len() < 400_000 {
+            for s in src {
+                out.push_str(s);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Redact record by record (as the curation pipeline does) over the whole corpus.
+fn bench(c: &mut Criterion) {
+    let red = Redactor::new(RedactConfig::default());
+    let sec = SecretScanner::new(SecretConfig::default()).expect("default secret config");
+    for (name, unicode) in [("ascii", false), ("non_ascii", true)] {
+        let text = corpus(unicode);
+        let records: Vec<&str> = text.lines().collect();
+        let non_ascii = text.bytes().filter(|b| *b >= 0x80).count() as f64 / text.len() as f64;
+        eprintln!(
+            "corpus {name}: {} bytes, {} records, {:.0}% non-ASCII bytes",
+            text.len(),
+            records.len(),
+            non_ascii * 100.0
+        );
+        let mut g = c.benchmark_group(format!("curate_{name}"));
+        g.throughput(Throughput::Bytes(text.len() as u64));
+        g.sample_size(10);
+        g.bench_function("redact", |b| {
+            b.iter(|| {
+                for r in &records {
+                    black_box(red.redact(black_box(r)));
+                }
+            })
+        });
+        g.bench_function("secret_scan", |b| {
+            b.iter(|| {
+                for r in &records {
+                    black_box(sec.scan(black_box(r)));
+                }
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,704 @@
+//! Street and postal addresses. A street "core" is anchored on shapes that plain capitalised
+//! text rarely has (house number + street-type word, a street-type prefix such as `rue`/`via`,
+//! a compound street word such as `…straße 5`, PO boxes), then extended over unit, city,
+//! state, postcode and country segments. Weak anchors need an extension or a context cue.
+
+use std::collections::HashSet;
+use std::sync::LazyLock;
+
+use super::lexicon::{Kind, LEX, Tok};
+use super::{Cand, PiiType, prio};
+
+fn set(words: &'static str) -> HashSet<&'static str> {
+    words.split_whitespace().collect()
+}
+
+/// Street-type words that follow the name (US/UK style), folded. Strong ones are rarely
+/// anything but a street.
+static STRONG_SUFFIX: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+    set(
+        "street st avenue ave av road rd lane ln drive dr boulevard blvd court ct crescent terrace \
+         highway hwy parkway pkwy circle cir alley expressway freeway turnpike plaza square sq str \
+         close gardens mews row place pl way trail trl",
+    )
+});
+static WEAK_SUFFIX: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+    set(
+        "bank branch bridge brook brooks burg burgs bypass camp canyon cape causeway center centers \
+         circles cliff cliffs club common commons corner corners course courts cove coves creek crest \
+         crossing crossroad curve dale dam divide drives estate estates extension extensions fall falls \
+         ferry field fields flat flats ford fords forest forge forges fork forks fort garden gateway glen \
+         glens green greens grove groves harbor harbors haven heights hill hills hollow inlet island \
+         islands isle junction junctions key keys knoll knolls lake lakes land landing light lights loaf \
+         lock locks lodge loop mall manor manors meadow meadows mill mills mission motorway mount \
+         mountain mountains neck orchard oval overpass park parks parkways pass passage path pike pine \
+         pines plain plains point points port ports prairie radial ramp ranch rapid rapids rest ridge \
+         ridges river roads route run shoal shoals shore shores skyway spring springs spur spurs squares \
+         station stravenue stream streets summit throughway trace track trafficway trailer tunnel \
+         underpass union unions valley valleys viaduct view views village villages ville vista walk \
+         walks wall ways well wells rue via",
+    )
+});
+/// Street-type words that come before the name (Romance, Slavic, Portuguese …), folded.
+static PREFIX_TYPE: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+    set(
+        "rue avenue boulevard bd chemin allee impasse place quai route cours square via viale piazza \
+         corso largo vicolo strada calle avenida paseo plaza camino carrer ronda glorieta travesia rua \
+         travessa praca estrada alameda ul ulica aleja al plac rambla carretera callejon pasaje vale \
+         contrada piazzale lungomare",
+    )
+});
+/// Endings of one-word street names (German, Dutch, Nordic, Finnish, Icelandic …), folded.
+const COMPOUND_SUFFIX: &[&str] = &[
+    "strasse", "str", "weg", "gasse", "platz", "allee", "ring", "damm", "ufer", "chaussee",
+    "steig", "pfad", "markt", "vagen", "gatan", "gata", "gade", "vej", "veien", "vegen", "gate",
+    "laan", "straat", "plein", "gracht", "kade", "dijk", "singel", "kuja", "katu", "tie", "polku",
+    "straeti", "stigur", "braut", "utca", "ulice", "cesta", "torget", "torv", "stien", "backe",
+    "gränd", "grand",
+];
+/// Separate street-type words that follow the name (Hungarian, Greek transliterations …).
+static POST_TYPE: LazyLock<HashSet<&'static str>> =
+    LazyLock::new(|| set("ut utca u kapu ter korut sor str odos"));
+static UNIT: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+    set("apt apartment suite ste unit flat floor fl room rm studio bldg building box")
+});
+const CUES: &[&str] = &[
+    "address",
+    "live at",
+    "lives at",
+    "living at",
+    "ship to",
+    "ships to",
+    "shipped to",
+    "deliver",
+    "located at",
+    "moved to",
+    "mail to",
+    "send it to",
+    "adresse",
+    "direccion",
+    "indirizzo",
+    "anschrift",
+    "property is at",
+];
+
+fn key<'a>(t: &'a Tok) -> &'a str {
+    t.key.as_ref()
+}
+
+fn is_house_no(t: &Tok, text: &str) -> bool {
+    if t.kind != Kind::Num || t.sentinel {
+        return false;
+    }
+    let s = t.text(text);
+    let lead = s.bytes().take_while(u8::is_ascii_digit).count();
+    (1..=6).contains(&lead) && s.len() <= 10
+}
+
+fn is_zip(t: &Tok, text: &str) -> bool {
+    if t.kind != Kind::Num {
+        return false;
+    }
+    let s = t.text(text).as_bytes();
+    let d = s.iter().take_while(|c| c.is_ascii_digit()).count();
+    ((d == 4 || d == 5) && s.len() == d) || (d == 5 && s.len() == 10 && s[5] == b'-')
+}
+
+fn is_capword(t: &Tok) -> bool {
+    t.kind == Kind::Word && t.cap && !t.sentinel
+}
+
+fn compound_street(t: &Tok) -> bool {
+    if !is_capword(t) {
+        return false;
+    }
+    let k = key(t);
+    COMPOUND_SUFFIX
+        .iter()
+        .any(|s| k.len() >= s.len() + 3 && k.ends_with(s))
+}
+
+const PARTICLES: &[&str] = &[
+    "de", "du", "des", "la", "le", "les", "del", "della", "di", "da", "dos", "das", "do", "der",
+    "den", "van", "von", "am", "an", "im", "sur", "sous", "en", "y", "e", "i", "l'", "d'", "of",
+    "the",
+];
+
+fn is_particle(t: &Tok) -> bool {
+    t.kind == Kind::Word && !t.cap && PARTICLES.contains(&key(t))
+}
+
+/// `L1B 3AH`, `SW1A 1AA`, `H2X 1Y4` (UK and Canadian postcodes) starting at `i`.
+fn postcode(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
+    let a = toks.get(i)?.text(text).as_bytes();
+    let b = toks.get(i + 1)?.text(text).as_bytes();
+    let up = |s: &[u8]| {
+        s.iter()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+    };
+    let uk_out = (2..=4).contains(&a.len())
+        && a[0].is_ascii_uppercase()
+        && a.iter().any(u8::is_ascii_digit)
+        && up(a);
+    let uk_in = b.len() == 3
+        && b[0].is_ascii_digit()
+        && b[1].is_ascii_uppercase()
+        && b[2].is_ascii_uppercase();
+    let ca = a.len() == 3
+        && b.len() == 3
+        && up(a)
+        && up(b)
+        && a[1].is_ascii_digit()
+        && b[0].is_ascii_digit();
+    if (uk_out && uk_in) || ca {
+        Some(i + 2)
+    } else {
+        None
+    }
+}
+
+/// Skips a separator (`,`, line breaks, spaces) and returns the next index and whether it was
+/// a strong separator (comma or line break).
+fn sep(toks: &[Tok], i: usize, text: &str) -> (usize, bool) {
+    let mut j = i;
+    let mut strong = toks.get(j).is_some_and(|t| t.nl_before);
+    while let Some(t) = toks.get(j) {
+        // commas, and line-prefix marks of quoted or listed text (`>`, `???`, `*`)
+        let line_mark = t.kind == Kind::Punct
+            && !t.is_punct(text, '#')
+            && (t.nl_before || (j > i && toks[j - 1].kind == Kind::Punct && toks[j - 1].nl_before));
+        if t.is_punct(text, ',') || line_mark {
+            strong = true;
+            j += 1;
+            if toks.get(j).is_some_and(|t| t.nl_before) {
+                strong = true;
+            }
+        } else {
+            break;
+        }
+    }
+    (j, strong)
+}
+
+/// A run of capitalised (or all-caps) words forming a town name, with particles and hyphens.
+fn city(toks: &[Tok], i: usize) -> Option<usize> {
+    let mut j = i;
+    let mut words = 0;
+    while let Some(t) = toks.get(j) {
+        if j > i && t.nl_before {
+            break;
+        }
+        if is_capword(t) || (words > 0 && is_particle(t)) {
+            if is_capword(t) {
+                words += 1;
+            }
+            j += 1;
+            if words >= 4 {
+                break;
+            }
+        } else {
+            break;
+        }
+    }
+    // do not end on a particle; a lone common word ("Thanks") is no town
+    while j > i && !is_capword(&toks[j - 1]) {
+        j -= 1;
+    }
+    let all_common = toks[i..j]
+        .iter()
+        .filter(|t| is_capword(t))
+        .all(|t| LEX.common.contains(key(t)) && !LEX.places.contains(key(t)));
+    (words > 0 && !all_common).then_some(j)
+}
+
+fn country(toks: &[Tok], i: usize) -> Option<usize> {
+    let t = toks.get(i)?;
+    if !is_capword(t) {
+        return None;
+    }
+    let k = key(t);
+    if matches!(
+        k,
+        "united" | "south" | "north" | "new" | "czech" | "saudi" | "costa" | "sri" | "el"
+    ) {
+        let n = toks.get(i + 1)?;
+        if is_capword(n) {
+            return Some(i + 2);
+        }
+        return None;
+    }
+    LEX.places.contains(k).then_some(i + 1)
+}
+
+fn is_state(t: &Tok, text: &str) -> bool {
+    t.kind == Kind::Word && t.text(text).len() == 2 && t.all_caps
+}
+
+/// Unit designator `Apt. 810`, `Suite 433`, `Flat 6`, `# 5` starting at `i`.
+fn unit(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
+    let t = toks.get(i)?;
+    let mut j = i;
+    if t.kind == Kind::Word && UNIT.contains(key(t)) {
+        j += 1;
+        if toks.get(j).is_some_and(|t| t.is_punct(text, '.')) {
+            j += 1;
+        }
+    } else if t.is_punct(text, '#') {
+        j += 1;
+    } else {
+        return None;
+    }
+    let n = toks.get(j)?;
+    (n.kind == Kind::Num || (n.kind == Kind::Word && n.text(text).len() <= 3 && n.all_caps))
+        .then_some(j + 1)
+}
+
+/// APO/FPO/DPO line: `APO AA 69974`.
+fn military_line(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
+    let t = toks.get(i)?;
+    if !matches!(t.text(text), "APO" | "FPO" | "DPO" | "apo" | "fpo" | "dpo") {
+        return None;
+    }
+    let s = toks.get(i + 1)?;
+    let z = toks.get(i + 2)?;
+    (s.kind == Kind::Word && s.text(text).len() == 2 && is_zip(z, text)).then_some(i + 3)
+}
+
+/// Extends a street core ending at `k` over following address segments.
+/// Returns (end token index, segments consumed, saw postcode/zip/state).
+fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
+    let mut segs = 0;
+    let mut strong_seg = false;
+    let mut prev_zip = false;
+    for _ in 0..8 {
+        let (j, strong) = sep(toks, k, text);
+        if j >= toks.len() {
+            break;
+        }
+        if toks[j].sentinel {
+            break;
+        }
+        if let Some(e) = unit(toks, j, text).or_else(|| military_line(toks, j, text)) {
+            k = e;
+            segs += 1;
+            prev_zip = false;
+            if military_line(toks, j, text).is_some() {
+                strong_seg = true;
+            }
+            continue;
+        }
+        if let Some(e) = postcode(toks, j, text) {
+            k = e;
+            segs += 1;
+            strong_seg = true;
+            prev_zip = true;
+            continue;
+        }
+        if is_zip(&toks[j], text) {
+            k = j + 1;
+            segs += 1;
+            strong_seg = true;
+            // `12345 City`
+            if let Some(e) = city(toks, k).filter(|_| !toks[k].nl_before) {
+                k = e;
+            } else {
+                prev_zip = true;
+            }
+            continue;
+        }
+        if is_state(&toks[j], text) && toks.get(j + 1).is_some_and(|t| is_zip(t, text)) {
+            k = j + 2;
+            segs += 1;
+            strong_seg = true;
+            continue;
+        }
+        if let Some(e) = country(toks, j).filter(|_| strong || prev_zip) {
+            k = e;
+            segs += 1;
+            if toks.get(k).is_some_and(|t| is_zip(t, text)) {
+                k += 1;
+                strong_seg = true;
+            }
+            continue;
+        }
+        if !(strong || prev_zip) {
+            break;
+        }
+        // `Spain 97197`, `Greenlander 26364`: a place line ending in a postcode
+        if let Some(e) = city(toks, j)
+            && toks.get(e).is_some_and(|z| is_zip(z, text) && !z.nl_before)
+        {
+            k = e + 1;
+            segs += 1;
+            strong_seg = true;
+            continue;
+        }
+        if let Some(e) = city(toks, j) {
+            // a town must be followed by another address segment, or be a known place
+            let (n, _) = sep(toks, e, text);
+            let next_is_addr = toks.get(n).is_some_and(|t| {
+                is_zip(t, text)
+                    || (is_state(t, text) && toks.get(n + 1).is_some_and(|z| is_zip(z, text)))
+                    || t.all_caps && t.kind == Kind::Word && t.text(text).len() == 2
+            }) || postcode(toks, n, text).is_some()
+                || country(toks, n).is_some()
+                || military_line(toks, n, text).is_some()
+                || unit(toks, n, text).is_some();
+            let known = e == j + 1 && LEX.places.contains(key(&toks[j]));
+            if next_is_addr || known || prev_zip {
+                k = e;
+                segs += 1;
+                prev_zip = false;
+                // `, nan` (missing state in some data) and bare state codes
+                continue;
+            }
+        }
+        // bare 2-letter state followed by nothing (`, CO`)
+        if is_state(&toks[j], text) && strong && segs > 0 {
+            k = j + 1;
+            segs += 1;
+            continue;
+        }
+        break;
+    }
+    (k, segs, strong_seg)
+}
+
+fn cue_before(text: &str, s: usize) -> bool {
+    let lo = s.saturating_sub(48);
+    let mut lo = lo;
+    while !text.is_char_boundary(lo) {
+        lo += 1;
+    }
+    let w = text[lo..s].to_lowercase();
+    CUES.iter().any(|c| w.contains(c))
+}
+
+/// How much evidence a street core carries on its own.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    /// Accept as is (house number + strong street type, PO box, compound street + number).
+    Strong,
+    /// Needs one more address segment (unit, town, postcode) or a context cue.
+    Weak,
+    /// Needs a postcode or ZIP after it (street name without a number).
+    NeedsCode,
+}
+
+/// Finds the street core starting at token `i`: (start tok, end tok exclusive, level).
+fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
+    let t = &toks[i];
+    if t.sentinel {
+        return None;
+    }
+    // D: PO boxes and military addresses
+    if t.kind == Kind::Word {
+        let k = key(t);
+        if k == "p"
+            && toks.get(i + 1).is_some_and(|x| x.is_punct(text, '.'))
+            && let (Some(o), Some(b)) = (toks.get(i + 2), toks.get(i + 4))
+            && key(o) == "o"
+            && key(b) == "box"
+            && toks.get(i + 5).is_some_and(|n| n.kind == Kind::Num)
+        {
+            return Some((i, i + 6, Level::Strong));
+        }
+        if (k == "po" || k == "postbox" || k == "pobox") && t.cap {
+            let mut j = i + 1;
+            if k == "po" {
+                if toks.get(j).is_some_and(|x| key(x) == "box") {
+                    j += 1;
+                } else {
+                    return None;
+                }
+            }
+            if toks.get(j).is_some_and(|n| n.kind == Kind::Num) {
+                return Some((i, j + 1, Level::Strong));
+            }
+        }
+        if (k == "psc" || k == "unit") && t.cap {
+            // PSC 7951, Box 9972 / Unit 5477 Box 8244
+            let n = toks.get(i + 1)?;
+            if n.kind == Kind::Num {
+                let (j, _) = sep(toks, i + 2, text);
+                if toks.get(j).is_some_and(|b| key(b) == "box")
+                    && toks.get(j + 1).is_some_and(|n| n.kind == Kind::Num)
+                {
+                    return Some((i, j + 2, Level::Strong));
+                }
+            }
+        }
+        if matches!(t.text(text), "USNS" | "USNV" | "USS" | "USCGC") {
+            let mut j = i + 1;
+            while toks.get(j).is_some_and(|x| is_capword(x) && !x.nl_before) {
+                j += 1;
+            }
+            let (n, _) = sep(toks, j, text);
+            if j > i + 1 && military_line(toks, n, text).is_some() {
+                return Some((i, j, Level::Strong));
+            }
+        }
+        // E: Flat 6, Garry Neck
+        if matches!(k, "flat" | "studio" | "apartment") && t.cap {
+            let n = toks.get(i + 1)?;
+            if n.kind == Kind::Num {
+                let (j, _) = sep(toks, i + 2, text);
+                if let Some(e) = us_street_words(toks, j, text) {
+                    return Some((i, e, Level::Strong));
+                }
+            }
+        }
+        // B: prefix street types (rue de X, Via Tasso 129, ul. Miła 57)
+        if PREFIX_TYPE.contains(k) {
+            let mut j = i + 1;
+            if toks.get(j).is_some_and(|x| x.is_punct(text, '.')) {
+                j += 1;
+            } else if matches!(k, "ul" | "al" | "bd") {
+                return None;
+            }
+            let start_words = j;
+            let mut caps = 0;
+            while let Some(x) = toks.get(j) {
+                if x.nl_before || x.sentinel {
+                    break;
+                }
+                if is_capword(x) {
+                    caps += 1;
+                } else if !is_particle(x) {
+                    break;
+                }
+                j += 1;
+                if j - start_words >= 6 {
+                    break;
+                }
+            }
+            while j > start_words && !is_capword(&toks[j - 1]) {
+                j -= 1;
+            }
+            if caps == 0 {
+                return None;
+            }
+            let mut strong = false;
+            if toks
+                .get(j)
+                .is_some_and(|x| is_house_no(x, text) && !x.nl_before)
+            {
+                j += 1;
+                strong = true;
+            }
+            // leading house number: `11, avenue …` or `62 Rue …`
+            let mut s = i;
+            if i >= 1 && is_house_no(&toks[i - 1], text) {
+                s = i - 1;
+                strong = true;
+            } else if i >= 2 && toks[i - 1].is_punct(text, ',') && is_house_no(&toks[i - 2], text) {
+                s = i - 2;
+                strong = true;
+            }
+            return Some((
+                s,
+                j,
+                if strong {
+                    Level::Strong
+                } else {
+                    Level::NeedsCode
+                },
+            ));
+        }
+        // C: compound street word + number (Scholzstraße 7877, Kurt-Schumacher-Str. 5/8)
+        if compound_street(t) {
+            let mut j = i + 1;
+            if toks.get(j).is_some_and(|x| x.is_punct(text, '.')) {
+                j += 1;
+            }
+            if toks
+                .get(j)
+                .is_some_and(|x| is_house_no(x, text) && !x.nl_before)
+            {
+                let mut s = i;
+                if i >= 1 && is_house_no(&toks[i - 1], text) && !toks[i].nl_before {
+                    s = i - 1;
+                }
+                let mut e = j + 1;
+                if toks
+                    .get(e)
+                    .is_some_and(|x| x.is_punct(text, '.') && !x.sp_before)
+                    && toks.get(e + 1).is_some_and(|x| {
+                        x.kind != Kind::Word || !x.cap || x.nl_before || x.sp_before
+                    })
+                {
+                    // Hungarian-style `39.` house numbers keep their dot only mid-sentence
+                    if toks.get(e + 1).is_some_and(|x| !x.cap) {
+                        e += 1;
+                    }
+                }
+                return Some((s, e, Level::Strong));
+            }
+        }
+        // Hungarian/Greek: Rákóczi út 66.
+        if is_capword(t)
+            && let Some(pt) = toks.get(i + 1)
+            && pt.kind == Kind::Word
+            && !pt.cap
+            && POST_TYPE.contains(key(pt))
+        {
+            let mut j = i + 2;
+            if toks.get(j).is_some_and(|x| x.is_punct(text, '.')) {
+                j += 1;
+            }
+            if toks.get(j).is_some_and(|x| is_house_no(x, text)) {
+                let s = if i >= 1 && is_house_no(&toks[i - 1], text) {
+                    i - 1
+                } else {
+                    i
+                };
+                return Some((s, j + 1, Level::Strong));
+            }
+        }
+        // F: street words without a number; accepted only with a postcode later
+        if is_capword(t)
+            && (i == 0 || !is_capword(&toks[i - 1]))
+            && let Some(e) = us_street_words(toks, i, text)
+        {
+            return Some((i, e, Level::NeedsCode));
+        }
+        return None;
+    }
+    // A: house number + street words + street type
+    if is_house_no(t, text) {
+        if i >= 1
+            && (toks[i - 1].is_punct(text, '$')
+                || toks[i - 1].is_punct(text, '€')
+                || toks[i - 1].is_punct(text, '£'))
+        {
+            return None;
+        }
+        let j = i + 1;
+        let n = toks.get(j)?;
+        if n.nl_before {
+            return None;
+        }
+        // `3378 217 Lovers Lane`: two numbers (postcode or house range) before the street
+        let s = if i >= 1 && is_house_no(&toks[i - 1], text) && !t.nl_before {
+            i - 1
+        } else {
+            i
+        };
+        if let Some(e) = us_street_words(toks, j, text) {
+            let strong = STRONG_SUFFIX.contains(key(&toks[last_word(toks, e)]));
+            return Some((s, e, if strong { Level::Strong } else { Level::Weak }));
+        }
+        // `20789 Allika 46`, `0138 Brisas 6802`: number, street words, house number
+        let mut k = j;
+        while k < toks.len() && k < j + 4 && is_capword(&toks[k]) && !toks[k].nl_before {
+            k += 1;
+        }
+        if k > j
+            && toks
+                .get(k)
+                .is_some_and(|x| is_house_no(x, text) && !x.nl_before)
+        {
+            return Some((s, k + 1, Level::Weak));
+        }
+        // number before a prefix type or compound street: let those anchors handle it
+        return None;
+    }
+    None
+}
+
+fn last_word(toks: &[Tok], e: usize) -> usize {
+    let mut k = e - 1;
+    while k > 0 && toks[k].kind != Kind::Word {
+        k -= 1;
+    }
+    k
+}
+
+/// `Crown Street`, `Hicks Forge`, `Eleftheriou Venizelou str`: 1-4 capitalised words then a
+/// street-type word (optionally `St.`). Returns the end token index.
+fn us_street_words(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
+    let mut best = None;
+    let mut j = i;
+    let mut words = 0;
+    while let Some(t) = toks.get(j) {
+        if t.sentinel || (j > i && t.nl_before) || t.kind != Kind::Word {
+            break;
+        }
+        let k = key(t);
+        if words >= 1
+            && (STRONG_SUFFIX.contains(k) || WEAK_SUFFIX.contains(k))
+            && (t.cap || matches!(k, "str" | "st"))
+        {
+            let mut e = j + 1;
+            if matches!(
+                k,
+                "st" | "ave"
+                    | "rd"
+                    | "dr"
+                    | "blvd"
+                    | "ln"
+                    | "ct"
+                    | "str"
+                    | "pl"
+                    | "sq"
+                    | "pkwy"
+                    | "hwy"
+                    | "cir"
+                    | "trl"
+            ) && toks.get(e).is_some_and(|x| x.is_punct(text, '.'))
+            {
+                e += 1;
+            }
+            best = Some(e);
+        }
+        if !t.cap {
+            break;
+        }
+        words += 1;
+        j += 1;
+        if words >= 5 {
+            break;
+        }
+    }
+    best
+}
+
+/// Finds address spans.
+pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+    let mut i = 0;
+    while i < toks.len() {
+        let Some((s, e, level)) = core(toks, i, text) else {
+            i += 1;
+            continue;
+        };
+        let (end, segs, saw_code) = extend(toks, e, text);
+        let no_number_street =
+            toks[s].kind == Kind::Word && level == Level::NeedsCode && e - s <= 4;
+        let accept = match level {
+            Level::Strong => true,
+            Level::Weak => segs > 0 || cue_before(text, toks[s].s),
+            // a bare `Gail Rue` needs a postcode and a town; `rue de Noël` needs a postcode
+            Level::NeedsCode => {
+                saw_code && (segs >= 2 || !no_number_street || PREFIX_TYPE.contains(key(&toks[s])))
+            }
+        };
+        let strong = level == Level::Strong;
+        if !accept {
+            i += 1;
+            continue;
+        }
+        let conf = if segs > 0 || strong { 0.85 } else { 0.7 };
+        out.push(
+            Cand::new(
+                toks[s].s,
+                toks[end - 1].e,
+                PiiType::Address,
+                "street",
+                conf,
+                prio::ADDRESS,
+            )
+            .truncatable(toks[e - 1].e),
+        );
+        i = end;
+    }
+}

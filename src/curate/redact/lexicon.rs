@@ -1,0 +1,397 @@
+//! Tokens, gazetteers and the character n-gram name model shared by the person and address
+//! detectors. The lists ship in `data/*.txt` (written for hearth) and are compiled in, so the
+//! redactor needs no files or downloads at run time.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::LazyLock;
+
+/// Small multiplicative hasher for short keys (gazetteer lookups dominate name detection;
+/// SipHash's DoS resistance buys nothing for a fixed, compiled-in word list).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w))
+                .wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(i)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(i)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.0 = (self.0.rotate_left(5) ^ i as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Fast string set used for all gazetteers.
+pub(crate) type WordSet = HashSet<String, BuildHasherDefault<FxHasher>>;
+
+/// Token class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Starts with a letter.
+    Word,
+    /// Starts with a digit (`12`, `24a`, `72/15`, `3AH`).
+    Num,
+    /// One punctuation or symbol char.
+    Punct,
+}
+
+/// A token with byte offsets and the whitespace before it.
+#[derive(Debug, Clone)]
+pub(crate) struct Tok<'a> {
+    pub s: usize,
+    pub e: usize,
+    pub kind: Kind,
+    /// First char is upper-case.
+    pub cap: bool,
+    /// Every letter is upper-case (and there are >= 2).
+    pub all_caps: bool,
+    /// A line break occurs between the previous token and this one.
+    pub nl_before: bool,
+    /// Any whitespace between the previous token and this one.
+    pub sp_before: bool,
+    /// Lower-case, diacritics folded (words only; empty otherwise). Borrowed from the text
+    /// for plain lower-case ASCII words, so most tokens cost no allocation.
+    pub key: Cow<'a, str>,
+    /// Inside a `<SENTINEL>`: never PII.
+    pub sentinel: bool,
+}
+
+impl Tok<'_> {
+    pub(crate) fn text<'t>(&self, t: &'t str) -> &'t str {
+        &t[self.s..self.e]
+    }
+    pub(crate) fn is_punct(&self, t: &str, c: char) -> bool {
+        self.kind == Kind::Punct && t[self.s..self.e].starts_with(c)
+    }
+}
+
+fn joiner(c: char) -> bool {
+    matches!(c, '-' | '\'' | '’' | '/')
+}
+
+/// Splits text into word, number and punctuation tokens.
+pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
+    let mut toks = Vec::with_capacity(text.len() / 5);
+    let mut it = text.char_indices().peekable();
+    let mut nl = false;
+    let mut sp = false;
+    while let Some((i, c)) = it.next() {
+        if c.is_whitespace() {
+            sp = true;
+            if c == '\n' || c == '\r' {
+                nl = true;
+            }
+            continue;
+        }
+        if c.is_alphanumeric() {
+            let mut e = i + c.len_utf8();
+            let mut upper_letters = c.is_uppercase() as usize;
+            let mut letters = c.is_alphabetic() as usize;
+            loop {
+                match it.peek() {
+                    Some(&(j, d)) if d.is_alphanumeric() => {
+                        upper_letters += d.is_uppercase() as usize;
+                        letters += d.is_alphabetic() as usize;
+                        e = j + d.len_utf8();
+                        it.next();
+                    }
+                    Some(&(j, d)) if joiner(d) => {
+                        // joiner only inside a token: must be followed by an alphanumeric;
+                        // a possessive `'s` stays outside so `Novák's` keys as `novak`
+                        let rest = &text[j + d.len_utf8()..];
+                        let mut rc = rest.chars();
+                        let next = rc.next();
+                        let possessive = matches!(d, '\'' | '’')
+                            && next == Some('s')
+                            && !rc.next().is_some_and(char::is_alphanumeric)
+                            && c.is_uppercase()
+                            && !matches!(
+                                text[i..j].to_ascii_lowercase().as_str(),
+                                "it" | "that"
+                                    | "he"
+                                    | "she"
+                                    | "what"
+                                    | "there"
+                                    | "here"
+                                    | "who"
+                                    | "let"
+                                    | "where"
+                                    | "how"
+                            );
+                        if next.is_some_and(char::is_alphanumeric) && !possessive {
+                            e = j + d.len_utf8();
+                            it.next();
+                        } else {
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            let kind = if c.is_numeric() {
+                Kind::Num
+            } else {
+                Kind::Word
+            };
+            let word = &text[i..e];
+            let key = if kind != Kind::Word {
+                Cow::Borrowed("")
+            } else if word
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'-' || b == b'\'')
+            {
+                Cow::Borrowed(word)
+            } else {
+                Cow::Owned(fold(word))
+            };
+            toks.push(Tok {
+                s: i,
+                e,
+                kind,
+                cap: c.is_uppercase(),
+                all_caps: letters >= 2 && upper_letters == letters,
+                nl_before: nl,
+                sp_before: sp,
+                key,
+                sentinel: false,
+            });
+        } else {
+            toks.push(Tok {
+                s: i,
+                e: i + c.len_utf8(),
+                kind: Kind::Punct,
+                cap: false,
+                all_caps: false,
+                nl_before: nl,
+                sp_before: sp,
+                key: Cow::Borrowed(""),
+                sentinel: false,
+            });
+        }
+        nl = false;
+        sp = false;
+    }
+    // Mark `<LABEL>` and `<SECRET:rule>` sentinels so re-redaction leaves them alone.
+    for i in 0..toks.len() {
+        if toks[i].is_punct(text, '<') {
+            let mut j = i + 1;
+            while j < toks.len() && j < i + 8 && !toks[j].is_punct(text, '>') && !toks[j].sp_before
+            {
+                j += 1;
+            }
+            if j < toks.len() && toks[j].is_punct(text, '>') {
+                for t in &mut toks[i..=j] {
+                    t.sentinel = true;
+                }
+            }
+        }
+    }
+    toks
+}
+
+/// Lower-cases and strips common Latin diacritics so `Jürgen` matches `jurgen`.
+pub(crate) fn fold(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_ascii() {
+            out.push(c.to_ascii_lowercase());
+            continue;
+        }
+        let f =
+            match c {
+                'à' | 'á' | 'â' | 'ã' | 'ä' | 'å' | 'ā' | 'ą' | 'À' | 'Á' | 'Â' | 'Ã' | 'Ä'
+                | 'Å' => 'a',
+                'ç' | 'ć' | 'č' | 'Ç' | 'Ć' | 'Č' => 'c',
+                'ď' | 'Ď' | 'đ' => 'd',
+                'è' | 'é' | 'ê' | 'ë' | 'ē' | 'ę' | 'ě' | 'È' | 'É' | 'Ê' | 'Ë' | 'Ě' => {
+                    'e'
+                }
+                'ì' | 'í' | 'î' | 'ï' | 'ī' | 'Ì' | 'Í' | 'Î' | 'Ï' => 'i',
+                'ł' | 'Ł' | 'ľ' | 'ĺ' => 'l',
+                'ñ' | 'ń' | 'ň' | 'Ñ' | 'Ń' | 'Ň' => 'n',
+                'ò' | 'ó' | 'ô' | 'õ' | 'ö' | 'ø' | 'ő' | 'Ò' | 'Ó' | 'Ô' | 'Õ' | 'Ö' | 'Ø'
+                | 'Ő' => 'o',
+                'ř' | 'Ř' => 'r',
+                'ś' | 'š' | 'ş' | 'Ś' | 'Š' | 'Ş' => 's',
+                'ß' => {
+                    out.push_str("ss");
+                    continue;
+                }
+                'ť' | 'Ť' | 'ţ' => 't',
+                'ù' | 'ú' | 'û' | 'ü' | 'ů' | 'ű' | 'Ù' | 'Ú' | 'Û' | 'Ü' | 'Ů' | 'Ű' => {
+                    'u'
+                }
+                'ý' | 'ÿ' | 'Ý' => 'y',
+                'ź' | 'ż' | 'ž' | 'Ź' | 'Ż' | 'Ž' => 'z',
+                'æ' | 'Æ' => {
+                    out.push_str("ae");
+                    continue;
+                }
+                'þ' | 'Þ' => {
+                    out.push_str("th");
+                    continue;
+                }
+                'ð' | 'Ð' => 'd',
+                '’' => '\'',
+                _ => {
+                    out.extend(c.to_lowercase());
+                    continue;
+                }
+            };
+        out.push(f);
+    }
+    out
+}
+
+fn load(src: &'static str) -> WordSet {
+    src.lines()
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .map(fold)
+        .collect()
+}
+
+/// Gazetteers, folded.
+pub(crate) struct Lexicon {
+    pub first: WordSet,
+    pub last: WordSet,
+    pub common: WordSet,
+    pub places: WordSet,
+    model: NameModel,
+}
+
+impl Lexicon {
+    /// Log-odds (per trigram, averaged) that a word is a name rather than an ordinary word.
+    pub(crate) fn name_score(&self, key: &str) -> f32 {
+        self.model.score(key)
+    }
+}
+
+pub(crate) static LEX: LazyLock<Lexicon> = LazyLock::new(|| {
+    let first = load(include_str!("data/first_names.txt"));
+    let last = load(include_str!("data/surnames.txt"));
+    let mut common = load(include_str!("data/common_words.txt"));
+    common.extend(load(include_str!("data/english_vocab.txt")));
+    let places = load(include_str!("data/places.txt"));
+    let model = NameModel::train(
+        first.iter().chain(last.iter()).map(String::as_str),
+        common.iter().map(String::as_str),
+    );
+    Lexicon {
+        first,
+        last,
+        common,
+        places,
+        model,
+    }
+});
+
+/// Character-trigram naive Bayes: name vs ordinary word, trained at first use on the shipped
+/// lists (a few thousand words, about a millisecond). It generalises the gazetteers to unseen
+/// names through spelling: diacritics and endings such as -ová, -sen, -ski, -ez weigh towards
+/// a name, -tion, -ing, -ly towards a word.
+struct NameModel {
+    logodds: HashMap<[char; 3], f32, BuildHasherDefault<FxHasher>>,
+    prior: f32,
+}
+
+impl NameModel {
+    fn grams(w: &str) -> impl Iterator<Item = [char; 3]> + '_ {
+        let cs: Vec<char> = std::iter::once('^')
+            .chain(w.chars())
+            .chain(std::iter::once('$'))
+            .collect();
+        (0..cs.len().saturating_sub(2))
+            .map(move |i| [cs[i], cs[i + 1], cs[i + 2]])
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    fn train<'a>(pos: impl Iterator<Item = &'a str>, neg: impl Iterator<Item = &'a str>) -> Self {
+        let mut cp: HashMap<[char; 3], u32> = HashMap::new();
+        let mut cn: HashMap<[char; 3], u32> = HashMap::new();
+        let (mut np, mut nn) = (0u32, 0u32);
+        for w in pos {
+            for g in Self::grams(w) {
+                *cp.entry(g).or_default() += 1;
+                np += 1;
+            }
+        }
+        for w in neg {
+            for g in Self::grams(w) {
+                *cn.entry(g).or_default() += 1;
+                nn += 1;
+            }
+        }
+        let vocab: HashSet<[char; 3]> = cp.keys().chain(cn.keys()).copied().collect();
+        let v = vocab.len() as f32;
+        let alpha = 0.5f32;
+        let dp = np as f32 + alpha * v;
+        let dn = nn as f32 + alpha * v;
+        let logodds = vocab
+            .into_iter()
+            .map(|g| {
+                let p = (*cp.get(&g).unwrap_or(&0) as f32 + alpha) / dp;
+                let n = (*cn.get(&g).unwrap_or(&0) as f32 + alpha) / dn;
+                (g, (p / n).ln())
+            })
+            .collect();
+        Self {
+            logodds,
+            prior: (alpha / dp / (alpha / dn)).ln(),
+        }
+    }
+
+    fn score(&self, key: &str) -> f32 {
+        let mut sum = 0.0;
+        let mut n = 0;
+        for g in Self::grams(key) {
+            // Non-Latin-1 letters are rare in English words: count them as name evidence.
+            let v = match self.logodds.get(&g) {
+                Some(v) => *v,
+                None if g.iter().any(|c| (*c as u32) > 0x17f) => 0.5,
+                None => self.prior,
+            };
+            sum += v;
+            n += 1;
+        }
+        if n == 0 { 0.0 } else { sum / n as f32 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fold_and_model() {
+        assert_eq!(fold("Jürgen"), "jurgen");
+        assert_eq!(fold("Straße"), "strasse");
+        let l = &*LEX;
+        assert!(l.first.contains("jurgen"));
+        assert!(l.name_score("kowalczyk") > l.name_score("information"));
+    }
+
+    #[test]
+    fn tokens() {
+        let t = "Hi <PERSON>, Kurt-Schumacher-Str. 5/8";
+        let toks = tokenize(t);
+        assert!(toks[1].sentinel && toks[2].sentinel && toks[3].sentinel);
+        assert_eq!(toks[5].text(t), "Kurt-Schumacher-Str");
+        assert_eq!(toks[7].text(t), "5/8");
+    }
+}

@@ -1,0 +1,622 @@
+//! Span-level PII redactor: finds personal data in chat text and replaces each span with a
+//! typed sentinel (`<EMAIL>`, `<PERSON>` …) so samples can be kept for learning without the
+//! personal bits. Deterministic, in-process, no model download: regexes with validators for
+//! structured types, gazetteers plus a character n-gram name model for people and addresses.
+//!
+//! Offsets in the public API are Unicode code points, end exclusive (as in the gold data).
+
+mod address;
+mod lexicon;
+mod names;
+mod structured;
+
+use std::collections::HashSet;
+use std::io::{BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+
+use super::secrets::{CharIndex, SecretConfig, SecretScanner};
+
+/// The shipped English vocabulary (folded), shared with the secret filter's identifier check.
+pub(crate) fn english_words() -> &'static lexicon::WordSet {
+    &lexicon::LEX.common
+}
+
+/// Kinds of personal data the redactor knows.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub enum PiiType {
+    /// E-mail address.
+    Email,
+    /// Telephone number.
+    Phone,
+    /// Payment card number (Luhn-valid).
+    CreditCard,
+    /// US social security number.
+    Ssn,
+    /// International bank account number (mod-97 valid).
+    Iban,
+    /// IPv4/IPv6 address (non-personal ranges optional).
+    IpAddress,
+    /// API key, token, password or private key.
+    ApiKey,
+    /// File path embedding a user name.
+    FilePath,
+    /// Person name.
+    Person,
+    /// Street or postal address.
+    Address,
+    /// Date of birth (a date in birth context).
+    DateOfBirth,
+    /// Passport, driver's licence or national id number (in context).
+    IdNumber,
+    /// Hardware MAC address.
+    MacAddress,
+    /// `user:password@` part of a URL.
+    UrlCredentials,
+    /// Bitcoin or Ethereum wallet address.
+    CryptoWallet,
+    /// Only the user-name segment of a home path (see [`FilePathMode::UserNameOnly`]).
+    UserName,
+}
+
+impl PiiType {
+    /// Every type, in declaration order.
+    pub const ALL: &'static [PiiType] = &[
+        PiiType::Email,
+        PiiType::Phone,
+        PiiType::CreditCard,
+        PiiType::Ssn,
+        PiiType::Iban,
+        PiiType::IpAddress,
+        PiiType::ApiKey,
+        PiiType::FilePath,
+        PiiType::Person,
+        PiiType::Address,
+        PiiType::DateOfBirth,
+        PiiType::IdNumber,
+        PiiType::MacAddress,
+        PiiType::UrlCredentials,
+        PiiType::CryptoWallet,
+        PiiType::UserName,
+    ];
+
+    /// Upper-case label as used in the gold data (`CREDIT_CARD`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            PiiType::Email => "EMAIL",
+            PiiType::Phone => "PHONE",
+            PiiType::CreditCard => "CREDIT_CARD",
+            PiiType::Ssn => "SSN",
+            PiiType::Iban => "IBAN",
+            PiiType::IpAddress => "IP_ADDRESS",
+            PiiType::ApiKey => "API_KEY",
+            PiiType::FilePath => "FILE_PATH",
+            PiiType::Person => "PERSON",
+            PiiType::Address => "ADDRESS",
+            PiiType::DateOfBirth => "DATE_OF_BIRTH",
+            PiiType::IdNumber => "ID_NUMBER",
+            PiiType::MacAddress => "MAC_ADDRESS",
+            PiiType::UrlCredentials => "URL_CREDENTIALS",
+            PiiType::CryptoWallet => "CRYPTO_WALLET",
+            PiiType::UserName => "USER_NAME",
+        }
+    }
+
+    /// Replacement text: `<LABEL>`. Only upper-case letters and `_` inside angle brackets, so
+    /// no detector can mistake a sentinel for PII.
+    pub fn sentinel(&self) -> &'static str {
+        match self {
+            PiiType::Email => "<EMAIL>",
+            PiiType::Phone => "<PHONE>",
+            PiiType::CreditCard => "<CREDIT_CARD>",
+            PiiType::Ssn => "<SSN>",
+            PiiType::Iban => "<IBAN>",
+            PiiType::IpAddress => "<IP_ADDRESS>",
+            PiiType::ApiKey => "<API_KEY>",
+            PiiType::FilePath => "<FILE_PATH>",
+            PiiType::Person => "<PERSON>",
+            PiiType::Address => "<ADDRESS>",
+            PiiType::DateOfBirth => "<DATE_OF_BIRTH>",
+            PiiType::IdNumber => "<ID_NUMBER>",
+            PiiType::MacAddress => "<MAC_ADDRESS>",
+            PiiType::UrlCredentials => "<URL_CREDENTIALS>",
+            PiiType::CryptoWallet => "<CRYPTO_WALLET>",
+            PiiType::UserName => "<USER_NAME>",
+        }
+    }
+
+    /// Parses a label (`"CREDIT_CARD"`) back to a type.
+    pub fn from_label(label: &str) -> Option<PiiType> {
+        PiiType::ALL.iter().copied().find(|t| t.label() == label)
+    }
+}
+
+/// How home-directory paths are redacted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum FilePathMode {
+    /// The whole path becomes `<FILE_PATH>` (matches the gold data).
+    #[default]
+    WholePath,
+    /// Only the user-name segment becomes `<USER_NAME>`; the rest of the path stays useful.
+    UserNameOnly,
+}
+
+/// Redactor settings; every field changes behaviour (see tests/curate_redact.rs).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedactConfig {
+    /// Types to report and redact; others are ignored.
+    pub types: Vec<PiiType>,
+    /// Leave loopback, unspecified, broadcast, multicast and documentation IPs alone, since
+    /// they identify no one.
+    pub keep_non_personal_ips: bool,
+    /// Whole path or only the user name.
+    pub file_path_mode: FilePathMode,
+    /// Spans below this confidence are dropped (trade recall for precision).
+    pub min_confidence: f32,
+    /// Names the device already knows (the user, contacts): always redacted as PERSON.
+    pub known_names: Vec<String>,
+    /// Exact values never redacted (e.g. a public support e-mail), compared case-insensitively.
+    pub allow: Vec<String>,
+    /// Redact the `user:password@` part of URLs.
+    pub url_credentials: bool,
+}
+
+impl Default for RedactConfig {
+    fn default() -> Self {
+        Self {
+            types: PiiType::ALL
+                .iter()
+                .copied()
+                .filter(|t| *t != PiiType::UserName)
+                .collect(),
+            keep_non_personal_ips: true,
+            file_path_mode: FilePathMode::WholePath,
+            min_confidence: 0.5,
+            known_names: Vec::new(),
+            allow: Vec::new(),
+            url_credentials: true,
+        }
+    }
+}
+
+/// One redacted span (code-point offsets).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PiiSpan {
+    /// Start, code points.
+    pub start: usize,
+    /// End (exclusive), code points.
+    pub end: usize,
+    /// What it is.
+    pub pii_type: PiiType,
+    /// Which detector fired (`luhn`, `gazetteer` …), for debugging and audits.
+    pub detector: &'static str,
+    /// Rough confidence in 0..=1.
+    pub confidence: f32,
+}
+
+/// Redacted text plus the spans (offsets refer to the input text).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Redaction {
+    /// Text with sentinels.
+    pub text: String,
+    /// Spans of the input that were replaced, sorted, non-overlapping.
+    pub spans: Vec<PiiSpan>,
+}
+
+/// Errors from JSONL prediction.
+#[derive(Debug, thiserror::Error)]
+pub enum RedactError {
+    /// A line was not a JSON object with a string `text`.
+    #[error("line {line}: {reason}")]
+    BadLine {
+        /// 1-based line number.
+        line: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Reading or writing failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Internal candidate in byte offsets; `ty == None` is a shield (a known non-PII thing such as
+/// a UUID or timestamp) that only blocks weaker detectors and is never reported.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cand {
+    pub start: usize,
+    pub end: usize,
+    pub ty: Option<PiiType>,
+    pub detector: &'static str,
+    pub confidence: f32,
+    pub priority: u8,
+    /// Shortest end that keeps the span meaningful when a stronger span cuts into its tail
+    /// (a home path stays a home path up to its user name); `end` means "not truncatable".
+    pub min_end: usize,
+}
+
+impl Cand {
+    pub(crate) fn new(
+        start: usize,
+        end: usize,
+        ty: PiiType,
+        detector: &'static str,
+        confidence: f32,
+        priority: u8,
+    ) -> Self {
+        Self {
+            start,
+            end,
+            ty: Some(ty),
+            detector,
+            confidence,
+            priority,
+            min_end: end,
+        }
+    }
+
+    /// Allows truncation down to `min_end`.
+    pub(crate) fn truncatable(mut self, min_end: usize) -> Self {
+        self.min_end = min_end;
+        self
+    }
+
+    pub(crate) fn shield(start: usize, end: usize, detector: &'static str, priority: u8) -> Self {
+        Self {
+            start,
+            end,
+            ty: None,
+            detector,
+            confidence: 1.0,
+            priority,
+            min_end: end,
+        }
+    }
+}
+
+/// Detection priorities: on overlap the higher one wins (then the longer span).
+pub(crate) mod prio {
+    pub const API_KEY: u8 = 100;
+    pub const URL_CRED: u8 = 96;
+    pub const EMAIL: u8 = 92;
+    pub const FILE_PATH: u8 = 90;
+    pub const IBAN: u8 = 85;
+    pub const CARD: u8 = 80;
+    pub const SSN: u8 = 78;
+    pub const IP: u8 = 76;
+    pub const MAC: u8 = 76;
+    pub const WALLET: u8 = 76;
+    pub const SHIELD: u8 = 70;
+    pub const DOB: u8 = 65;
+    pub const ID: u8 = 64;
+    pub const PHONE: u8 = 60;
+    pub const ADDRESS: u8 = 50;
+    pub const PERSON: u8 = 40;
+}
+
+/// The redactor. Build once, share across threads.
+pub struct Redactor {
+    config: RedactConfig,
+    enabled: [bool; 16],
+    secrets: SecretScanner,
+    allow: HashSet<String>,
+    known_names: Vec<String>,
+}
+
+impl Redactor {
+    /// Builds a redactor from its config.
+    pub fn new(config: RedactConfig) -> Self {
+        let mut enabled = [false; 16];
+        for t in &config.types {
+            enabled[*t as usize] = true;
+        }
+        // FilePath in user-name mode reports UserName spans.
+        if config.file_path_mode == FilePathMode::UserNameOnly
+            && enabled[PiiType::FilePath as usize]
+        {
+            enabled[PiiType::UserName as usize] = true;
+        }
+        let secrets = SecretScanner::new(SecretConfig::default())
+            // The default secret config is constant and valid (unit-tested).
+            .expect("default secret config is valid");
+        let allow = config.allow.iter().map(|s| s.to_lowercase()).collect();
+        let known_names = config
+            .known_names
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| s.chars().count() >= 2)
+            .collect();
+        Self {
+            config,
+            enabled,
+            secrets,
+            allow,
+            known_names,
+        }
+    }
+
+    /// The config in use.
+    pub fn config(&self) -> &RedactConfig {
+        &self.config
+    }
+
+    fn on(&self, t: PiiType) -> bool {
+        self.enabled[t as usize]
+    }
+
+    /// Finds PII spans (code-point offsets, sorted, non-overlapping).
+    pub fn find(&self, text: &str) -> Vec<PiiSpan> {
+        let cands = self.find_bytes(text);
+        let idx = CharIndex::new(text);
+        cands
+            .iter()
+            .filter_map(|c| {
+                c.ty.map(|t| PiiSpan {
+                    start: idx.char_of(c.start),
+                    end: idx.char_of(c.end),
+                    pii_type: t,
+                    detector: c.detector,
+                    confidence: c.confidence,
+                })
+            })
+            .collect()
+    }
+
+    /// Redacts: each span becomes its type's sentinel.
+    pub fn redact(&self, text: &str) -> Redaction {
+        let cands = self.find_bytes(text);
+        let idx = CharIndex::new(text);
+        let mut out = String::with_capacity(text.len());
+        let mut pos = 0;
+        let mut spans = Vec::with_capacity(cands.len());
+        for c in &cands {
+            let Some(t) = c.ty else { continue };
+            out.push_str(&text[pos..c.start]);
+            out.push_str(t.sentinel());
+            pos = c.end;
+            spans.push(PiiSpan {
+                start: idx.char_of(c.start),
+                end: idx.char_of(c.end),
+                pii_type: t,
+                detector: c.detector,
+                confidence: c.confidence,
+            });
+        }
+        out.push_str(&text[pos..]);
+        Redaction { text: out, spans }
+    }
+
+    /// Byte-offset spans of `text`, closed under re-redaction: after replacing the spans with
+    /// sentinels, the text is scanned again (a sentinel changes the context of glued tokens,
+    /// e.g. `10.0.0.142 Main Street`); new finds are mapped back and merged, until nothing
+    /// new turns up. This makes `redact(redact(x)) == redact(x)`.
+    fn find_bytes(&self, text: &str) -> Vec<Cand> {
+        // Always re-scan when something was found: a span can swallow the start of a
+        // neighbour that its own detector rejected for lack of a boundary (`x.txt+1 (916) …`),
+        // so no cheap local test proves the redacted text is already clean.
+        let (mut cands, _) = self.pass(text);
+        for _ in 0..4 {
+            if cands.is_empty() {
+                break;
+            }
+            // redacted text and, per sentinel, (redacted start, redacted end, original start, original end)
+            let mut red = String::with_capacity(text.len());
+            let mut map: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(cands.len());
+            let mut pos = 0;
+            for c in &cands {
+                let Some(t) = c.ty else { continue };
+                red.push_str(&text[pos..c.start]);
+                let rs = red.len();
+                red.push_str(t.sentinel());
+                map.push((rs, red.len(), c.start, c.end));
+                pos = c.end;
+            }
+            red.push_str(&text[pos..]);
+            let (new, _) = self.pass(&red);
+            if new.is_empty() {
+                break;
+            }
+            // map a redacted offset back to the original text
+            let back = |r: usize, is_end: bool| -> usize {
+                let mut delta: isize = 0;
+                for &(rs, re, os, oe) in &map {
+                    if r < rs || (r == rs && !is_end) {
+                        break;
+                    }
+                    if r < re || (r == re && is_end) {
+                        return if is_end { oe } else { os };
+                    }
+                    delta += (oe - os) as isize - (re - rs) as isize;
+                }
+                (r as isize + delta) as usize
+            };
+            for n in new {
+                let (os, oe) = (back(n.start, false), back(n.end, true));
+                let mut merged = n;
+                merged.start = os;
+                merged.end = oe;
+                merged.min_end = oe;
+                cands.retain(|c| !(c.start < oe && os < c.end));
+                cands.push(merged);
+            }
+            cands.sort_by_key(|c| c.start);
+        }
+        cands
+    }
+
+    /// One detection pass: candidates after filtering and overlap resolution, and whether no
+    /// typed candidate lost (or was cut by) an overlap.
+    fn pass(&self, text: &str) -> (Vec<Cand>, bool) {
+        let mut cands: Vec<Cand> = Vec::new();
+        if text.is_empty() {
+            return (cands, true);
+        }
+        let ctx = structured::Ctx {
+            keep_non_personal_ips: self.config.keep_non_personal_ips,
+            user_name_only: self.config.file_path_mode == FilePathMode::UserNameOnly,
+            url_credentials: self.config.url_credentials,
+        };
+        structured::detect(text, &ctx, &mut cands);
+        if self.on(PiiType::ApiKey) {
+            for f in self.secrets.scan_bytes(text) {
+                // A URL password is reported as URL credentials by the structured pass.
+                if f.rule == "url-password" {
+                    continue;
+                }
+                cands.push(Cand::new(
+                    f.start,
+                    f.end,
+                    PiiType::ApiKey,
+                    f.rule,
+                    if f.specific { 0.95 } else { 0.7 },
+                    prio::API_KEY,
+                ));
+            }
+        }
+        let want_addr = self.on(PiiType::Address);
+        let want_person = self.on(PiiType::Person);
+        if want_addr || want_person {
+            let toks = lexicon::tokenize(text);
+            if want_addr {
+                address::detect(text, &toks, &mut cands);
+            }
+            if want_person {
+                names::detect(text, &toks, &self.known_names, &mut cands);
+            }
+        }
+        // Drop unwanted types and weak spans before resolving, so that a disabled detector
+        // never hides an enabled one.
+        cands.retain(|c| match c.ty {
+            None => true,
+            Some(t) => {
+                self.on(t)
+                    && c.confidence >= self.config.min_confidence
+                    && (self.allow.is_empty()
+                        || !self.allow.contains(&text[c.start..c.end].to_lowercase()))
+            }
+        });
+        resolve(text, cands)
+    }
+}
+
+/// Greedy overlap resolution: priority, then length, then position.
+fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
+    let mut clean = true;
+    v.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then((b.end - b.start).cmp(&(a.end - a.start)))
+            .then(a.start.cmp(&b.start))
+    });
+    let mut kept: Vec<Cand> = Vec::with_capacity(v.len());
+    for mut c in v {
+        if c.end <= c.start {
+            continue;
+        }
+        // A stronger span cutting into the tail of a truncatable one shortens it (so a second
+        // pass over the redacted text finds nothing new).
+        let cut = kept
+            .iter()
+            .filter(|k| k.start < c.end && c.start < k.end)
+            .map(|k| k.start)
+            .min();
+        if let Some(cut) = cut {
+            if c.ty.is_some() {
+                clean = false;
+            }
+            if cut >= c.min_end && cut > c.start {
+                c.end = cut;
+                // do not end on the separator before the cut
+                let b = text.as_bytes();
+                while c.end > c.min_end
+                    && matches!(b[c.end - 1], b' ' | b',' | b'\n' | b'\t' | b'.' | b'-')
+                {
+                    c.end -= 1;
+                }
+            } else {
+                continue;
+            }
+        }
+        kept.push(c);
+    }
+    kept.retain(|c| c.ty.is_some());
+    kept.sort_by_key(|c| c.start);
+    (kept, clean)
+}
+
+/// Counts from [`predict_jsonl`].
+#[derive(Debug, Default)]
+pub struct PredictStats {
+    /// Records read and predicted.
+    pub records: usize,
+    /// Spans written.
+    pub spans: usize,
+    /// Bad lines (each names its line number); the remaining lines were still processed.
+    pub errors: Vec<RedactError>,
+}
+
+#[derive(Deserialize)]
+struct InRecord {
+    id: serde_json::Value,
+    text: String,
+}
+
+#[derive(Serialize)]
+struct OutSpan {
+    start: usize,
+    end: usize,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    score: f32,
+}
+
+#[derive(Serialize)]
+struct OutRecord<'a> {
+    id: &'a serde_json::Value,
+    spans: Vec<OutSpan>,
+}
+
+/// Reads gold-format JSONL (fields `id`, `text`) and writes score_pii.py predictions
+/// `{"id","spans":[{"start","end","type","score"}]}`. Bad lines are skipped and reported.
+pub fn predict_jsonl(
+    redactor: &Redactor,
+    input: impl BufRead,
+    mut output: impl Write,
+) -> Result<PredictStats, RedactError> {
+    let mut st = PredictStats::default();
+    for (n, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec: InRecord = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                st.errors.push(RedactError::BadLine {
+                    line: n + 1,
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        let spans: Vec<OutSpan> = redactor
+            .find(&rec.text)
+            .into_iter()
+            .map(|s| OutSpan {
+                start: s.start,
+                end: s.end,
+                ty: s.pii_type.label(),
+                score: s.confidence,
+            })
+            .collect();
+        st.records += 1;
+        st.spans += spans.len();
+        serde_json::to_writer(&mut output, &OutRecord { id: &rec.id, spans })
+            .map_err(std::io::Error::other)?;
+        output.write_all(b"\n")?;
+    }
+    output.flush()?;
+    Ok(st)
+}

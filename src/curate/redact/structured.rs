@@ -1,0 +1,974 @@
+//! Structured PII: regex candidates, then validators (Luhn, mod-97, SSN rules, std::net
+//! parsing, phone shapes + context) to cut false positives. Hard negatives (UUIDs, hashes,
+//! timestamps, versions) become shields so that weaker detectors cannot claim them.
+//!
+//! All regexes are ASCII-only (`(?-u)`-style classes, manual boundary checks) for speed.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::LazyLock;
+
+use regex::bytes::Regex;
+
+use super::{Cand, PiiType, prio};
+
+/// Options the structured pass needs.
+pub(crate) struct Ctx {
+    pub keep_non_personal_ips: bool,
+    pub user_name_only: bool,
+    pub url_credentials: bool,
+}
+
+fn re(p: &str) -> Regex {
+    // Only called on the constant patterns below; covered by every test run.
+    Regex::new(p).expect("constant structured regex")
+}
+
+static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(?i-u)[a-z0-9](?:[a-z0-9._%+\-]{0,63})@[a-z0-9](?:[a-z0-9\-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9\-]{0,61}[a-z0-9])?)+",
+    )
+});
+static URL_CRED: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?i-u)[a-z][a-z0-9+.\-]{1,20}://([^\s:/@<>]{1,64}):([^\s/@<>]{1,128})@[a-z0-9.\-\[\]]")
+});
+/// Digit groups with single separators: cards, SSNs, bare numbers.
+static DIGIT_RUN: LazyLock<Regex> = LazyLock::new(|| re(r"(?-u)[0-9]+(?:[ \-][0-9]+)*"));
+static PHONE: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(?i-u)(?:\+[ ]?)?(?:\([0-9]{1,5}\)[ .\-]?)?[0-9](?:[0-9]|[ .\-][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-]?[0-9]){3,22}(?:[ ]?(?:x|ext\.?|extension)[ ]?[0-9]{1,6})?",
+    )
+});
+static IBAN: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(?-u)[A-Z]{2}[0-9]{2}(?:[ ]?[A-Z0-9]){10,32}"));
+static IPV4: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(?-u)[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}"));
+static IPV6: LazyLock<Regex> = LazyLock::new(|| re(r"(?i-u)[0-9a-f]{0,4}(?::[0-9a-f]{0,4}){2,7}"));
+static MAC: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(?i-u)[0-9a-f]{2}(?::[0-9a-f]{2}){5}|[0-9a-f]{2}(?:-[0-9a-f]{2}){5}"));
+static HOME_PATH: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r#"(?-u)(?:/home/|/Users/|/users/|[A-Za-z]:\\(?:Users|users|Documents and Settings)\\)(<[A-Z_]{1,20}>|[^/\\\s'"<>:|*?`,;()\[\]{}]{1,64})(?:[/\\][^\s'"<>|*?`]*)?"#,
+    )
+});
+static WALLET: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(?-u)0x[0-9a-fA-F]{40}|bc1[02-9ac-hj-np-z]{25,62}"));
+/// Legacy base58 Bitcoin addresses; only searched near a crypto keyword (costly and noisy).
+static WALLET_B58: LazyLock<Regex> = LazyLock::new(|| re(r"(?-u)[13][1-9A-HJ-NP-Za-km-z]{25,34}"));
+/// Dates in birth context.
+static DATE: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(?i-u)[0-9]{1,2}[/.\-][0-9]{1,2}[/.\-][0-9]{2,4}|[0-9]{4}-[0-9]{2}-[0-9]{2}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? [0-9]{1,2}(?:st|nd|rd|th)?,? [0-9]{4}|[0-9]{1,2}(?:st|nd|rd|th)? (?:of )?(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?,? [0-9]{4}",
+    )
+});
+/// Passport / licence / national id numbers, captured after their keyword.
+static ID_NUM: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(?i-u)(?:passport|driver'?s? licen[cs]e|driving licen[cs]e|licen[cs]e number|national id|id card|identity card|personalausweis|id number|tax id|nin|nino|dni|nie|codice fiscale|steuer-id)(?: (?:no\.?|number|num|#))?[ :#]{0,3}(?:is[ ]+)?([A-Z0-9][A-Z0-9\-]{4,19})",
+    )
+});
+/// Shields: UUIDs, hex digests, ISO timestamps, dotted versions.
+static SHIELD: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(?i-u)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32,128}|[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?(?:Z|[+\-][0-9]{2}:?[0-9]{2})?|v?[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}(?:-[0-9a-z.]+)?",
+    )
+});
+
+#[inline]
+fn alnum(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+/// True if the byte before `s` and the byte at `e` do not continue a token.
+#[inline]
+fn bounded(b: &[u8], s: usize, e: usize, extra_before: &[u8], extra_after: &[u8]) -> bool {
+    let ok_before = s == 0 || {
+        let c = b[s - 1];
+        !(alnum(c) || extra_before.contains(&c))
+    };
+    let ok_after = e >= b.len() || {
+        let c = b[e];
+        !(alnum(c) || extra_after.contains(&c))
+    };
+    ok_before && ok_after
+}
+
+/// Lower-cased ASCII window of up to `n` bytes before `s` (for context cues).
+fn before_ctx(b: &[u8], s: usize, n: usize) -> Vec<u8> {
+    b[s.saturating_sub(n)..s].to_ascii_lowercase()
+}
+
+fn after_ctx(b: &[u8], e: usize, n: usize) -> Vec<u8> {
+    b[e..(e + n).min(b.len())].to_ascii_lowercase()
+}
+
+fn has_any(hay: &[u8], needles: &[&str]) -> bool {
+    needles
+        .iter()
+        .any(|n| hay.windows(n.len()).any(|w| w == n.as_bytes()))
+}
+
+/// Runs every structured detector.
+pub(crate) fn detect(text: &str, ctx: &Ctx, out: &mut Vec<Cand>) {
+    let b = text.as_bytes();
+    let has_digit = b.iter().any(u8::is_ascii_digit);
+    if b.contains(&b'@') {
+        emails(b, out);
+        if ctx.url_credentials && b.windows(3).any(|w| w == b"://") {
+            url_creds(b, out);
+        }
+    }
+    home_paths(b, ctx, out);
+    if !has_digit {
+        return;
+    }
+    shields(b, out);
+    ibans(b, out);
+    ipv4(b, ctx, out);
+    // IPv6 and MAC need a colon between hex digits somewhere
+    if b.windows(3).any(|w| {
+        w[1] == b':' && w[0].is_ascii_hexdigit() && (w[2].is_ascii_hexdigit() || w[2] == b':')
+    }) {
+        ipv6(b, ctx, out);
+        macs(b, out);
+    }
+    if b.contains(&b'-') {
+        macs_dash(b, out);
+    }
+    digit_runs(b, out);
+    phones(b, out);
+    wallets(b, out);
+    dates_of_birth(b, out);
+    id_numbers(b, out);
+}
+
+fn emails(b: &[u8], out: &mut Vec<Cand>) {
+    for m in EMAIL.find_iter(b) {
+        let (s, mut e) = (m.start(), m.end());
+        // Trailing dots/hyphens belong to the sentence, not the domain.
+        while e > s && matches!(b[e - 1], b'.' | b'-') {
+            e -= 1;
+        }
+        let v = &b[s..e];
+        let Some(at) = v.iter().position(|&c| c == b'@') else {
+            continue;
+        };
+        let (local, domain) = (&v[..at], &v[at + 1..]);
+        if local.is_empty()
+            || local.starts_with(b".")
+            || local.ends_with(b".")
+            || local.windows(2).any(|w| w == b"..")
+        {
+            continue;
+        }
+        // Domain shape: >= 2 labels, alphabetic TLD of 2..=24 (or punycode).
+        let tld = domain.rsplit(|&c| c == b'.').next().unwrap_or(b"");
+        let tld_ok = (2..=24).contains(&tld.len())
+            && (tld.iter().all(u8::is_ascii_alphabetic) || tld.starts_with(b"xn--"));
+        if !tld_ok || !domain.contains(&b'.') {
+            continue;
+        }
+        // Code like `foo@2x.png` or `user@host.local` in configs is not an address.
+        if s > 0 && (alnum(b[s - 1]) || b[s - 1] == b'.') {
+            continue;
+        }
+        out.push(Cand::new(s, e, PiiType::Email, "email", 0.97, prio::EMAIL));
+    }
+}
+
+fn url_creds(b: &[u8], out: &mut Vec<Cand>) {
+    for c in URL_CRED.captures_iter(b) {
+        let (Some(u), Some(p)) = (c.get(1), c.get(2)) else {
+            continue;
+        };
+        let pw = p.as_bytes().to_ascii_lowercase();
+        if pw.starts_with(b"$") || pw.starts_with(b"{") || pw.starts_with(b"<") {
+            continue;
+        }
+        out.push(Cand::new(
+            u.start(),
+            p.end(),
+            PiiType::UrlCredentials,
+            "url-userinfo",
+            0.95,
+            prio::URL_CRED,
+        ));
+    }
+}
+
+/// Account names that identify nobody.
+const GENERIC_USERS: &[&str] = &[
+    "user",
+    "username",
+    "me",
+    "you",
+    "your_name",
+    "yourname",
+    "your-name",
+    "name",
+    "runner",
+    "ubuntu",
+    "admin",
+    "administrator",
+    "root",
+    "vagrant",
+    "ec2-user",
+    "shared",
+    "public",
+    "default",
+    "all users",
+    "guest",
+    "test",
+    "example",
+    "foo",
+    "bar",
+    "$user",
+    "%username%",
+    "x",
+    "...",
+    "*",
+    "www",
+    "git",
+    "docker",
+    "app",
+    "node",
+    "jenkins",
+    "circleci",
+    "travis",
+];
+
+fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
+    if !b.contains(&b'/') && !b.contains(&b'\\') {
+        return;
+    }
+    for c in HOME_PATH.captures_iter(b) {
+        let (Some(m), Some(u)) = (c.get(0), c.get(1)) else {
+            continue;
+        };
+        let s = m.start();
+        // `>` too: after a sentinel such as `<EMAIL>` the path was glued to a word before
+        if s > 0 && (alnum(b[s - 1]) || matches!(b[s - 1], b'.' | b'>')) {
+            continue;
+        }
+        let user = u.as_bytes();
+        let ul = String::from_utf8_lossy(user).to_lowercase();
+        let mut e = m.end();
+        while e > u.end()
+            && matches!(
+                b[e - 1],
+                b'.' | b',' | b';' | b':' | b')' | b']' | b'}' | b'!' | b'?'
+            )
+        {
+            e -= 1;
+        }
+        // a path is never a name or an address: shield it from the token detectors
+        if user.starts_with(b"<")
+            || user.starts_with(b"$")
+            || user.starts_with(b"{")
+            || GENERIC_USERS.contains(&ul.as_str())
+        {
+            out.push(Cand::shield(s, e, "path", prio::SHIELD));
+            continue;
+        }
+        if ctx.user_name_only {
+            out.push(Cand::shield(s, u.start(), "path", prio::SHIELD));
+            if u.end() < e {
+                out.push(Cand::shield(u.end(), e, "path", prio::SHIELD));
+            }
+            out.push(Cand::new(
+                u.start(),
+                u.end(),
+                PiiType::UserName,
+                "home-path",
+                0.9,
+                prio::FILE_PATH,
+            ));
+        } else {
+            out.push(
+                Cand::new(s, e, PiiType::FilePath, "home-path", 0.9, prio::FILE_PATH)
+                    .truncatable(u.end()),
+            );
+        }
+    }
+}
+
+fn shields(b: &[u8], out: &mut Vec<Cand>) {
+    for m in SHIELD.find_iter(b) {
+        let (s, e) = (m.start(), m.end());
+        if !bounded(b, s, e, b"-", b"-") {
+            continue;
+        }
+        // Dotted versions also look like the first three octets of an IPv4 address.
+        if e < b.len() && b[e] == b'.' && b.get(e + 1).is_some_and(u8::is_ascii_digit) {
+            continue;
+        }
+        out.push(Cand::shield(s, e, "hard-negative", prio::SHIELD));
+    }
+}
+
+/// IBAN lengths per country (ISO 13616 registry).
+const IBAN_LEN: &[(&[u8; 2], usize)] = &[
+    (b"AD", 24),
+    (b"AE", 23),
+    (b"AL", 28),
+    (b"AT", 20),
+    (b"AZ", 28),
+    (b"BA", 20),
+    (b"BE", 16),
+    (b"BG", 22),
+    (b"BH", 22),
+    (b"BR", 29),
+    (b"BY", 28),
+    (b"CH", 21),
+    (b"CR", 22),
+    (b"CY", 28),
+    (b"CZ", 24),
+    (b"DE", 22),
+    (b"DK", 18),
+    (b"DO", 28),
+    (b"EE", 20),
+    (b"EG", 29),
+    (b"ES", 24),
+    (b"FI", 18),
+    (b"FO", 18),
+    (b"FR", 27),
+    (b"GB", 22),
+    (b"GE", 22),
+    (b"GI", 23),
+    (b"GL", 18),
+    (b"GR", 27),
+    (b"GT", 28),
+    (b"HR", 21),
+    (b"HU", 28),
+    (b"IE", 22),
+    (b"IL", 23),
+    (b"IQ", 23),
+    (b"IS", 26),
+    (b"IT", 27),
+    (b"JO", 30),
+    (b"KW", 30),
+    (b"KZ", 20),
+    (b"LB", 28),
+    (b"LC", 32),
+    (b"LI", 21),
+    (b"LT", 20),
+    (b"LU", 20),
+    (b"LV", 21),
+    (b"MC", 27),
+    (b"MD", 24),
+    (b"ME", 22),
+    (b"MK", 19),
+    (b"MR", 27),
+    (b"MT", 31),
+    (b"MU", 30),
+    (b"NL", 18),
+    (b"NO", 15),
+    (b"PK", 24),
+    (b"PL", 28),
+    (b"PS", 29),
+    (b"PT", 25),
+    (b"QA", 29),
+    (b"RO", 24),
+    (b"RS", 22),
+    (b"SA", 24),
+    (b"SC", 31),
+    (b"SE", 24),
+    (b"SI", 19),
+    (b"SK", 24),
+    (b"SM", 27),
+    (b"ST", 25),
+    (b"SV", 28),
+    (b"TL", 23),
+    (b"TN", 24),
+    (b"TR", 26),
+    (b"UA", 29),
+    (b"VA", 22),
+    (b"VG", 24),
+    (b"XK", 20),
+];
+
+pub(crate) fn iban_mod97(chars: &[u8]) -> bool {
+    if chars.len() < 5 {
+        return false;
+    }
+    let mut rem: u32 = 0;
+    for &c in chars[4..].iter().chain(&chars[..4]) {
+        let v = match c {
+            b'0'..=b'9' => u32::from(c - b'0'),
+            b'A'..=b'Z' => u32::from(c - b'A') + 10,
+            _ => return false,
+        };
+        rem = if v >= 10 {
+            (rem * 100 + v) % 97
+        } else {
+            (rem * 10 + v) % 97
+        };
+    }
+    rem == 1
+}
+
+fn ibans(b: &[u8], out: &mut Vec<Cand>) {
+    for m in IBAN.find_iter(b) {
+        let s = m.start();
+        if s > 0 && alnum(b[s - 1]) {
+            continue;
+        }
+        let cc = [b[s], b[s + 1]];
+        let Some(&(_, want)) = IBAN_LEN.iter().find(|(c, _)| **c == cc) else {
+            continue;
+        };
+        // Walk until `want` alphanumerics (single spaces allowed between groups).
+        let mut chars = Vec::with_capacity(want);
+        let mut e = s;
+        while e < m.end() && chars.len() < want {
+            if b[e] != b' ' {
+                chars.push(b[e]);
+            }
+            e += 1;
+        }
+        if chars.len() != want || (e < b.len() && alnum(b[e])) {
+            continue;
+        }
+        if iban_mod97(&chars) {
+            out.push(Cand::new(
+                s,
+                e,
+                PiiType::Iban,
+                "iban-mod97",
+                0.99,
+                prio::IBAN,
+            ));
+        }
+    }
+}
+
+fn ip4_non_personal(ip: Ipv4Addr) -> bool {
+    let o = ip.octets();
+    ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_broadcast()
+        || ip.is_multicast()
+        || (o[0] == 192 && o[1] == 0 && o[2] == 2)
+        || (o[0] == 198 && o[1] == 51 && o[2] == 100)
+        || (o[0] == 203 && o[1] == 0 && o[2] == 113)
+}
+
+fn ipv4(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
+    if !b.contains(&b'.') {
+        return;
+    }
+    for m in IPV4.find_iter(b) {
+        let (s, e) = (m.start(), m.end());
+        if !bounded(b, s, e, b".", b"") {
+            continue;
+        }
+        if e + 1 < b.len() && b[e] == b'.' && b[e + 1].is_ascii_digit() {
+            continue; // five-part version numbers
+        }
+        let Ok(txt) = std::str::from_utf8(&b[s..e]) else {
+            continue;
+        };
+        let Ok(ip) = txt.parse::<Ipv4Addr>() else {
+            continue;
+        };
+        if ctx.keep_non_personal_ips && ip4_non_personal(ip) {
+            out.push(Cand::shield(s, e, "ip-non-personal", prio::IP));
+        } else {
+            out.push(Cand::new(s, e, PiiType::IpAddress, "ipv4", 0.95, prio::IP));
+        }
+    }
+}
+
+fn ipv6(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
+    for m in IPV6.find_iter(b) {
+        let (s, e) = (m.start(), m.end());
+        let v = &b[s..e];
+        let groups = v.split(|&c| c == b':').count();
+        let double = v.windows(2).any(|w| w == b"::");
+        if !(groups == 8 || (double && groups >= 3)) {
+            continue;
+        }
+        if !bounded(b, s, e, b":.", b":") {
+            continue;
+        }
+        let Ok(txt) = std::str::from_utf8(v) else {
+            continue;
+        };
+        let Ok(ip) = txt.parse::<Ipv6Addr>() else {
+            continue;
+        };
+        let seg = ip.segments();
+        let non_personal = ip.is_loopback()
+            || ip.is_unspecified()
+            || ip.is_multicast()
+            || (seg[0] == 0x2001 && seg[1] == 0x0db8);
+        // `a::b` in code (C++/Rust paths) parses too; require some digits for short forms.
+        if groups < 8 && !v.iter().any(u8::is_ascii_digit) {
+            continue;
+        }
+        if ctx.keep_non_personal_ips && non_personal {
+            out.push(Cand::shield(s, e, "ip-non-personal", prio::IP));
+        } else {
+            out.push(Cand::new(s, e, PiiType::IpAddress, "ipv6", 0.95, prio::IP));
+        }
+    }
+}
+
+fn push_mac(b: &[u8], s: usize, e: usize, out: &mut Vec<Cand>) {
+    if !bounded(b, s, e, b":-", b":-") {
+        return;
+    }
+    let v = b[s..e].to_ascii_lowercase();
+    if v.iter().all(|c| matches!(c, b'0' | b':' | b'-'))
+        || v.iter().all(|c| matches!(c, b'f' | b':' | b'-'))
+    {
+        return;
+    }
+    out.push(Cand::new(s, e, PiiType::MacAddress, "mac", 0.9, prio::MAC));
+}
+
+fn macs(b: &[u8], out: &mut Vec<Cand>) {
+    for m in MAC.find_iter(b) {
+        if b[m.start() + 2] == b':' {
+            push_mac(b, m.start(), m.end(), out);
+        }
+    }
+}
+
+fn macs_dash(b: &[u8], out: &mut Vec<Cand>) {
+    for m in MAC.find_iter(b) {
+        if b[m.start() + 2] == b'-' {
+            push_mac(b, m.start(), m.end(), out);
+        }
+    }
+}
+
+pub(crate) fn luhn(d: &[u8]) -> bool {
+    let mut sum = 0u32;
+    for (i, &c) in d.iter().rev().enumerate() {
+        let mut x = u32::from(c - b'0');
+        if i % 2 == 1 {
+            x *= 2;
+            if x > 9 {
+                x -= 9;
+            }
+        }
+        sum += x;
+    }
+    sum.is_multiple_of(10)
+}
+
+/// Card brand from the issuer prefix and length; `strong` brands need no context.
+fn card_brand(d: &[u8]) -> Option<bool> {
+    let n = d.len();
+    let p = |k: usize| -> u32 {
+        d[..k.min(n)]
+            .iter()
+            .fold(0u32, |a, &c| a * 10 + u32::from(c - b'0'))
+    };
+    let strong = match d[0] {
+        b'4' => n == 13 || n == 16 || n == 19,
+        b'5' => (51..=55).contains(&p(2)) && n == 16,
+        b'2' => (2221..=2720).contains(&p(4)) && n == 16,
+        b'3' => {
+            (matches!(p(2), 34 | 37) && n == 15)
+                || ((300..=305).contains(&p(3)) || matches!(p(2), 36 | 38 | 39))
+                    && (14..=19).contains(&n)
+                || (3528..=3589).contains(&p(4)) && (16..=19).contains(&n)
+        }
+        b'6' => {
+            (p(4) == 6011 || p(2) == 65 || (644..=649).contains(&p(3)) || p(2) == 62)
+                && (16..=19).contains(&n)
+        }
+        _ => false,
+    };
+    if strong {
+        return Some(true);
+    }
+    // Weaker: JCB 15-digit (1800, 2131), Maestro (50, 56-69) 12-19: context required.
+    let weak = (n == 15 && (p(4) == 1800 || p(4) == 2131))
+        || (p(2) == 35 && (16..=19).contains(&n))
+        || ((p(2) == 50 || (56..=69).contains(&p(2))) && (12..=19).contains(&n));
+    weak.then_some(false)
+}
+
+const CARD_CTX: &[&str] = &[
+    "card",
+    "visa",
+    "mastercard",
+    "amex",
+    "credit",
+    "debit",
+    "cc ",
+    "cc#",
+    "payment",
+    "maestro",
+    "jcb",
+    "diners",
+    "discover",
+];
+const SSN_CTX: &[&str] = &["ssn", "social security", "social-security", "ss#", "ss #"];
+
+/// Digit runs: credit cards, SSNs.
+fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
+    for m in DIGIT_RUN.find_iter(b) {
+        let (s, e) = (m.start(), m.end());
+        if e - s < 9 {
+            continue;
+        }
+        if !bounded(b, s, e, b".-", b"")
+            || (e < b.len() && b[e] == b'-' && b.get(e + 1).is_some_and(u8::is_ascii_digit))
+        {
+            continue;
+        }
+        let groups: Vec<(usize, usize)> = {
+            let mut g = Vec::new();
+            let mut i = s;
+            while i < e {
+                let gs = i;
+                while i < e && b[i].is_ascii_digit() {
+                    i += 1;
+                }
+                g.push((gs, i));
+                i += 1; // separator
+            }
+            g
+        };
+        // Try the longest prefix of groups that makes a valid card (cards can be followed by
+        // other numbers, e.g. an expiry year).
+        let mut found = false;
+        for k in (1..=groups.len()).rev() {
+            let ce = groups[k - 1].1;
+            let digits: Vec<u8> = b[s..ce]
+                .iter()
+                .copied()
+                .filter(u8::is_ascii_digit)
+                .collect();
+            if !(12..=19).contains(&digits.len()) {
+                continue;
+            }
+            // groups of a card are 4-4-4-4(-3), 4-6-5, 4-6-4, or one block
+            let lens: Vec<usize> = groups[..k].iter().map(|(a, z)| z - a).collect();
+            let shape_ok = k == 1
+                || lens[..k - 1].iter().all(|&l| l == 4) && lens[k - 1] <= 4
+                || lens == [4, 6, 5]
+                || lens == [4, 6, 4];
+            if !shape_ok || !luhn(&digits) {
+                continue;
+            }
+            let Some(strong) = card_brand(&digits) else {
+                continue;
+            };
+            let ctx = before_ctx(b, s, 48);
+            if !strong && !has_any(&ctx, CARD_CTX) {
+                continue;
+            }
+            // An all-same-digit run passes Luhn sometimes but is filler.
+            if digits.iter().all(|&c| c == digits[0]) {
+                continue;
+            }
+            out.push(Cand::new(
+                s,
+                ce,
+                PiiType::CreditCard,
+                "luhn",
+                if strong { 0.95 } else { 0.8 },
+                prio::CARD,
+            ));
+            found = true;
+            break;
+        }
+        if found {
+            continue;
+        }
+        ssn(b, s, e, &groups, out);
+    }
+}
+
+fn ssn_parts_ok(a: u32, g: u32, sr: u32) -> bool {
+    a != 0 && a != 666 && a < 900 && g != 0 && sr != 0
+}
+
+fn ssn(b: &[u8], s: usize, e: usize, groups: &[(usize, usize)], out: &mut Vec<Cand>) {
+    let num = |(x, y): (usize, usize)| -> u32 {
+        b[x..y]
+            .iter()
+            .fold(0u32, |a, &c| a * 10 + u32::from(c - b'0'))
+    };
+    let ctx = before_ctx(b, s, 40);
+    let has_ctx = has_any(&ctx, SSN_CTX);
+    if groups.len() == 3 {
+        let l: Vec<usize> = groups.iter().map(|(x, y)| y - x).collect();
+        if l != [3, 2, 4] {
+            return;
+        }
+        let sep1 = b[groups[0].1];
+        let sep2 = b[groups[1].1];
+        if sep1 != sep2 || !ssn_parts_ok(num(groups[0]), num(groups[1]), num(groups[2])) {
+            return;
+        }
+        let conf = if has_ctx {
+            0.97
+        } else if sep1 == b'-' {
+            0.85
+        } else {
+            0.6
+        };
+        out.push(Cand::new(s, e, PiiType::Ssn, "ssn-rules", conf, prio::SSN));
+    } else if groups.len() == 1 && e - s == 9 && has_ctx {
+        let v = &b[s..e];
+        let n = |r: std::ops::Range<usize>| {
+            v[r].iter().fold(0u32, |a, &c| a * 10 + u32::from(c - b'0'))
+        };
+        if ssn_parts_ok(n(0..3), n(3..5), n(5..9)) {
+            out.push(Cand::new(s, e, PiiType::Ssn, "ssn-rules", 0.9, prio::SSN));
+        }
+    }
+}
+
+const PHONE_CTX: &[&str] = &[
+    "phone",
+    "call",
+    "tel",
+    "mobile",
+    "cell",
+    "number",
+    "text me",
+    "contact",
+    "reach",
+    "fax",
+    "desk",
+    "office",
+    "whatsapp",
+    "sms",
+    "dial",
+    "answering",
+    "registered",
+    "courier",
+    "ring",
+    "mob",
+    "landline",
+    "messages to",
+    "hotline",
+    "telefon",
+    "téléphone",
+    "handy",
+    "portable",
+    "móvil",
+    "cellulare",
+    "numero",
+    "nummer",
+    "tlf",
+];
+const PHONE_NEG_CTX: &[&str] = &[
+    "order", "invoice", "ticket", "ref", "id ", "id:", "id#", "version", "port", "pid", "build",
+    "account", "tracking", "serial", "isbn", "zip", "postal", "code", "$", "€", "£", "usd", "eur",
+];
+
+fn phones(b: &[u8], out: &mut Vec<Cand>) {
+    for m in PHONE.find_iter(b) {
+        let (s, mut e) = (m.start(), m.end());
+        // trailing separators belong to the sentence
+        while e > s && matches!(b[e - 1], b' ' | b'.' | b'-') {
+            e -= 1;
+        }
+        let v = &b[s..e];
+        if !bounded(b, s, e, b".-/:", b"")
+            || (s >= 2 && b[s - 1] == b',' && b[s - 2].is_ascii_digit())
+        {
+            continue;
+        }
+        if e + 1 < b.len() && matches!(b[e], b'.' | b'-' | b'/' | b':') && b[e + 1].is_ascii_digit()
+        {
+            continue;
+        }
+        // split off an extension
+        let low = v.to_ascii_lowercase();
+        let main_end = low
+            .iter()
+            .position(|&c| c == b'x' || c == b'e')
+            .unwrap_or(v.len());
+        let main = &v[..main_end];
+        let digits = main.iter().filter(|c| c.is_ascii_digit()).count();
+        if !(7..=15).contains(&digits) {
+            continue;
+        }
+        let seps: Vec<u8> = main
+            .iter()
+            .copied()
+            .filter(|c| matches!(c, b' ' | b'.' | b'-'))
+            .collect();
+        // decimals, dates, dotted quads and version-like runs are not phones
+        let dots = seps.iter().filter(|&&c| c == b'.').count();
+        if dots == 1 && seps.len() == 1 {
+            continue;
+        }
+        if is_date_like(main) || (dots == 3 && seps.len() == 3) {
+            continue;
+        }
+        let plus = v[0] == b'+';
+        // 3-2-4 is the SSN shape; an invalid SSN is not a phone either
+        if !plus
+            && main.len() == 11
+            && main[3] == main[6]
+            && matches!(main[3], b'-' | b' ')
+            && main.iter().filter(|c| c.is_ascii_digit()).count() == 9
+        {
+            continue;
+        }
+        let groups: Vec<&[u8]> = main
+            .split(|c| matches!(c, b' ' | b'.' | b'-' | b'(' | b')' | b'+'))
+            .filter(|g| !g.is_empty())
+            .collect();
+        let glens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+        let nanp = (glens == [3, 3, 4] || glens == [1, 3, 3, 4])
+            && groups[glens.len() - 3][0] >= b'2'
+            && (main.contains(&b'(')
+                || seps.len() >= 2
+                || (seps.len() == 1 && main.contains(&b')'))
+                || main[0] == b'('
+                || seps.iter().all(|&c| c == seps[0]));
+        let trunk0 = main[0] == b'0' || (main[0] == b'(' && main.get(1) == Some(&b'0'));
+        let bctx = before_ctx(b, s, 40);
+        let actx = after_ctx(b, e, 14);
+        let ctx = has_any(&bctx, PHONE_CTX)
+            || has_any(
+                &actx,
+                &["office", "mobile", "fax", "home", "cell", "work", "desk"],
+            );
+        let neg = has_any(&before_ctx(b, s, 18), PHONE_NEG_CTX);
+        let conf = if plus && digits >= 8 {
+            0.95
+        } else if nanp && !neg {
+            0.9
+        } else if ctx {
+            0.85
+        } else if trunk0 && !seps.is_empty() && (9..=12).contains(&digits) && !neg {
+            0.7
+        } else {
+            continue;
+        };
+        out.push(Cand::new(s, e, PiiType::Phone, "phone", conf, prio::PHONE));
+    }
+}
+
+fn is_date_like(v: &[u8]) -> bool {
+    let parts: Vec<&[u8]> = v.split(|c| matches!(c, b'.' | b'-' | b'/')).collect();
+    if parts.len() != 3
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || !p.iter().all(u8::is_ascii_digit))
+    {
+        return false;
+    }
+    let l: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+    matches!(l.as_slice(), [4, 1..=2, 1..=2] | [1..=2, 1..=2, 2 | 4])
+}
+
+fn wallets(b: &[u8], out: &mut Vec<Cand>) {
+    let low_has = |w: &str| {
+        b.windows(w.len())
+            .any(|x| x.eq_ignore_ascii_case(w.as_bytes()))
+    };
+    let b58 = low_has("btc") || low_has("bitcoin") || low_has("wallet");
+    let it = WALLET
+        .find_iter(b)
+        .chain(b58.then(|| WALLET_B58.find_iter(b)).into_iter().flatten());
+    for m in it {
+        let (s, e) = (m.start(), m.end());
+        if !bounded(b, s, e, b"", b"") {
+            continue;
+        }
+        let v = &b[s..e];
+        let ok = if v.starts_with(b"0x") || v.starts_with(b"bc1") {
+            true
+        } else {
+            // legacy base58 needs context: otherwise random ids look the same
+            has_any(
+                &before_ctx(b, s, 40),
+                &["bitcoin", "btc", "wallet", "crypto"],
+            )
+        };
+        if ok {
+            out.push(Cand::new(
+                s,
+                e,
+                PiiType::CryptoWallet,
+                "wallet",
+                0.85,
+                prio::WALLET,
+            ));
+        }
+    }
+}
+
+fn dates_of_birth(b: &[u8], out: &mut Vec<Cand>) {
+    for m in DATE.find_iter(b) {
+        let (s, e) = (m.start(), m.end());
+        if !bounded(b, s, e, b"", b"") {
+            continue;
+        }
+        let ctx = before_ctx(b, s, 32);
+        if has_any(
+            &ctx,
+            &[
+                "born",
+                "birth",
+                "dob",
+                "d.o.b",
+                "birthday",
+                "geboren",
+                "né le",
+                "née le",
+                "nacimiento",
+            ],
+        ) {
+            out.push(Cand::new(
+                s,
+                e,
+                PiiType::DateOfBirth,
+                "dob-context",
+                0.85,
+                prio::DOB,
+            ));
+        }
+    }
+}
+
+fn id_numbers(b: &[u8], out: &mut Vec<Cand>) {
+    for c in ID_NUM.captures_iter(b) {
+        let (Some(w), Some(g)) = (c.get(0), c.get(1)) else {
+            continue;
+        };
+        if w.start() > 0 && alnum(b[w.start() - 1]) {
+            continue;
+        }
+        let v = g.as_bytes();
+        if !v.iter().any(u8::is_ascii_digit) || !bounded(b, g.start(), g.end(), b"", b"") {
+            continue;
+        }
+        out.push(Cand::new(
+            g.start(),
+            g.end(),
+            PiiType::IdNumber,
+            "id-context",
+            0.8,
+            prio::ID,
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validators() {
+        assert!(luhn(b"4111111111111111"));
+        assert!(!luhn(b"4111111111111112"));
+        assert!(iban_mod97(b"GB82WEST12345698765432"));
+        assert!(!iban_mod97(b"GB82WEST12345698765433"));
+        assert_eq!(card_brand(b"2221000000000009"), Some(true));
+        assert!(is_date_like(b"2025-01-02"));
+        assert!(!is_date_like(b"01.84.17.61.18"));
+    }
+}
