@@ -377,6 +377,9 @@ impl RunningGraph {
 /// One message in this many has its handler time recorded in `hearth_node_handler_seconds`.
 const HANDLER_SAMPLE: u64 = 16;
 
+/// How long a worker waits on empty mailboxes before it publishes its batched counts.
+const IDLE_PUBLISH: Duration = Duration::from_millis(1);
+
 /// How long an idle worker sleeps between checks of the stop flag when it has nothing to wait on.
 const STOP_POLL: Duration = Duration::from_millis(20);
 
@@ -552,26 +555,46 @@ impl Worker {
             if delivered || closed_any {
                 continue;
             }
-            // Slow path: every watched mailbox was empty, so publish counts and block (with a timeout to
-            // notice `stop`).
-            self.publish_counts();
-            match watched.as_slice() {
-                [] => std::thread::sleep(STOP_POLL),
-                [only] => match self.inputs[*only].0.rx.recv_timeout(STOP_POLL) {
-                    Ok(message) => self.deliver(actor, *only, message),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => {
-                        self.input_open[*only] = false;
-                        watched.clear();
+            // Slow path: every watched mailbox was empty. Wait briefly first: a pipeline's queues run empty
+            // between most messages, and publishing counts on every such gap would cost as much as the
+            // per-message updates that batching avoids. Only a worker idle for IDLE_PUBLISH publishes.
+            let mut waited = Duration::ZERO;
+            let mut published = false;
+            loop {
+                let step = if published { STOP_POLL } else { IDLE_PUBLISH };
+                let got = match watched.as_slice() {
+                    [] => {
+                        std::thread::sleep(step);
+                        false
                     }
-                },
-                many => {
-                    let mut select = Select::new();
-                    for &i in many {
-                        select.recv(&self.inputs[i].0.rx);
+                    [only] => match self.inputs[*only].0.rx.recv_timeout(step) {
+                        Ok(message) => {
+                            self.deliver(actor, *only, message);
+                            true
+                        }
+                        Err(RecvTimeoutError::Timeout) => false,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            self.input_open[*only] = false;
+                            watched.clear();
+                            true
+                        }
+                    },
+                    many => {
+                        let mut select = Select::new();
+                        for &i in many {
+                            select.recv(&self.inputs[i].0.rx);
+                        }
+                        // Readiness only: the next sweep receives (and notices disconnection).
+                        select.ready_timeout(step).is_ok()
                     }
-                    // Readiness only: the next sweep receives (and notices disconnection).
-                    let _ = select.ready_timeout(STOP_POLL);
+                };
+                waited += step;
+                if got || waited >= STOP_POLL {
+                    break;
+                }
+                if !published {
+                    self.publish_counts();
+                    published = true;
                 }
             }
         }
