@@ -48,6 +48,9 @@ actor_kinds! {
     SecretFilter(secret_filter::SecretConfig),
     Guard(guard::GuardParams),
     Dedup(dedup::DedupConfig),
+    Simulate(simulate::SimulateParams),
+    Capture(capture::CaptureParams),
+    Store(store::StoreParams),
 }
 
 impl ActorKind {

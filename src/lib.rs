@@ -7,4 +7,6 @@
 pub mod actors;
 pub mod curate;
 pub mod engine;
+pub mod federate;
 pub mod http;
+pub mod store;

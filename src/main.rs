@@ -52,6 +52,22 @@ enum Command {
     },
     /// List every actor kind with its ports, message types and an example of its parameters.
     Actors,
+    /// Review samples the guard quarantined.
+    Quarantine {
+        #[command(subcommand)]
+        action: QuarantineAction,
+        #[arg(long, default_value = "hearth-data", global = true)]
+        data_dir: PathBuf,
+    },
+    /// Delete everything held about one user, everywhere in the store.
+    Purge {
+        #[arg(long)]
+        user: String,
+        #[arg(long, default_value = "hearth-data")]
+        data_dir: PathBuf,
+    },
+    /// Run a federation coordinator from a RON settings file (secrets come from a file or the environment).
+    Coordinator { settings: PathBuf },
     /// Find PII spans in a JSONL file (`id`, `text` per line) and write score_pii.py predictions.
     Redact {
         #[arg(long)]
@@ -72,6 +88,16 @@ enum Command {
         #[arg(long, default_value = "()")]
         config: String,
     },
+}
+
+#[derive(Subcommand)]
+enum QuarantineAction {
+    /// List quarantined samples with the node and reason that held them.
+    List,
+    /// Admit one sample to the training set after review.
+    Release { sample_id: String },
+    /// Delete one quarantined sample, or all of them.
+    Purge { sample_id: Option<String> },
 }
 
 /// Parses a `--config` RON value, naming the flag and position on error.
@@ -195,6 +221,57 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Quarantine { action, data_dir } => {
+            let mut store = hearth::store::Store::open(&data_dir)?;
+            match action {
+                QuarantineAction::List => {
+                    for q in store.quarantine_list()? {
+                        println!("{}\t{}\t{}", q.sample.id, q.node, q.reason);
+                        println!("  {}", serde_json::to_string(&q.sample.content)?);
+                    }
+                }
+                QuarantineAction::Release { sample_id } => {
+                    if !store.quarantine_release(&sample_id)? {
+                        anyhow::bail!(
+                            "no quarantined sample `{sample_id}` in {}",
+                            store.path().display()
+                        );
+                    }
+                    println!("released {sample_id} to the training set");
+                }
+                QuarantineAction::Purge { sample_id } => {
+                    let n = store.quarantine_purge(sample_id.as_deref())?;
+                    println!("purged {n} quarantined sample(s)");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Purge { user, data_dir } => {
+            let mut store = hearth::store::Store::open(&data_dir)?;
+            let counts = store.purge_user(&user)?;
+            println!("purged user `{user}`: {}", serde_json::to_string(&counts)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Coordinator { settings } => {
+            let text = std::fs::read_to_string(&settings)
+                .with_context(|| format!("reading {}", settings.display()))?;
+            let parsed: hearth::federate::coordinator::CoordinatorSettings =
+                hearth::engine::schema::ron_options()
+                    .from_str(&text)
+                    .map_err(|e| {
+                        anyhow::anyhow!("{}:{}: {}", settings.display(), e.span.start, e.code)
+                    })?;
+            let coordinator =
+                hearth::federate::coordinator::Coordinator::start(parsed.into_config()?)?;
+            eprintln!("coordinator listening on http://{}", coordinator.addr);
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            install_signal_handler(stop.clone())?;
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            coordinator.stop();
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Redact {
             jsonl,
             spans_out,
@@ -240,6 +317,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(INVALID));
             };
             let control = control.or_else(|| g.plan.settings.control.clone());
+            let g_data_dir = g.plan.settings.data_dir.clone();
             eprintln!("{}", g.summary());
             let running = runtime::start(g, data_dir.as_deref()).context("starting graph")?;
             let server = match control {
@@ -261,10 +339,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     stop.store(true, Ordering::Release);
                 });
             }
+            let data_dir = data_dir.unwrap_or_else(|| PathBuf::from(&g_data_dir));
             let report = running.wait();
             if let Some(server) = server {
                 server.stop();
             }
+            print_store_report(&data_dir);
             for n in &report.status.nodes {
                 eprintln!(
                     "node {:<16} {:<12} {:?} processed={} errors={} restarts={}",
@@ -288,6 +368,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::FAILURE)
             }
         }
+    }
+}
+
+/// The curation report of a run whose graph wrote to the store: what was captured and where it went.
+fn print_store_report(data_dir: &Path) {
+    if !data_dir.join(hearth::store::Store::FILE_NAME).exists() {
+        return;
+    }
+    let counts = hearth::store::Store::open(data_dir).and_then(|s| s.counts());
+    match counts {
+        Ok(c) => {
+            eprintln!(
+                "store: {} interactions and {} feedback captured; admitted {}, dropped {}, quarantined {}, pending {}",
+                c.interactions, c.feedback, c.admitted, c.dropped, c.quarantined, c.pending
+            );
+            for (node, reason, n) in c.reasons.iter().take(10) {
+                eprintln!("  {n:>6}  {node}: {reason}");
+            }
+        }
+        Err(e) => eprintln!("store report unavailable: {e}"),
     }
 }
 

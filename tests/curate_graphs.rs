@@ -1,84 +1,86 @@
-//! The curation actors inside the shipped graphs: nothing planted reaches the training set, every sample is
-//! either admitted or recorded with a decision, and reordering the curation stage in a graph file (no code
+//! The curation actors inside the shipped graphs: nothing planted reaches the training set, every captured item
+//! reaches exactly one terminal state in the store, and reordering the curation stage in a graph file (no code
 //! change) changes what comes out.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hearth::actors::generate::DEMO_PLANTED;
-use hearth::engine::message::Message;
+use hearth::actors::simulate::{SIMULATE_PLANTED, events_per_round};
+use hearth::engine::message::Sample;
 use hearth::engine::{Graph, start};
+use hearth::store::{CurationCounts, Store};
 
-const SAMPLES: usize = 80;
+const ROUNDS: usize = 3;
 
 struct Outcome {
-    admitted: Vec<Message>,
-    decisions: Vec<Message>,
+    admitted: Vec<Sample>,
+    counts: CurationCounts,
+    /// The quarantined samples, as text.
+    quarantined: String,
 }
 
 impl Outcome {
-    fn reasons(&self) -> BTreeMap<String, usize> {
+    /// Decision counts by deciding node and the reason's first words (ids cut off).
+    fn reasons(&self) -> BTreeMap<String, u64> {
         let mut by = BTreeMap::new();
-        for m in &self.decisions {
-            let Message::Decision(d) = m else {
-                panic!("not a decision")
-            };
-            // "guard: response: Unsafe (PII)" -> "guard: response: Unsafe (PII)"; dedup reasons name ids, cut them.
-            let key = d
-                .reason
-                .split(" of #")
-                .next()
-                .unwrap_or("")
-                .split(" #")
-                .next()
-                .unwrap_or("")
-                .to_owned();
-            *by.entry(key).or_default() += 1;
+        for (node, reason, n) in &self.counts.reasons {
+            let short = reason.split(" of #").next().unwrap_or("");
+            let short = short.split(" #").next().unwrap_or("");
+            *by.entry(format!("{node}: {short}")).or_default() += n;
         }
         by
+    }
+
+    fn guard_decisions(&self) -> u64 {
+        self.reasons()
+            .iter()
+            .filter(|(r, _)| r.starts_with("guard"))
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
 fn run(graph_file: &str) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
-    let src =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(graph_file)).unwrap();
-    let src = src.replace(
-        "count: 2000, interval_us: 2000",
-        &format!("count: {SAMPLES}, interval_us: 0"),
-    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(graph_file);
+    let src = std::fs::read_to_string(path).unwrap();
+    let shipped = "Simulate(rounds: 50, interval_ms: 20)";
     assert!(
-        src.contains(&format!("count: {SAMPLES}")),
-        "{graph_file}: generator line changed"
+        src.contains(shipped),
+        "{graph_file}: the simulate line changed"
+    );
+    let src = src.replace(
+        shipped,
+        &format!("Simulate(rounds: {ROUNDS}, interval_ms: 0)"),
     );
     let graph = Graph::from_ron(&src).unwrap_or_else(|e| panic!("{graph_file}: {e:#?}"));
     let report = start(graph, Some(dir.path())).unwrap().wait();
     assert!(report.failed_nodes.is_empty(), "{:?}", report.failed_nodes);
-    let read = |name: &str| -> Vec<Message> {
-        std::fs::read_to_string(dir.path().join(name))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
+    let store = Store::open(dir.path()).unwrap();
     Outcome {
-        admitted: read("training_set.jsonl"),
-        decisions: read("decisions.jsonl"),
+        admitted: store.training_set().unwrap(),
+        counts: store.counts().unwrap(),
+        quarantined: serde_json::to_string(&store.quarantine_list().unwrap()).unwrap(),
     }
 }
 
 fn check_invariants(name: &str, o: &Outcome) {
     let text = serde_json::to_string(&o.admitted).unwrap();
-    for value in DEMO_PLANTED {
+    for value in SIMULATE_PLANTED {
         assert!(
             !text.contains(value),
             "{name}: {value} reached the training set"
         );
     }
+    let (interactions, feedback) = events_per_round();
+    let captured = (ROUNDS * (interactions + feedback)) as u64;
+    let c = &o.counts;
+    assert_eq!(c.interactions + c.feedback, captured, "{name}: {c:?}");
+    assert_eq!(c.pending, 0, "{name}: {c:?}");
     assert_eq!(
-        o.admitted.len() + o.decisions.len(),
-        SAMPLES,
-        "{name}: a sample was lost or doubled"
+        c.admitted + c.dropped + c.quarantined,
+        captured,
+        "{name}: an item was lost or counted twice: {c:?}"
     );
     assert!(!o.admitted.is_empty(), "{name}: nothing admitted");
 }
@@ -95,31 +97,21 @@ fn reordering_curation_in_a_graph_file_changes_the_outcome_but_never_the_invaria
     ] {
         check_invariants(name, o);
     }
-    let default_text = serde_json::to_string(&default.admitted).unwrap();
-    assert!(
-        default_text.contains("<EMAIL>") && default_text.contains("<CREDIT_CARD>"),
-        "{default_text}"
-    );
-    // The redactor runs first in default.ron and labels the pasted key <API_KEY>; with the secret filter first
-    // it is labelled by provider rule instead, and it reaches the guard already redacted.
-    let secrets_text = serde_json::to_string(&secrets_first.admitted).unwrap()
-        + &serde_json::to_string(&secrets_first.decisions).unwrap();
+    let all = |o: &Outcome| serde_json::to_string(&o.admitted).unwrap() + &o.quarantined;
+    let default_text = all(&default);
+    assert!(default_text.contains("<EMAIL>"), "{default_text}");
+    // The redactor runs first in default.ron and labels the pasted key <API_KEY>; with the secret filter
+    // first it is labelled by provider rule instead.
+    assert!(default_text.contains("<API_KEY>"), "{default_text}");
+    assert!(!default_text.contains("<SECRET:github-pat>"));
+    let secrets_text = all(&secrets_first);
     assert!(
         secrets_text.contains("<SECRET:github-pat>"),
         "{secrets_text}"
     );
-    let default_all = default_text + &serde_json::to_string(&default.decisions).unwrap();
-    assert!(!default_all.contains("<SECRET:github-pat>"));
-    // A guard that sees raw personal data drops more than one that sees sentinels.
-    let guard_drops = |o: &Outcome| {
-        o.reasons()
-            .iter()
-            .filter(|(r, _)| r.starts_with("guard"))
-            .map(|(_, n)| n)
-            .sum::<usize>()
-    };
+    // A guard that sees raw personal data stops more than one that sees sentinels.
     assert!(
-        guard_drops(&guard_first) > guard_drops(&default),
+        guard_first.guard_decisions() > default.guard_decisions(),
         "guard first {:?} vs default {:?}",
         guard_first.reasons(),
         default.reasons()

@@ -250,3 +250,14 @@ fn every_kind_example_round_trips_and_builds() {
         assert!(factory.build(&ctx).is_ok(), "{text} does not build");
     }
 }
+
+#[test]
+fn the_readme_graph_example_is_valid() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme.find("```ron\n").expect("README has a ron example") + "```ron\n".len();
+    let end = start + readme[start..].find("```").unwrap();
+    if let Err(e) = Graph::from_ron(&readme[start..end]) {
+        panic!("README example: {e:#?}");
+    }
+}

@@ -89,6 +89,13 @@ pub trait Actor: Send {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox)
     -> Result<(), ActorError>;
 
+    /// Called once per worker after its first successful build, before any input: an actor that owns durable
+    /// state re-emits the work a previous run left unfinished here. Not called again after a restart, when
+    /// that work is already in flight.
+    fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        Ok(())
+    }
+
     /// Sources only: produce the next messages.
     fn produce(&mut self, _out: &mut Outbox) -> Result<Produce, ActorError> {
         Ok(Produce::Exhausted)

@@ -386,6 +386,12 @@ const STOP_POLL: Duration = Duration::from_millis(20);
 impl Worker {
     fn run(mut self) {
         let mut actor = self.build_until_ok();
+        if let Some(a) = actor.as_mut()
+            && let Err(e) = guarded(|| a.on_start(&mut self.outbox))
+        {
+            tracing::error!(node = %self.ctx.node_id, error = %e, "start failed");
+            self.restart(&mut actor);
+        }
         if self.source {
             self.run_source(&mut actor);
         }

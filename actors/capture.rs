@@ -1,0 +1,114 @@
+//! `capture`: makes every interaction and piece of feedback durable in the store before it is curated.
+//!
+//! Thin over [`crate::store`]. Each captured item gets a pending curation entry in the same transaction; the
+//! item then flows on as a sample. At start, worker 0 replays every item still pending (in flight when the
+//! process died), so nothing captured is ever lost; the store's conditional state changes make the replay
+//! idempotent. It also applies the raw-text retention policy, at most once a minute while items arrive.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{
+    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
+    PortSpec,
+};
+use crate::store::Store;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureParams {
+    /// Erase raw captured text this many seconds after its curation finished (`None`: keep it).
+    pub retention_secs: Option<u64>,
+}
+
+static INFO: KindInfo = KindInfo {
+    name: "capture",
+    about: "stores interactions and feedback durably, then emits them as samples; replays pending items at start",
+    inputs: &[
+        PortSpec::optional("interactions", MessageType::Interaction),
+        PortSpec::optional("feedback", MessageType::Feedback),
+    ],
+    outputs: &[PortSpec::new("out", MessageType::Sample)],
+    source: false,
+};
+
+impl ActorFactory for CaptureParams {
+    fn info(&self) -> &'static KindInfo {
+        &INFO
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+        let store = Store::open(&ctx.data_dir).map_err(|e| ActorError::Build(e.to_string()))?;
+        Ok(Box::new(Capture {
+            store,
+            retention: self.retention_secs.map(Duration::from_secs),
+            replay_pending: ctx.worker == 0,
+            last_retention: Instant::now(),
+        }))
+    }
+}
+
+impl KindParams for CaptureParams {
+    fn example() -> Self {
+        CaptureParams {
+            retention_secs: Some(7 * 24 * 3600),
+        }
+    }
+}
+
+struct Capture {
+    store: Store,
+    retention: Option<Duration>,
+    replay_pending: bool,
+    last_retention: Instant,
+}
+
+/// How often retention runs; raw text outlives its retention by at most this much.
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
+
+fn failed(e: impl std::fmt::Display) -> ActorError {
+    ActorError::Failed(e.to_string())
+}
+
+impl Actor for Capture {
+    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
+        let samples = match message {
+            Message::Interaction(i) => self.store.capture_interaction(i).map_err(failed)?,
+            Message::Feedback(f) => self.store.capture_feedback(f).map_err(failed)?,
+            other => {
+                return Err(ActorError::Unexpected {
+                    port: port.to_owned(),
+                    got: other.message_type(),
+                });
+            }
+        };
+        if let Some(retention) = self.retention
+            && self.last_retention.elapsed() >= RETENTION_EVERY
+        {
+            self.last_retention = Instant::now();
+            let erased = self.store.apply_retention(retention).map_err(failed)?;
+            metrics::counter!("hearth_capture_raw_erased_total").increment(erased as u64);
+        }
+        // Empty when captured before (a resent request or a replay): it is already on its way or decided.
+        for sample in samples {
+            out.send("out", Message::Sample(Arc::new(sample))).map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    fn on_start(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
+        if !self.replay_pending {
+            return Ok(());
+        }
+        let pending = self.store.pending_samples().map_err(failed)?;
+        if !pending.is_empty() {
+            tracing::info!(items = pending.len(), "replaying items left pending by the last run");
+        }
+        for sample in pending {
+            out.send("out", Message::Sample(Arc::new(sample))).map_err(failed)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! `simulate`: scripted users for the demo graph. They ask, give thumbs, edit answers to teach a preference or
+//! a fact, and sometimes paste personal data and secrets, so a newcomer sees every path of the loops.
+//!
+//! Until the serve actor lands, answers are canned; ids are deterministic (`node-rROUND-user-TURN`), so a
+//! restarted run re-sends what it sent before and capture recognises it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::message::{ChatMessage, Feedback, FeedbackKind, Interaction, now_unix_ms};
+use crate::engine::{
+    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
+    PortSpec, Produce,
+};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimulateParams {
+    /// Times the whole script is played; `None` plays forever.
+    pub rounds: Option<u64>,
+    /// Pause between turns.
+    pub interval_ms: u64,
+}
+
+impl Default for SimulateParams {
+    fn default() -> Self {
+        SimulateParams {
+            rounds: Some(20),
+            interval_ms: 50,
+        }
+    }
+}
+
+/// What a scripted user does after an answer.
+#[derive(Clone, Copy)]
+enum Reaction {
+    None,
+    ThumbsUp,
+    ThumbsDown,
+    /// Rewrites the answer: teaches a preference or a fact.
+    Edit(&'static str),
+    Accept,
+}
+
+/// `(user, prompt, canned answer, reaction)`. Personal data and a secret are planted on purpose; the values
+/// are listed in [`SIMULATE_PLANTED`].
+const SCRIPT: &[(&str, &str, &str, Reaction)] = &[
+    ("ana", "What's a good name for a grey cat?", "How about Smokey?", Reaction::Edit("Call her Miso, like my cat.")),
+    ("ana", "How do I reverse a list in Python?", "Use my_list.reverse() or my_list[::-1].", Reaction::ThumbsUp),
+    ("ana", "Email Maria Lopez at maria.lopez@example.org about Friday.", "Done: drafted an email to Maria.", Reaction::Accept),
+    ("ben", "Summarise Hamlet in one sentence.", "A prince avenges his father and everyone dies.", Reaction::ThumbsDown),
+    ("ben", "My card 4111 1111 1111 1111 was charged twice.", "Contact your bank to dispute the charge.", Reaction::None),
+    ("ben", "Deploy with ghp_8fK2mQ9xL4vN7pR1sT6wY3zB5cD0eH2jA9kM please.", "I can't deploy, but here is how.", Reaction::None),
+    ("ben", "Answer in JSON: what is 2+2?", "4", Reaction::Edit("{\"answer\": 4}")),
+    ("cleo", "Call me at +1 415 555 0134 after 6pm.", "Noted.", Reaction::None),
+    ("cleo", "What's the difference between a mutex and a semaphore?", "A mutex has one owner; a semaphore counts.", Reaction::Accept),
+    ("cleo", "Which editor do I prefer?", "I don't know.", Reaction::Edit("You prefer Helix.")),
+];
+
+/// Personal values and secrets in [`SCRIPT`]: none may reach a training set.
+pub const SIMULATE_PLANTED: &[&str] = &[
+    "Maria Lopez",
+    "maria.lopez@example.org",
+    "4111 1111 1111 1111",
+    "ghp_8fK2mQ9xL4vN7pR1sT6wY3zB5cD0eH2jA9kM",
+    "415 555 0134",
+];
+
+/// Interactions plus feedback events one round of the script produces.
+pub fn events_per_round() -> (usize, usize) {
+    let feedback = SCRIPT.iter().filter(|t| !matches!(t.3, Reaction::None)).count();
+    (SCRIPT.len(), feedback)
+}
+
+static INFO: KindInfo = KindInfo {
+    name: "simulate",
+    about: "scripted users who ask, give thumbs, edit answers and sometimes paste personal data (demo)",
+    inputs: &[],
+    outputs: &[
+        PortSpec::new("interactions", MessageType::Interaction),
+        PortSpec::new("feedback", MessageType::Feedback),
+    ],
+    source: true,
+};
+
+impl ActorFactory for SimulateParams {
+    fn info(&self) -> &'static KindInfo {
+        &INFO
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+        Ok(Box::new(Simulate {
+            params: self.clone(),
+            prefix: format!("{}{}", ctx.node_id, if ctx.worker == 0 { String::new() } else { format!("#{}", ctx.worker) }),
+            step: 0,
+        }))
+    }
+}
+
+impl KindParams for SimulateParams {
+    fn example() -> Self {
+        SimulateParams::default()
+    }
+}
+
+struct Simulate {
+    params: SimulateParams,
+    prefix: String,
+    step: u64,
+}
+
+impl Actor for Simulate {
+    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
+        Err(ActorError::Unexpected {
+            port: port.to_owned(),
+            got: message.message_type(),
+        })
+    }
+
+    fn produce(&mut self, out: &mut Outbox) -> Result<Produce, ActorError> {
+        let round = self.step / SCRIPT.len() as u64;
+        if self.params.rounds.is_some_and(|r| round >= r) {
+            return Ok(Produce::Exhausted);
+        }
+        let turn = (self.step % SCRIPT.len() as u64) as usize;
+        self.step += 1;
+        let (user, prompt, answer, reaction) = SCRIPT[turn];
+        let id = format!("{}-r{round}-{user}-{turn}", self.prefix);
+        let now = now_unix_ms();
+        let interaction = Interaction {
+            id: id.clone(),
+            user: user.to_owned(),
+            adapter: None,
+            prompt: vec![ChatMessage {
+                role: "user".to_owned(),
+                content: prompt.to_owned(),
+            }],
+            response: answer.to_owned(),
+            sampling: serde_json::json!({"temperature": 0.0}),
+            created_at_unix_ms: now,
+            latency_ms: 0,
+        };
+        let send = |out: &mut Outbox, port: &str, m: Message| {
+            out.send(port, m).map_err(|e| ActorError::Failed(e.to_string()))
+        };
+        send(out, "interactions", Message::Interaction(Arc::new(interaction)))?;
+        let kind = match reaction {
+            Reaction::None => None,
+            Reaction::ThumbsUp => Some(FeedbackKind::Thumbs { up: true }),
+            Reaction::ThumbsDown => Some(FeedbackKind::Thumbs { up: false }),
+            Reaction::Edit(text) => Some(FeedbackKind::Edit { text: text.to_owned() }),
+            Reaction::Accept => Some(FeedbackKind::Accepted),
+        };
+        if let Some(kind) = kind {
+            let feedback = Feedback {
+                id: format!("{id}-fb"),
+                response_id: id,
+                user: user.to_owned(),
+                kind,
+                created_at_unix_ms: now,
+            };
+            send(out, "feedback", Message::Feedback(Arc::new(feedback)))?;
+        }
+        Ok(if self.params.interval_ms == 0 {
+            Produce::Produced
+        } else {
+            Produce::Idle(Duration::from_millis(self.params.interval_ms))
+        })
+    }
+}

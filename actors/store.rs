@@ -1,0 +1,68 @@
+//! `store`: the end of curation. Admitted samples join the training set; decisions record why others did not.
+//!
+//! Thin over [`crate::store`]: each write is one transaction that moves a pending item to exactly one
+//! terminal state, so a replayed item is never counted twice.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{
+    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
+    PortSpec,
+};
+use crate::store::Store;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreParams {}
+
+static INFO: KindInfo = KindInfo {
+    name: "store",
+    about: "writes admitted samples to the training set and curation decisions (drop, quarantine) to the store",
+    inputs: &[
+        PortSpec::optional("admitted", MessageType::Sample),
+        PortSpec::optional("decisions", MessageType::Decision),
+    ],
+    outputs: &[],
+    source: false,
+};
+
+impl ActorFactory for StoreParams {
+    fn info(&self) -> &'static KindInfo {
+        &INFO
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+        let store = Store::open(&ctx.data_dir).map_err(|e| ActorError::Build(e.to_string()))?;
+        Ok(Box::new(StoreActor { store }))
+    }
+}
+
+impl KindParams for StoreParams {
+    fn example() -> Self {
+        StoreParams {}
+    }
+}
+
+struct StoreActor {
+    store: Store,
+}
+
+impl Actor for StoreActor {
+    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
+        let changed = match message {
+            Message::Sample(s) => self.store.admit(s),
+            Message::Decision(d) => self.store.decide(d),
+            other => {
+                return Err(ActorError::Unexpected {
+                    port: port.to_owned(),
+                    got: other.message_type(),
+                });
+            }
+        }
+        .map_err(|e| ActorError::Failed(e.to_string()))?;
+        if !changed {
+            tracing::debug!(id = message.id(), "already decided; replay ignored");
+        }
+        Ok(())
+    }
+}
