@@ -9,4 +9,5 @@ pub mod curate;
 pub mod engine;
 pub mod federate;
 pub mod http;
+pub mod model;
 pub mod store;

@@ -1,0 +1,336 @@
+//! Token generation: seeded sampling (greedy, temperature, top-k, top-p), stop tokens and stop
+//! strings, a token limit, and a per-token callback for streaming.
+//!
+//! Streamed text never contains a stop string or half a UTF-8 character: text that could still
+//! turn into a stop string is held back until it cannot.
+
+use candle_core::{Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::lora::LoraSet;
+use super::tokenizer::Tokenizer;
+use super::transformer::Transformer;
+use super::{ModelError, Result};
+
+/// How to pick tokens and when to stop.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateConfig {
+    pub max_tokens: usize,
+    /// 0 (or below) means greedy.
+    pub temperature: f32,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub seed: u64,
+    /// Generation ends when the text contains one of these; the text is cut before it.
+    pub stop_strings: Vec<String>,
+    /// Generation ends when one of these is sampled (it is not added to the output).
+    pub stop_tokens: Vec<u32>,
+}
+
+impl Default for GenerateConfig {
+    fn default() -> Self {
+        Self {
+            max_tokens: 256,
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+            stop_strings: Vec::new(),
+            stop_tokens: Vec::new(),
+        }
+    }
+}
+
+impl GenerateConfig {
+    /// Greedy decoding of at most `max_tokens`, stopping at the tokenizer's EOS and `<|im_end|>`.
+    pub fn greedy(tok: &Tokenizer, max_tokens: usize) -> Self {
+        let mut stop_tokens: Vec<u32> = tok.eos_id.into_iter().collect();
+        stop_tokens.extend(tok.token_id("<|im_end|>"));
+        stop_tokens.dedup();
+        Self {
+            max_tokens,
+            stop_tokens,
+            ..Self::default()
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    MaxTokens,
+    StopToken(u32),
+    StopString(String),
+    ContextFull,
+    /// The callback asked to stop.
+    Cancelled,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateOutput {
+    /// Generated ids, without the stop token.
+    pub tokens: Vec<u32>,
+    /// Decoded text, cut before a stop string.
+    pub text: String,
+    pub reason: StopReason,
+}
+
+/// One streamed step. The concatenated `text` of all events equals [`GenerateOutput::text`].
+#[derive(Clone, Debug)]
+pub struct TokenEvent<'a> {
+    /// The sampled token; `None` for the closing flush of text held back until the end (a
+    /// possible stop-string prefix, or an incomplete UTF-8 sequence rendered as U+FFFD).
+    pub token: Option<u32>,
+    /// Text that became final with this event (may be empty).
+    pub text: &'a str,
+}
+
+/// Seeded sampler. Same seed, logits and settings give the same tokens.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    rng: StdRng,
+    temperature: f32,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+}
+
+impl Sampler {
+    pub fn new(cfg: &GenerateConfig) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(cfg.seed),
+            temperature: cfg.temperature,
+            top_k: cfg.top_k,
+            top_p: cfg.top_p,
+        }
+    }
+
+    /// Picks a token from unnormalised logits. Greedy ties go to the lowest id.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
+        if logits.is_empty() {
+            return Err(ModelError::Generate("empty logits".into()));
+        }
+        if logits.iter().any(|x| x.is_nan()) {
+            return Err(ModelError::Generate("NaN in logits".into()));
+        }
+        if self.temperature <= 0.0 || self.top_k == Some(1) {
+            return Ok(argmax(logits));
+        }
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if let Some(k) = self.top_k {
+            idx.truncate(k.max(1));
+        }
+        let max = logits[idx[0]];
+        let mut probs: Vec<f32> = idx
+            .iter()
+            .map(|&i| ((logits[i] - max) / self.temperature).exp())
+            .collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= sum);
+        if let Some(p) = self.top_p
+            && p < 1.0
+        {
+            let mut acc = 0.0;
+            let mut keep = probs.len();
+            for (i, q) in probs.iter().enumerate() {
+                acc += q;
+                if acc >= p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep);
+            idx.truncate(keep);
+            let s: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|q| *q /= s);
+        }
+        let r: f32 = self.rng.random();
+        let mut acc = 0.0;
+        for (q, &i) in probs.iter().zip(&idx) {
+            acc += q;
+            if r < acc {
+                return Ok(i as u32);
+            }
+        }
+        Ok(*idx.last().expect("at least one candidate") as u32)
+    }
+}
+
+/// Index of the largest logit (first on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Accumulates token bytes into text, emitting only complete UTF-8 and holding back any tail that
+/// could begin a stop string.
+struct TextStream<'a> {
+    stops: &'a [String],
+    pending: Vec<u8>,
+    text: String,
+    emitted: usize,
+}
+
+impl TextStream<'_> {
+    fn push(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    self.text.push_str(s);
+                    self.pending.clear();
+                    return;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    self.text.push_str(
+                        std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"),
+                    );
+                    match e.error_len() {
+                        Some(n) => {
+                            self.text.push('\u{FFFD}');
+                            self.pending.drain(..valid + n);
+                        }
+                        None => {
+                            self.pending.drain(..valid);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first stop string present, and where it starts.
+    fn find_stop(&self) -> Option<(usize, &str)> {
+        self.stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.text.find(s.as_str()).map(|p| (p, s.as_str())))
+            .min_by_key(|(p, _)| *p)
+    }
+
+    /// Newly final text: everything except a suffix that is a prefix of some stop string.
+    fn take_final(&mut self) -> &str {
+        let mut hold = 0;
+        for s in self.stops {
+            for l in (1..s.len()).rev() {
+                if l > hold && s.is_char_boundary(l) && self.text.ends_with(&s[..l]) {
+                    hold = l;
+                    break;
+                }
+            }
+        }
+        let mut end = self.text.len() - hold;
+        while !self.text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let start = self.emitted.min(end);
+        self.emitted = end.max(self.emitted);
+        &self.text[start..end]
+    }
+}
+
+/// Generates from `prompt` ids. `on_token` sees each token and the text it made final; returning
+/// `false` cancels. The model's weights are shared, the KV cache is local to this call, and `lora`
+/// (if any) is used for every step, so a registry swap mid-generation does not affect it.
+pub fn generate(
+    model: &Transformer,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    lora: Option<&LoraSet>,
+    cfg: &GenerateConfig,
+    mut on_token: impl FnMut(TokenEvent<'_>) -> bool,
+) -> Result<GenerateOutput> {
+    if prompt.is_empty() {
+        return Err(ModelError::Input("empty prompt".into()));
+    }
+    let ctx = model.max_positions();
+    if prompt.len() >= ctx {
+        return Err(ModelError::Input(format!(
+            "prompt of {} tokens fills the context of {ctx}",
+            prompt.len()
+        )));
+    }
+    let mut sampler = Sampler::new(cfg);
+    let mut cache = model.new_cache();
+    let input = Tensor::from_slice(prompt, (1, prompt.len()), &Device::Cpu)?;
+    let mut logits: Vec<f32> = model
+        .forward_last(&input, Some(&mut cache), lora)?
+        .squeeze(0)?
+        .to_vec1()?;
+    let mut stream = TextStream {
+        stops: &cfg.stop_strings,
+        pending: Vec::new(),
+        text: String::new(),
+        emitted: 0,
+    };
+    let mut tokens = Vec::new();
+    let mut reason = StopReason::MaxTokens;
+    for step in 0..cfg.max_tokens {
+        let next = sampler.sample(&logits)?;
+        if cfg.stop_tokens.contains(&next) {
+            reason = StopReason::StopToken(next);
+            break;
+        }
+        tokens.push(next);
+        if !tok.is_special(next) {
+            stream.push(&tok.token_bytes(next));
+        }
+        if let Some((pos, s)) = stream.find_stop() {
+            let s = s.to_string();
+            stream.text.truncate(pos);
+            let start = stream.emitted.min(pos);
+            on_token(TokenEvent {
+                token: Some(next),
+                text: &stream.text[start..],
+            });
+            stream.emitted = pos;
+            reason = StopReason::StopString(s);
+            break;
+        }
+        if !on_token(TokenEvent {
+            token: Some(next),
+            text: stream.take_final(),
+        }) {
+            reason = StopReason::Cancelled;
+            break;
+        }
+        if step + 1 == cfg.max_tokens {
+            break;
+        }
+        if cache.len() >= ctx {
+            reason = StopReason::ContextFull;
+            break;
+        }
+        let input = Tensor::from_slice(&[next], (1, 1), &Device::Cpu)?;
+        logits = model
+            .forward_last(&input, Some(&mut cache), lora)?
+            .squeeze(0)?
+            .to_vec1()?;
+    }
+    if !stream.pending.is_empty() {
+        stream.text.push('\u{FFFD}');
+    }
+    let start = stream.emitted.min(stream.text.len());
+    if start < stream.text.len() && reason != StopReason::Cancelled {
+        on_token(TokenEvent {
+            token: None,
+            text: &stream.text[start..],
+        });
+    }
+    if reason == StopReason::Cancelled {
+        // The caller stopped listening: return only what it was shown.
+        stream.text.truncate(start);
+    }
+    Ok(GenerateOutput {
+        tokens,
+        text: stream.text,
+        reason,
+    })
+}

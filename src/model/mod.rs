@@ -1,0 +1,79 @@
+//! Model code shared by serving and training: GGUF loading, an owned Llama/Qwen3 forward with
+//! unmerged LoRA adapters, PEFT adapter I/O, a byte-level BPE tokenizer, the ChatML template and
+//! sampling.
+//!
+//! We own the forward instead of using candle-transformers because its quantized models return only
+//! the last position's logits, cannot take adapters and keep their KV cache inside the weights
+//! (see `shared/specs/candle-notes.md`). Here weights are immutable and shared (`Arc`), while each
+//! request owns its [`KvCache`] and names the adapter set it started with.
+
+pub mod chat;
+pub mod generate;
+pub mod gguf;
+pub mod lora;
+pub mod tokenizer;
+pub mod transformer;
+
+pub use chat::{
+    ChatMessage, ChatOptions, ChatPrompt, Role, encode_chat, encode_chat_with, render_chat,
+    render_chat_with,
+};
+pub use generate::{GenerateConfig, GenerateOutput, Sampler, StopReason, TokenEvent, generate};
+pub use gguf::{Arch, GgufFile, ModelConfig, TinySpec, write_tiny_model};
+pub use lora::{AdapterRegistry, LoraConfig, LoraPair, LoraSet, LoraTarget};
+pub use tokenizer::Tokenizer;
+pub use transformer::{KvCache, MAX_POSITIONS, QLinear, Transformer};
+
+/// Everything that can go wrong loading or running a model. Variants name the file, key or tensor
+/// so that a bad download is diagnosable without a debugger.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("io error on {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid GGUF {path}: {reason}")]
+    Gguf { path: String, reason: String },
+    #[error("GGUF metadata key `{key}` is missing")]
+    MissingKey { key: String },
+    #[error("GGUF metadata key `{key}`: {reason}")]
+    BadKey { key: String, reason: String },
+    #[error("tensor `{name}` is missing")]
+    MissingTensor { name: String },
+    #[error("tensor `{name}`: {reason}")]
+    BadTensor { name: String, reason: String },
+    #[error("unsupported architecture `{0}` (supported: llama, qwen3)")]
+    UnsupportedArch(String),
+    #[error("adapter: {0}")]
+    Adapter(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("invalid input: {0}")]
+    Input(String),
+    #[error("generation: {0}")]
+    Generate(String),
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias for the model module.
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+pub(crate) fn io_err(path: &std::path::Path, source: std::io::Error) -> ModelError {
+    ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Opens a GGUF once and builds both the model and its tokenizer.
+pub fn load(path: impl AsRef<std::path::Path>) -> Result<(Transformer, Tokenizer)> {
+    let mut g = gguf::GgufFile::open(path)?;
+    let tok = Tokenizer::from_gguf_metadata(g.metadata())?;
+    let model = Transformer::from_gguf_file(&mut g)?;
+    Ok((model, tok))
+}

@@ -1,0 +1,517 @@
+//! Byte-level BPE (GPT-2 style) loaded from GGUF metadata.
+//!
+//! SmolLM2 and Qwen GGUFs carry `tokenizer.ggml.model = "gpt2"` with the vocabulary, ranked merges
+//! and token types, which is all byte-level BPE needs; this avoids the heavy `tokenizers` crate.
+//! Encoding is lossless by construction (every byte has a token), so `decode(encode(s)) == s`.
+//! The pre-tokenizer follows `tokenizer.ggml.pre` (gpt2, smollm, qwen2, llama-bpe); ids match the
+//! reference tokenizer only as far as this split matches its regex.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+
+use super::gguf::{md_get, md_int_array, md_str, md_str_array};
+use super::{ModelError, Result};
+
+/// GPT-2's reversible byte → printable char map.
+fn bytes_to_unicode() -> [char; 256] {
+    let mut map = ['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..=255u8 {
+        let printable =
+            (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        map[b as usize] = if printable {
+            char::from(b)
+        } else {
+            let c = char::from_u32(256 + n).expect("256..512 are valid chars");
+            n += 1;
+            c
+        };
+    }
+    map
+}
+
+/// Pre-tokenizer flavour, from `tokenizer.ggml.pre`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// GPT-2 regex.
+    Gpt2,
+    /// GPT-2 regex after splitting every digit on its own (SmolLM2).
+    SmolLm,
+    /// Qwen2/Qwen3 regex (single digits).
+    Qwen2,
+    /// Llama-3 regex (like Qwen2 but digits in runs of up to 3).
+    LlamaBpe,
+}
+
+impl PreTokenizer {
+    fn from_name(s: &str) -> Self {
+        match s {
+            "smollm" => PreTokenizer::SmolLm,
+            "qwen2" | "qwen3" => PreTokenizer::Qwen2,
+            "llama-bpe" | "llama3" | "smaug-bpe" => PreTokenizer::LlamaBpe,
+            _ => PreTokenizer::Gpt2,
+        }
+    }
+}
+
+/// Byte-level BPE tokenizer.
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    tokens: Vec<String>,
+    ids: HashMap<String, u32>,
+    ranks: HashMap<(String, String), u32>,
+    /// Control / user-defined tokens matched verbatim (longest first) when specials are allowed.
+    specials: Vec<(String, u32)>,
+    is_special: Vec<bool>,
+    byte_enc: [char; 256],
+    byte_dec: HashMap<char, u8>,
+    pre: PreTokenizer,
+    /// Prefix a space to text that does not start with whitespace (`tokenizer.ggml.add_space_prefix`,
+    /// Hugging Face's ByteLevel `add_prefix_space`); off for SmolLM2 and Qwen.
+    pub add_space_prefix: bool,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    pub pad_id: Option<u32>,
+}
+
+fn tok_err(msg: impl Into<String>) -> ModelError {
+    ModelError::Tokenizer(msg.into())
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer from GGUF metadata (`tokenizer.ggml.*`).
+    pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> Result<Self> {
+        let model = md_str(md, "tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(tok_err(format!(
+                "tokenizer.ggml.model = {model}; only byte-level BPE (gpt2) is supported"
+            )));
+        }
+        let tokens: Vec<String> = md_str_array(md, "tokenizer.ggml.tokens")?
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let merges = md_str_array(md, "tokenizer.ggml.merges")?;
+        let types = match md_get(md, "tokenizer.ggml.token_type") {
+            Ok(_) => Some(md_int_array(md, "tokenizer.ggml.token_type")?),
+            Err(_) => None,
+        };
+        let pre = md_str(md, "tokenizer.ggml.pre")
+            .map(PreTokenizer::from_name)
+            .unwrap_or(PreTokenizer::Gpt2);
+        let id = |k: &str| -> Result<Option<u32>> {
+            match md.get(k) {
+                None => Ok(None),
+                Some(Value::U32(v)) => Ok(Some(*v)),
+                Some(Value::I32(v)) if *v >= 0 => Ok(Some(*v as u32)),
+                Some(Value::U64(v)) => Ok(u32::try_from(*v).ok()),
+                Some(v) => Err(ModelError::BadKey {
+                    key: k.into(),
+                    reason: format!("expected a token id, found {:?}", v.value_type()),
+                }),
+            }
+        };
+        let mut t = Self::new(tokens, &merges, types.as_deref(), pre)?;
+        t.bos_id = id("tokenizer.ggml.bos_token_id")?;
+        t.eos_id = id("tokenizer.ggml.eos_token_id")?;
+        t.pad_id = id("tokenizer.ggml.padding_token_id")?;
+        t.add_space_prefix = matches!(
+            md.get("tokenizer.ggml.add_space_prefix"),
+            Some(Value::Bool(true))
+        );
+        for (k, v) in [("bos", t.bos_id), ("eos", t.eos_id), ("pad", t.pad_id)] {
+            if let Some(v) = v
+                && v as usize >= t.tokens.len()
+            {
+                return Err(tok_err(format!("{k} id {v} out of range")));
+            }
+        }
+        Ok(t)
+    }
+
+    /// Builds from parts. `types` uses GGUF token types (3 = control, 4 = user-defined are
+    /// special); without types, `<|…|>` tokens are treated as special.
+    pub fn new(
+        tokens: Vec<String>,
+        merges: &[&str],
+        types: Option<&[i64]>,
+        pre: PreTokenizer,
+    ) -> Result<Self> {
+        if let Some(ty) = types
+            && ty.len() != tokens.len()
+        {
+            return Err(tok_err(format!(
+                "{} token types for {} tokens",
+                ty.len(),
+                tokens.len()
+            )));
+        }
+        let mut ids = HashMap::with_capacity(tokens.len());
+        let mut is_special = vec![false; tokens.len()];
+        let mut specials = Vec::new();
+        for (i, tok) in tokens.iter().enumerate() {
+            ids.entry(tok.clone()).or_insert(i as u32);
+            let special = match types {
+                Some(ty) => ty[i] == 3 || ty[i] == 4,
+                None => tok.starts_with("<|") && tok.ends_with("|>") && tok.len() > 4,
+            };
+            if special && !tok.is_empty() {
+                is_special[i] = true;
+                specials.push((tok.clone(), i as u32));
+            }
+        }
+        specials.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
+        let mut ranks = HashMap::with_capacity(merges.len());
+        for (r, m) in merges.iter().enumerate() {
+            let (a, b) = m
+                .split_once(' ')
+                .ok_or_else(|| tok_err(format!("merge {r} `{m}` is not `left right`")))?;
+            ranks
+                .entry((a.to_string(), b.to_string()))
+                .or_insert(r as u32);
+        }
+        let byte_enc = bytes_to_unicode();
+        let byte_dec = byte_enc
+            .iter()
+            .enumerate()
+            .map(|(b, c)| (*c, b as u8))
+            .collect();
+        // Real vocabularies omit some control bytes (SmolLM2 has no token for 0x04), so only the
+        // printable ASCII bytes are required; a byte without a token is dropped when encoding, as
+        // Hugging Face's BPE (without byte fallback) does.
+        for b in b'!'..=b'~' {
+            let c = byte_enc[b as usize];
+            if !ids.contains_key(c.to_string().as_str()) {
+                return Err(tok_err(format!(
+                    "byte token `{c}` missing: not a byte-level vocabulary"
+                )));
+            }
+        }
+        Ok(Self {
+            tokens,
+            ids,
+            ranks,
+            specials,
+            is_special,
+            byte_enc,
+            byte_dec,
+            pre,
+            add_space_prefix: false,
+            bos_id: None,
+            eos_id: None,
+            pad_id: None,
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Id of an exact token string (e.g. `<|im_start|>`).
+    pub fn token_id(&self, tok: &str) -> Option<u32> {
+        self.ids.get(tok).copied()
+    }
+
+    pub fn is_special(&self, id: u32) -> bool {
+        self.is_special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Encodes text. With `allow_special`, occurrences of special tokens become their ids;
+    /// without, they are encoded as plain text — use that for untrusted content so users cannot
+    /// inject `<|im_start|>` into a chat.
+    pub fn encode(&self, text: &str, allow_special: bool) -> Result<Vec<u32>> {
+        let spaced;
+        let text = if self.add_space_prefix
+            && !text.is_empty()
+            && !text.starts_with(char::is_whitespace)
+        {
+            spaced = format!(" {text}");
+            spaced.as_str()
+        } else {
+            text
+        };
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        if !allow_special || self.specials.is_empty() {
+            self.encode_plain(text, &mut out)?;
+            return Ok(out);
+        }
+        let mut rest = text;
+        while !rest.is_empty() {
+            // Earliest special occurrence; longest wins at the same position.
+            let mut best: Option<(usize, usize, u32)> = None;
+            for (s, id) in &self.specials {
+                if let Some(p) = rest.find(s.as_str())
+                    && best.is_none_or(|(bp, bl, _)| p < bp || (p == bp && s.len() > bl))
+                {
+                    best = Some((p, s.len(), *id));
+                }
+            }
+            match best {
+                Some((p, l, id)) => {
+                    self.encode_plain(&rest[..p], &mut out)?;
+                    out.push(id);
+                    rest = &rest[p + l..];
+                }
+                None => {
+                    self.encode_plain(rest, &mut out)?;
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        for piece in pre_tokenize(text, self.pre) {
+            let mapped: Vec<String> = piece
+                .bytes()
+                .map(|b| self.byte_enc[b as usize].to_string())
+                .collect();
+            for sym in self.bpe(mapped) {
+                match self.ids.get(&sym) {
+                    Some(&id) => out.push(id),
+                    None => {
+                        // Not in the vocabulary (inconsistent merges, or a byte the vocabulary
+                        // lacks): fall back to per-byte tokens, dropping bytes that have none.
+                        for c in sym.chars() {
+                            if let Some(&id) = self.ids.get(c.to_string().as_str()) {
+                                out.push(id);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies ranked merges until none applies (lowest rank first, all occurrences left to right).
+    fn bpe(&self, mut syms: Vec<String>) -> Vec<String> {
+        if syms.len() < 2 {
+            return syms;
+        }
+        loop {
+            let mut best: Option<(u32, usize)> = None;
+            for i in 0..syms.len() - 1 {
+                if let Some(&r) = self.ranks.get(&(syms[i].clone(), syms[i + 1].clone()))
+                    && best.is_none_or(|(br, _)| r < br)
+                {
+                    best = Some((r, i));
+                }
+            }
+            let Some((_, i)) = best else { return syms };
+            let (a, b) = (syms[i].clone(), syms[i + 1].clone());
+            let mut merged = Vec::with_capacity(syms.len());
+            let mut j = 0;
+            while j < syms.len() {
+                if j + 1 < syms.len() && syms[j] == a && syms[j + 1] == b {
+                    merged.push(format!("{a}{b}"));
+                    j += 2;
+                } else {
+                    merged.push(std::mem::take(&mut syms[j]));
+                    j += 1;
+                }
+            }
+            syms = merged;
+            if syms.len() < 2 {
+                return syms;
+            }
+        }
+    }
+
+    /// Raw bytes of one token (special tokens give their text). Streaming decoders accumulate
+    /// these and emit only complete UTF-8.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(tok) = self.tokens.get(id as usize) else {
+            return Vec::new();
+        };
+        if self.is_special[id as usize] {
+            return tok.as_bytes().to_vec();
+        }
+        let mut out = Vec::with_capacity(tok.len());
+        for c in tok.chars() {
+            match self.byte_dec.get(&c) {
+                Some(b) => out.push(*b),
+                None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            }
+        }
+        out
+    }
+
+    /// Decodes ids to text (invalid UTF-8 from a cut-off sequence becomes U+FFFD). Out-of-range
+    /// ids are skipped.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if skip_special && self.is_special(id) {
+                continue;
+            }
+            bytes.extend(self.token_bytes(id));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+fn is_l(c: char) -> bool {
+    c.is_alphabetic()
+}
+fn is_n(c: char) -> bool {
+    c.is_numeric()
+}
+fn is_s(c: char) -> bool {
+    c.is_whitespace()
+}
+fn is_other(c: char) -> bool {
+    !is_s(c) && !is_l(c) && !is_n(c)
+}
+
+/// Length (in chars) of an English contraction at `i` (`'s`, `'t`, `'re`, `'ve`, `'m`, `'ll`, `'d`).
+fn contraction(ch: &[char], i: usize, case_insensitive: bool) -> Option<usize> {
+    if ch.get(i) != Some(&'\'') {
+        return None;
+    }
+    let low = |k: usize| {
+        ch.get(i + k).map(|c| {
+            if case_insensitive {
+                c.to_ascii_lowercase()
+            } else {
+                *c
+            }
+        })
+    };
+    match (low(1), low(2)) {
+        (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l')) => Some(3),
+        (Some('s' | 't' | 'm' | 'd'), _) => Some(2),
+        _ => None,
+    }
+}
+
+/// Splits text like the pre-tokenizer regex of `pre`, returning pieces that BPE runs on.
+pub fn pre_tokenize(text: &str, pre: PreTokenizer) -> Vec<&str> {
+    let ch: Vec<char> = text.chars().collect();
+    let mut byte_at = Vec::with_capacity(ch.len() + 1);
+    let mut b = 0;
+    for c in &ch {
+        byte_at.push(b);
+        b += c.len_utf8();
+    }
+    byte_at.push(b);
+    let n = ch.len();
+    let mut pieces = Vec::new();
+    let mut i = 0;
+    let qwen = matches!(pre, PreTokenizer::Qwen2 | PreTokenizer::LlamaBpe);
+    let lone_digits = matches!(pre, PreTokenizer::SmolLm);
+    let run = |mut j: usize, f: &dyn Fn(char) -> bool| {
+        while j < n && f(ch[j]) {
+            j += 1;
+        }
+        j
+    };
+    while i < n {
+        let c = ch[i];
+        let next = ch.get(i + 1).copied();
+        let end = if let Some(l) = contraction(&ch, i, qwen) {
+            i + l
+        } else if qwen {
+            if is_l(c) {
+                run(i, &is_l)
+            } else if c != '\r' && c != '\n' && !is_n(c) && next.is_some_and(is_l) {
+                run(i + 1, &is_l)
+            } else if is_n(c) {
+                let max = if pre == PreTokenizer::LlamaBpe { 3 } else { 1 };
+                let mut j = i;
+                while j < n && j - i < max && is_n(ch[j]) {
+                    j += 1;
+                }
+                j
+            } else if is_other(c) || (c == ' ' && next.is_some_and(is_other)) {
+                let j = run(if c == ' ' { i + 1 } else { i }, &is_other);
+                run(j, &|c| c == '\r' || c == '\n')
+            } else {
+                // Whitespace: `\s*[\r\n]+`, then `\s+(?!\S)`, then `\s+`.
+                let j = run(i, &is_s);
+                match (i..j).rev().find(|&k| ch[k] == '\r' || ch[k] == '\n') {
+                    Some(k) => k + 1,
+                    None => ws_end(i, j, n),
+                }
+            }
+        } else {
+            let sp = usize::from(c == ' ' && next.is_some_and(|d| !is_s(d)));
+            let k = i + sp;
+            let d = ch[k];
+            if is_l(d) {
+                run(k, &is_l)
+            } else if is_n(d) {
+                if lone_digits {
+                    // SmolLM2 isolates digits before the regex: a space before one stands alone
+                    // (sp == 1 gives the single space), and each digit is its own piece.
+                    i + 1
+                } else {
+                    run(k, &is_n)
+                }
+            } else if is_other(d) {
+                run(k, &|c| is_other(c))
+            } else {
+                let j = run(i, &is_s);
+                // A digit after the run is a segment boundary in SmolLM2's split.
+                if lone_digits && j < n && is_n(ch[j]) {
+                    j
+                } else {
+                    ws_end(i, j, n)
+                }
+            }
+        };
+        let end = end.max(i + 1);
+        pieces.push(&text[byte_at[i]..byte_at[end]]);
+        i = end;
+    }
+    pieces
+}
+
+/// `\s+(?!\S)` then `\s+` for a whitespace run `i..j`: leave the last space to prefix the word
+/// that follows.
+fn ws_end(i: usize, j: usize, n: usize) -> usize {
+    if j == n || j - i == 1 { j } else { j - 1 }
+}
+
+const TINY_SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+/// Word merges first; then merges across digits, punctuation and whitespace, so that the
+/// pre-tokenizer's boundaries (digit runs, `'ll`, newline runs) change the ids and are tested.
+const TINY_MERGES: [&str; 48] = [
+    "Ġ t", "h e", "i n", "Ġ a", "e r", "o n", "r e", "a n", "Ġ s", "Ġ w", "o u", "i s", "e n",
+    "Ġ o", "l l", "Ġ i", "e s", "a t", "o r", "Ġt he", "Ġ h", "Ġ b", "Ġ m", "Ġ c", "e d", "in g",
+    "Ġ f", "l o", "Ġ d", "Ġ p", "Ġ l", "a r", "Ġw h", "Ċ Ċ", "Ġ Ġ", "Ġa n", "1 2", "12 3", "3 4",
+    ". .", ".. .", "Ġ 1", "' s", "' ll", "! !", "Ċ Ġ", "Ġ (", "č Ċ",
+];
+
+/// A 307-token byte-level vocabulary (256 bytes, 48 merges, 3 ChatML specials) for tiny test
+/// models: `(tokens, merges, token_types)`.
+pub fn tiny_vocab() -> (Vec<String>, Vec<String>, Vec<i32>) {
+    let enc = bytes_to_unicode();
+    let mut tokens: Vec<String> = enc.iter().map(|c| c.to_string()).collect();
+    let mut types = vec![1; 256];
+    for m in TINY_MERGES {
+        let (a, b) = m.split_once(' ').expect("static merges have a space");
+        tokens.push(format!("{a}{b}"));
+        types.push(1);
+    }
+    for s in TINY_SPECIALS {
+        tokens.push(s.to_string());
+        types.push(3);
+    }
+    (
+        tokens,
+        TINY_MERGES.iter().map(|s| s.to_string()).collect(),
+        types,
+    )
+}
+
+/// Id of a special token in [`tiny_vocab`].
+pub fn tiny_special_id(tok: &str) -> Result<usize> {
+    TINY_SPECIALS
+        .iter()
+        .position(|s| *s == tok)
+        .map(|p| 256 + TINY_MERGES.len() + p)
+        .ok_or_else(|| tok_err(format!("`{tok}` is not a tiny special")))
+}

@@ -1,0 +1,796 @@
+//! The owned Llama/Qwen3 forward.
+//!
+//! Weights are immutable after load and shared (`Arc<QTensor>` / cheap `Tensor` clones), so one
+//! [`Transformer`] serves many requests at once; each request owns its [`KvCache`] and passes the
+//! [`LoraSet`] it started with (or none). Adapters are applied unmerged,
+//! `y = W·x + scale·B·(A·x)`, so swapping an adapter never touches the base weights.
+//!
+//! Two op flavours share one code path: serving uses candle-nn's fused kernels (no backward), while
+//! [`Transformer::forward_train`] uses differentiable equivalents. Quantized matmuls go through
+//! `QMatMulGrad`, whose backward multiplies by the dequantized weight, so LoRA parameters receive
+//! gradients through frozen quantized layers (plain `QMatMul` silently drops them).
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{CpuStorage, CustomOp1, D, DType, Device, Layout, Shape, Tensor};
+
+use super::gguf::{Arch, GgufFile, ModelConfig};
+use super::lora::{LoraPair, LoraSet, LoraTarget};
+use super::{ModelError, Result};
+
+/// A frozen weight: block-quantized and kept packed, or dense f32 (F32/F16/BF16 in the file, or a
+/// merged/dequantized copy).
+#[derive(Clone, Debug)]
+pub enum Weight {
+    Quant(Arc<QTensor>),
+    Dense(Tensor),
+}
+
+/// Quantized matmul `x·Wᵀ` that, unlike `QMatMul`, has a backward pass w.r.t. `x`.
+/// The weight itself stays frozen; the dequantized copy exists only during backward.
+struct QMatMulGrad(Arc<QTensor>);
+
+impl CustomOp1 for QMatMulGrad {
+    fn name(&self) -> &'static str {
+        "qmatmul-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.0.cpu_fwd(storage, layout)
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let w = self.0.dequantize(grad_res.device())?; // [out, in]
+        Ok(Some(grad_res.broadcast_matmul(&w)?))
+    }
+}
+
+/// A linear layer over a frozen weight, with an optional LoRA pair applied unmerged.
+#[derive(Clone, Debug)]
+pub struct QLinear {
+    weight: Weight,
+    out_features: usize,
+    in_features: usize,
+}
+
+impl QLinear {
+    /// Wraps a GGUF tensor `[out, in]`. Float types are expanded to dense f32 (as `QMatMul` does);
+    /// block-quantized types stay packed.
+    pub fn from_qtensor(q: Arc<QTensor>) -> Result<Self> {
+        let (out_features, in_features) = q.shape().dims2()?;
+        let weight = match q.dtype() {
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                Weight::Dense(q.dequantize(&Device::Cpu)?)
+            }
+            _ => Weight::Quant(q),
+        };
+        Ok(Self {
+            weight,
+            out_features,
+            in_features,
+        })
+    }
+
+    /// A dense f32 layer from a `[out, in]` tensor.
+    pub fn from_dense(w: Tensor) -> Result<Self> {
+        let (out_features, in_features) = w.dims2()?;
+        Ok(Self {
+            weight: Weight::Dense(w.to_dtype(DType::F32)?),
+            out_features,
+            in_features,
+        })
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    pub fn weight(&self) -> &Weight {
+        &self.weight
+    }
+
+    /// The weight as dense f32 `[out, in]`.
+    pub fn dequantize(&self) -> Result<Tensor> {
+        Ok(match &self.weight {
+            Weight::Quant(q) => q.dequantize(&Device::Cpu)?,
+            Weight::Dense(t) => t.clone(),
+        })
+    }
+
+    /// `x: [.., in] -> [.., out]`, plus `scale·B·(A·x)` when `lora` is given.
+    pub fn forward(&self, x: &Tensor, lora: Option<&LoraPair>) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let Some((_, lead)) = dims.split_last() else {
+            return Err(ModelError::Input(
+                "linear layer input must have rank >= 1".into(),
+            ));
+        };
+        let n: usize = lead.iter().product();
+        let x2 = x.reshape((n, self.in_features))?;
+        let y = match &self.weight {
+            Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS => {
+                x2.matmul(&q.dequantize(x2.device())?.t()?)?
+            }
+            Weight::Quant(q) => x2.contiguous()?.apply_op1(QMatMulGrad(q.clone()))?,
+            Weight::Dense(w) => x2.matmul(&w.t()?)?,
+        };
+        let y = match lora {
+            None => y,
+            Some(p) => {
+                let small = n <= LORA_DIRECT_MAX_ROWS
+                    && !(x2.track_op() || p.a.track_op() || p.b.track_op());
+                match small.then(|| lora_delta_direct(&x2, p)).transpose()? {
+                    Some(Some(d)) => (y + d)?,
+                    _ => {
+                        let d = x2.matmul(&p.a.t()?)?.matmul(&p.b.t()?)?;
+                        (y + d.affine(p.scale, 0.0)?)?
+                    }
+                }
+            }
+        };
+        let mut out_dims = lead.to_vec();
+        out_dims.push(self.out_features);
+        Ok(y.reshape(out_dims)?)
+    }
+}
+
+/// From this many rows (prefill, training) a quantized weight is dequantized for the call and
+/// multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, so a 41-token
+/// SmolLM2 (Q4_1) prefill ran at 19 tok/s, and at 202 tok/s this way. The f32 copy is transient.
+const PREFILL_DEQUANT_ROWS: usize = 16;
+
+/// Up to this many rows (decode steps, small batches) the LoRA delta is computed directly on the
+/// f32 slices: four tiny candle ops per projection cost more than the math (measured: a rank-8
+/// adapter on all projections slowed SmolLM2 decode by ~1.5x through candle ops).
+const LORA_DIRECT_MAX_ROWS: usize = 4;
+
+/// Runs `f` on the contiguous f32 CPU data of `t`, or returns `None` when `t` is not such a tensor.
+fn with_f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+    if t.dtype() != DType::F32 || !t.is_contiguous() {
+        return None;
+    }
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(cpu) => {
+            let s = cpu.as_slice::<f32>().ok()?;
+            let start = layout.start_offset();
+            s.get(start..start + t.elem_count()).map(f)
+        }
+        _ => None,
+    }
+}
+
+/// `scale·B·(A·x)` for a few rows as plain loops; `None` if a tensor is not contiguous f32 on CPU.
+fn lora_delta_direct(x2: &Tensor, p: &LoraPair) -> Result<Option<Tensor>> {
+    let (n, inp) = x2.dims2()?;
+    let (r, a_in) = p.a.dims2()?;
+    let (out, b_r) = p.b.dims2()?;
+    if a_in != inp || b_r != r {
+        return Ok(None); // let the candle path report the shape error
+    }
+    let x2 = x2.contiguous()?;
+    let scale = p.scale as f32;
+    let d = with_f32_slice(&x2, |x| {
+        with_f32_slice(&p.a, |a| {
+            with_f32_slice(&p.b, |b| {
+                let mut d = vec![0f32; n * out];
+                let mut ax = vec![0f32; r];
+                for (row, drow) in x.chunks_exact(inp).zip(d.chunks_exact_mut(out)) {
+                    for (j, axj) in ax.iter_mut().enumerate() {
+                        let aj = &a[j * inp..(j + 1) * inp];
+                        *axj = scale * aj.iter().zip(row).map(|(u, v)| u * v).sum::<f32>();
+                    }
+                    for (o, dv) in drow.iter_mut().enumerate() {
+                        *dv = b[o * r..(o + 1) * r]
+                            .iter()
+                            .zip(&ax)
+                            .map(|(u, v)| u * v)
+                            .sum();
+                    }
+                }
+                d
+            })
+        })
+    });
+    match d.flatten().flatten() {
+        Some(d) => Ok(Some(Tensor::from_vec(d, (n, out), x2.device())?)),
+        None => Ok(None),
+    }
+}
+
+/// Positions served at most, whatever the file claims: RoPE tables are precomputed, and a
+/// corrupt `context_length` must not allocate gigabytes. (32768 × 64 × 2 × 4 B = 16 MiB.)
+pub const MAX_POSITIONS: usize = 32_768;
+
+/// Precomputed RoPE tables `[positions, head_dim/2]` in f32.
+#[derive(Clone, Debug)]
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+}
+
+impl Rope {
+    fn new(cfg: &ModelConfig) -> Result<Self> {
+        let half = cfg.head_dim / 2;
+        let n = cfg.context_length.min(MAX_POSITIONS);
+        let inv: Vec<f32> = (0..half)
+            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32))
+            .collect();
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in 0..n {
+            for f in &inv {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        Ok(Self {
+            cos: Tensor::from_vec(cos, (n, half), &Device::Cpu)?,
+            sin: Tensor::from_vec(sin, (n, half), &Device::Cpu)?,
+            interleaved: cfg.arch == Arch::Llama,
+        })
+    }
+
+    /// `x: [b, heads, l, d]` contiguous, positions `offset..offset+l`.
+    fn apply(&self, x: &Tensor, offset: usize, train: bool) -> Result<Tensor> {
+        let l = x.dim(2)?;
+        let cos = self.cos.narrow(0, offset, l)?;
+        let sin = self.sin.narrow(0, offset, l)?;
+        use candle_nn::rotary_emb as re;
+        Ok(match (self.interleaved, train) {
+            (true, false) => re::rope_i(x, &cos, &sin)?,
+            (true, true) => re::rope_i_slow(x, &cos, &sin)?,
+            (false, false) => re::rope(x, &cos, &sin)?,
+            (false, true) => re::rope_slow(x, &cos, &sin)?,
+        })
+    }
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, train: bool) -> Result<Tensor> {
+    Ok(if train {
+        candle_nn::ops::rms_norm_slow(x, w, eps)?
+    } else {
+        candle_nn::ops::rms_norm(&x.contiguous()?, w, eps)?
+    })
+}
+
+/// One decoder block.
+#[derive(Clone, Debug)]
+pub struct Block {
+    attn_norm: Tensor,
+    ffn_norm: Tensor,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    q: QLinear,
+    k: QLinear,
+    v: QLinear,
+    o: QLinear,
+    gate: QLinear,
+    up: QLinear,
+    down: QLinear,
+}
+
+impl Block {
+    /// The linear layer a LoRA target adapts.
+    pub fn linear(&self, t: LoraTarget) -> &QLinear {
+        match t {
+            LoraTarget::Q => &self.q,
+            LoraTarget::K => &self.k,
+            LoraTarget::V => &self.v,
+            LoraTarget::O => &self.o,
+            LoraTarget::Gate => &self.gate,
+            LoraTarget::Up => &self.up,
+            LoraTarget::Down => &self.down,
+        }
+    }
+
+    fn linear_mut(&mut self, t: LoraTarget) -> &mut QLinear {
+        match t {
+            LoraTarget::Q => &mut self.q,
+            LoraTarget::K => &mut self.k,
+            LoraTarget::V => &mut self.v,
+            LoraTarget::O => &mut self.o,
+            LoraTarget::Gate => &mut self.gate,
+            LoraTarget::Up => &mut self.up,
+            LoraTarget::Down => &mut self.down,
+        }
+    }
+}
+
+/// Per-request key/value cache: for each layer, buffers `[b, kv_heads, capacity, head_dim]`
+/// filled up to `len`. Buffers grow geometrically and are written in place (`slice_set`), so a
+/// decode step copies one position instead of the whole history; attention reads a narrowed view.
+#[derive(Debug)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+    max_len: usize,
+}
+
+/// Initial cache capacity in positions (grows by doubling up to the context length).
+const KV_INITIAL_CAPACITY: usize = 64;
+
+impl KvCache {
+    pub fn new(cfg: &ModelConfig) -> Self {
+        Self {
+            layers: vec![None; cfg.num_layers],
+            len: 0,
+            max_len: cfg.context_length.min(MAX_POSITIONS),
+        }
+    }
+
+    /// Positions already cached (the offset of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.layers.iter_mut().for_each(|l| *l = None);
+        self.len = 0;
+    }
+
+    /// An independent copy (e.g. to reuse a cached system prompt for several requests). The
+    /// buffers are written in place, so the cache is deliberately not `Clone`.
+    pub fn fork(&self) -> Result<Self> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(match l {
+                Some((k, v)) => Some((k.copy()?, v.copy()?)),
+                None => None,
+            });
+        }
+        Ok(Self {
+            layers,
+            len: self.len,
+            max_len: self.max_len,
+        })
+    }
+
+    /// Writes `k`, `v` (`[b, kv_heads, l, d]`, contiguous) after the cached positions of `layer`
+    /// and returns views of everything cached so far.
+    fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (b, h, l, d) = k.dims4()?;
+        let need = self.len + l;
+        let slot = &mut self.layers[layer];
+        let cap = slot.as_ref().map_or(0, |(kb, _)| kb.dim(2).unwrap_or(0));
+        if slot
+            .as_ref()
+            .is_some_and(|(kb, _)| kb.dim(0).ok() != Some(b))
+        {
+            return Err(ModelError::Input(
+                "batch size changed within one KV cache".into(),
+            ));
+        }
+        if need > cap {
+            let new_cap = need
+                .max(2 * cap)
+                .max(KV_INITIAL_CAPACITY)
+                .min(self.max_len.max(need));
+            let grow = |old: Option<&Tensor>| -> Result<Tensor> {
+                let buf = Tensor::zeros((b, h, new_cap, d), k.dtype(), k.device())?;
+                if let Some(old) = old
+                    && self.len > 0
+                {
+                    buf.slice_set(&old.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                }
+                Ok(buf)
+            };
+            let (kb, vb) = (
+                grow(slot.as_ref().map(|s| &s.0))?,
+                grow(slot.as_ref().map(|s| &s.1))?,
+            );
+            *slot = Some((kb, vb));
+        }
+        let (kb, vb) = slot.as_ref().expect("allocated above");
+        kb.slice_set(k, 2, self.len)?;
+        vb.slice_set(v, 2, self.len)?;
+        Ok((kb.narrow(2, 0, need)?, vb.narrow(2, 0, need)?))
+    }
+}
+
+/// Which positions get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Logits {
+    All,
+    Last,
+}
+
+/// A loaded model: configuration plus frozen weights.
+#[derive(Clone, Debug)]
+pub struct Transformer {
+    config: ModelConfig,
+    embed: Weight,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    head: QLinear,
+    rope: Rope,
+}
+
+fn norm_tensor(g: &mut GgufFile, name: &str, n: usize) -> Result<Tensor> {
+    let q = g.tensor(name, Some(&[n]))?;
+    Ok(q.dequantize(&Device::Cpu)?)
+}
+
+impl Transformer {
+    /// Loads a llama or qwen3 GGUF, checking every tensor's shape against the metadata.
+    pub fn from_gguf(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let mut g = GgufFile::open(path)?;
+        Self::from_gguf_file(&mut g)
+    }
+
+    pub fn from_gguf_file(g: &mut GgufFile) -> Result<Self> {
+        let cfg = ModelConfig::from_gguf(&g.content)?;
+        let (h, q, kv, ff) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
+        let embed_q = g.tensor("token_embd.weight", Some(&[cfg.vocab_size, h]))?;
+        let head = if cfg.tied_embeddings {
+            QLinear::from_qtensor(embed_q.clone())?
+        } else {
+            QLinear::from_qtensor(g.tensor("output.weight", Some(&[cfg.vocab_size, h]))?)?
+        };
+        let embed = match embed_q.dtype() {
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                Weight::Dense(embed_q.dequantize(&Device::Cpu)?)
+            }
+            _ => Weight::Quant(embed_q),
+        };
+        // No with_capacity: a corrupt block_count must fail on the first missing tensor, not abort.
+        let mut blocks = Vec::new();
+        for l in 0..cfg.num_layers {
+            let p = format!("blk.{l}");
+            let mut lin = |name: &str, out: usize, inp: usize| -> Result<QLinear> {
+                QLinear::from_qtensor(g.tensor(&format!("{p}.{name}.weight"), Some(&[out, inp]))?)
+            };
+            let (qw, kw, vw, ow) = (
+                lin("attn_q", q, h)?,
+                lin("attn_k", kv, h)?,
+                lin("attn_v", kv, h)?,
+                lin("attn_output", h, q)?,
+            );
+            let (gw, uw, dw) = (
+                lin("ffn_gate", ff, h)?,
+                lin("ffn_up", ff, h)?,
+                lin("ffn_down", h, ff)?,
+            );
+            let (q_norm, k_norm) = if cfg.qk_norm {
+                (
+                    Some(norm_tensor(
+                        g,
+                        &format!("{p}.attn_q_norm.weight"),
+                        cfg.head_dim,
+                    )?),
+                    Some(norm_tensor(
+                        g,
+                        &format!("{p}.attn_k_norm.weight"),
+                        cfg.head_dim,
+                    )?),
+                )
+            } else {
+                (None, None)
+            };
+            blocks.push(Block {
+                attn_norm: norm_tensor(g, &format!("{p}.attn_norm.weight"), h)?,
+                ffn_norm: norm_tensor(g, &format!("{p}.ffn_norm.weight"), h)?,
+                q_norm,
+                k_norm,
+                q: qw,
+                k: kw,
+                v: vw,
+                o: ow,
+                gate: gw,
+                up: uw,
+                down: dw,
+            });
+        }
+        let norm = norm_tensor(g, "output_norm.weight", h)?;
+        let rope = Rope::new(&cfg)?;
+        Ok(Self {
+            config: cfg,
+            embed,
+            blocks,
+            norm,
+            head,
+            rope,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Longest sequence this instance serves: the file's context length, capped at
+    /// [`MAX_POSITIONS`].
+    pub fn max_positions(&self) -> usize {
+        self.rope.cos.dim(0).unwrap_or(0)
+    }
+
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// A fresh cache sized for this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(&self.config)
+    }
+
+    /// A copy with every block-quantized weight re-encoded as `dtype` (e.g. Q8_0: candle's Q4_1
+    /// CPU kernel is ~4x slower than Q8_0's at the same model). Weights whose row length is not a
+    /// multiple of the block size are kept as they are.
+    pub fn requantized(&self, dtype: GgmlDType) -> Result<Self> {
+        let re = |w: &Weight| -> Result<Weight> {
+            Ok(match w {
+                Weight::Quant(q) if q.dtype() != dtype => {
+                    let cols = q.shape().dims().last().copied().unwrap_or(0);
+                    if cols.is_multiple_of(dtype.block_size()) {
+                        let t = q.dequantize(&Device::Cpu)?;
+                        Weight::Quant(Arc::new(QTensor::quantize(&t, dtype)?))
+                    } else {
+                        w.clone()
+                    }
+                }
+                other => other.clone(),
+            })
+        };
+        let mut m = self.clone();
+        let tied_same = matches!((&m.embed, &m.head.weight), (Weight::Quant(a), Weight::Quant(b)) if Arc::ptr_eq(a, b));
+        m.embed = re(&m.embed)?;
+        m.head.weight = if tied_same {
+            m.embed.clone()
+        } else {
+            re(&m.head.weight)?
+        };
+        for b in &mut m.blocks {
+            for t in LoraTarget::ALL {
+                let lin = b.linear_mut(t);
+                lin.weight = re(&lin.weight)?;
+            }
+        }
+        Ok(m)
+    }
+
+    /// A copy with every linear layer dense f32 and `lora` (if any) merged as `W + scale·B·A`.
+    /// The exact reference for unmerged adapters, and the basis of merged exports.
+    pub fn merged(&self, lora: Option<&LoraSet>) -> Result<Self> {
+        let mut m = self.clone();
+        for (l, b) in m.blocks.iter_mut().enumerate() {
+            for t in LoraTarget::ALL {
+                let lin = b.linear_mut(t);
+                let mut w = lin.dequantize()?;
+                if let Some(p) = lora.and_then(|s| s.get(l, t)) {
+                    w = (w + p.delta()?)?;
+                }
+                *lin = QLinear::from_dense(w)?;
+            }
+        }
+        m.head = QLinear::from_dense(m.head.dequantize()?)?;
+        Ok(m)
+    }
+
+    /// Logits for every position, `[b, l, vocab]`. `tokens: [b, l]` (u32); with a cache, positions
+    /// continue from `cache.len()` and the new keys/values are appended.
+    pub fn forward(
+        &self,
+        tokens: &Tensor,
+        cache: Option<&mut KvCache>,
+        lora: Option<&LoraSet>,
+    ) -> Result<Tensor> {
+        self.run(tokens, cache, lora, false, Logits::All)
+    }
+
+    /// Logits for the last position only, `[b, vocab]`: what decoding needs, without projecting
+    /// every prompt position onto the vocabulary.
+    pub fn forward_last(
+        &self,
+        tokens: &Tensor,
+        cache: Option<&mut KvCache>,
+        lora: Option<&LoraSet>,
+    ) -> Result<Tensor> {
+        Ok(self
+            .run(tokens, cache, lora, false, Logits::Last)?
+            .squeeze(1)?)
+    }
+
+    /// Differentiable forward for training: same math with backward-capable ops, no cache.
+    pub fn forward_train(&self, tokens: &Tensor, lora: Option<&LoraSet>) -> Result<Tensor> {
+        self.run(tokens, None, lora, true, Logits::All)
+    }
+
+    /// Convenience for one sequence: logits `[ids.len(), vocab]`.
+    pub fn forward_ids(
+        &self,
+        ids: &[u32],
+        cache: Option<&mut KvCache>,
+        lora: Option<&LoraSet>,
+    ) -> Result<Tensor> {
+        let t = Tensor::from_slice(ids, (1, ids.len()), &Device::Cpu)?;
+        Ok(self.forward(&t, cache, lora)?.squeeze(0)?)
+    }
+
+    fn run(
+        &self,
+        tokens: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        lora: Option<&LoraSet>,
+        train: bool,
+        which: Logits,
+    ) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (b, l) = tokens.dims2()?;
+        if l == 0 {
+            return Err(ModelError::Input("empty token sequence".into()));
+        }
+        let tokens = tokens.to_dtype(DType::U32)?;
+        let max = tokens.flatten_all()?.max(0)?.to_scalar::<u32>()? as usize;
+        if max >= cfg.vocab_size {
+            return Err(ModelError::Input(format!(
+                "token id {max} out of range for vocab {}",
+                cfg.vocab_size
+            )));
+        }
+        let offset = cache.as_ref().map_or(0, |c| c.len());
+        if offset + l > self.max_positions() {
+            return Err(ModelError::Input(format!(
+                "{} positions exceed the context of {}",
+                offset + l,
+                self.max_positions()
+            )));
+        }
+        if let Some(c) = cache.as_ref()
+            && c.layers.len() != cfg.num_layers
+        {
+            return Err(ModelError::Input("KV cache built for another model".into()));
+        }
+        if let Some(s) = lora {
+            s.check_compatible(self)?;
+        }
+        let mut x = match &self.embed {
+            Weight::Quant(q) => q.embedding(&tokens)?,
+            Weight::Dense(w) => {
+                w.index_select(&tokens.flatten_all()?, 0)?
+                    .reshape((b, l, cfg.hidden_size))?
+            }
+        };
+        let mask = if l > 1 {
+            Some(causal_mask(l, offset)?)
+        } else {
+            None
+        };
+        for (li, blk) in self.blocks.iter().enumerate() {
+            let pair = |t| lora.and_then(|s| s.get(li, t));
+            let h = rms_norm(&x, &blk.attn_norm, cfg.rms_eps, train)?;
+            let h = self.attention(
+                blk,
+                li,
+                &h,
+                offset,
+                mask.as_ref(),
+                cache.as_deref_mut(),
+                &pair,
+                train,
+            )?;
+            x = (x + h)?;
+            let h = rms_norm(&x, &blk.ffn_norm, cfg.rms_eps, train)?;
+            let g = blk.gate.forward(&h, pair(LoraTarget::Gate))?.silu()?;
+            let u = blk.up.forward(&h, pair(LoraTarget::Up))?;
+            let h = blk.down.forward(&(g * u)?, pair(LoraTarget::Down))?;
+            x = (x + h)?;
+        }
+        if let Some(c) = cache {
+            c.len += l;
+        }
+        if which == Logits::Last {
+            x = x.narrow(1, l - 1, 1)?;
+        }
+        let x = rms_norm(&x, &self.norm, cfg.rms_eps, train)?;
+        self.head.forward(&x, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention<'a>(
+        &self,
+        blk: &Block,
+        layer: usize,
+        x: &Tensor,
+        offset: usize,
+        mask: Option<&Tensor>,
+        cache: Option<&mut KvCache>,
+        pair: &dyn Fn(LoraTarget) -> Option<&'a LoraPair>,
+        train: bool,
+    ) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (b, l, _) = x.dims3()?;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let mut q = blk
+            .q
+            .forward(x, pair(LoraTarget::Q))?
+            .reshape((b, l, nh, hd))?;
+        let mut k = blk
+            .k
+            .forward(x, pair(LoraTarget::K))?
+            .reshape((b, l, nkv, hd))?;
+        let v = blk
+            .v
+            .forward(x, pair(LoraTarget::V))?
+            .reshape((b, l, nkv, hd))?;
+        if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
+            q = rms_norm(&q, qn, cfg.rms_eps, train)?;
+            k = rms_norm(&k, kn, cfg.rms_eps, train)?;
+        }
+        let q = self
+            .rope
+            .apply(&q.transpose(1, 2)?.contiguous()?, offset, train)?;
+        let k = self
+            .rope
+            .apply(&k.transpose(1, 2)?.contiguous()?, offset, train)?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match cache {
+            Some(c) => c.append(layer, &k, &v)?,
+            None => (k, v),
+        };
+        let t = k.dim(2)?;
+        // GQA without repeating K/V: query head h uses kv head h / g, so group the g query heads
+        // of each kv head along the row axis.
+        let g = nh / nkv;
+        let qg = q.reshape((b, nkv, g * l, hd))?;
+        let scores = (qg.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
+        let scores = match mask {
+            Some(m) => scores
+                .reshape((b, nkv, g, l, t))?
+                .broadcast_add(m)?
+                .reshape((b, nkv, g * l, t))?,
+            None => scores,
+        };
+        let probs = if train {
+            candle_nn::ops::softmax(&scores, D::Minus1)?
+        } else {
+            candle_nn::ops::softmax_last_dim(&scores)?
+        };
+        let ctx = probs
+            .matmul(&v)?
+            .reshape((b, nh, l, hd))?
+            .transpose(1, 2)?
+            .reshape((b, l, nh * hd))?;
+        blk.o.forward(&ctx, pair(LoraTarget::O))
+    }
+}
+
+/// Additive mask `[l, offset + l]`: 0 where key `j <= offset + i`, −∞ after.
+fn causal_mask(l: usize, offset: usize) -> Result<Tensor> {
+    let t = offset + l;
+    let m: Vec<f32> = (0..l)
+        .flat_map(|i| {
+            (0..t).map(move |j| {
+                if j <= offset + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Ok(Tensor::from_vec(m, (l, t), &Device::Cpu)?)
+}

@@ -1,0 +1,214 @@
+//! Sampling, stop conditions and streaming.
+
+use candle_core::quantized::GgmlDType;
+use hearth::model::gguf::GgufFile;
+use hearth::model::{
+    Arch, GenerateConfig, Sampler, StopReason, TinySpec, Tokenizer, Transformer, generate,
+    write_tiny_model,
+};
+
+fn setup() -> (Transformer, Tokenizer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let mut spec = TinySpec::new(Arch::Qwen3);
+    spec.dtype = GgmlDType::Q8_0;
+    write_tiny_model(&path, &spec).unwrap();
+    let tok = Tokenizer::from_gguf_metadata(GgufFile::open(&path).unwrap().metadata()).unwrap();
+    (Transformer::from_gguf(&path).unwrap(), tok, dir)
+}
+
+#[test]
+fn seeded_sampling_is_deterministic_and_streams_the_text() {
+    let (m, tok, _d) = setup();
+    let prompt = tok.encode("the cat", false).unwrap();
+    let cfg = GenerateConfig {
+        max_tokens: 16,
+        temperature: 0.9,
+        top_k: Some(40),
+        top_p: Some(0.95),
+        seed: 42,
+        ..Default::default()
+    };
+    let mut streamed = String::new();
+    let mut n = 0;
+    let a = generate(&m, &tok, &prompt, None, &cfg, |e| {
+        streamed.push_str(e.text);
+        n += usize::from(e.token.is_some());
+        true
+    })
+    .unwrap();
+    let b = generate(&m, &tok, &prompt, None, &cfg, |_| true).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a.reason, StopReason::MaxTokens);
+    assert_eq!(a.tokens.len(), 16);
+    assert_eq!(n, 16);
+    assert_eq!(streamed, a.text);
+    let c = generate(
+        &m,
+        &tok,
+        &prompt,
+        None,
+        &GenerateConfig { seed: 43, ..cfg },
+        |_| true,
+    )
+    .unwrap();
+    assert_ne!(
+        a.tokens, c.tokens,
+        "different seeds should differ on a random model"
+    );
+}
+
+#[test]
+fn stop_strings_cut_text_and_are_never_streamed() {
+    let (m, tok, _d) = setup();
+    let prompt = tok.encode("the cat", false).unwrap();
+    let free = generate(
+        &m,
+        &tok,
+        &prompt,
+        None,
+        &GenerateConfig {
+            max_tokens: 24,
+            ..Default::default()
+        },
+        |_| true,
+    )
+    .unwrap();
+    // Pick a stop string from the middle of the free-running text.
+    let chars: Vec<char> = free.text.chars().collect();
+    assert!(chars.len() >= 8, "{:?}", free.text);
+    let stop: String = chars[4..6].iter().collect();
+    let cfg = GenerateConfig {
+        max_tokens: 24,
+        stop_strings: vec![stop.clone()],
+        ..Default::default()
+    };
+    let mut streamed = String::new();
+    let out = generate(&m, &tok, &prompt, None, &cfg, |e| {
+        streamed.push_str(e.text);
+        true
+    })
+    .unwrap();
+    assert_eq!(out.reason, StopReason::StopString(stop.clone()));
+    let cut = free.text.find(&stop).unwrap();
+    assert_eq!(out.text, free.text[..cut]);
+    assert_eq!(streamed, out.text);
+}
+
+#[test]
+fn stop_tokens_cancel_and_limits() {
+    let (m, tok, _d) = setup();
+    let prompt = tok.encode("hello", false).unwrap();
+    let free = generate(
+        &m,
+        &tok,
+        &prompt,
+        None,
+        &GenerateConfig {
+            max_tokens: 6,
+            ..Default::default()
+        },
+        |_| true,
+    )
+    .unwrap();
+    let cfg = GenerateConfig {
+        max_tokens: 6,
+        stop_tokens: vec![free.tokens[2]],
+        ..Default::default()
+    };
+    let out = generate(&m, &tok, &prompt, None, &cfg, |_| true).unwrap();
+    assert_eq!(out.reason, StopReason::StopToken(free.tokens[2]));
+    assert_eq!(
+        out.tokens,
+        free.tokens[..free
+            .tokens
+            .iter()
+            .position(|&t| t == free.tokens[2])
+            .unwrap()]
+    );
+    let mut k = 0;
+    let out = generate(
+        &m,
+        &tok,
+        &prompt,
+        None,
+        &GenerateConfig {
+            max_tokens: 6,
+            ..Default::default()
+        },
+        |_| {
+            k += 1;
+            k < 3
+        },
+    )
+    .unwrap();
+    assert_eq!(out.reason, StopReason::Cancelled);
+    assert_eq!(out.tokens.len(), 3);
+    assert!(generate(&m, &tok, &[], None, &GenerateConfig::default(), |_| true).is_err());
+    let long = vec![1u32; m.max_positions()];
+    assert!(generate(&m, &tok, &long, None, &GenerateConfig::default(), |_| true).is_err());
+    let out = generate(
+        &m,
+        &tok,
+        &vec![1u32; m.max_positions() - 2],
+        None,
+        &GenerateConfig::default(),
+        |_| true,
+    )
+    .unwrap();
+    assert_eq!(out.reason, StopReason::ContextFull);
+    // Positions 254 and 255 are fed back; the token sampled for position 256 is returned unfed.
+    assert_eq!(out.tokens.len(), 3);
+}
+
+#[test]
+fn sampler_respects_top_k_and_greedy() {
+    let logits = [0.0f32, 5.0, 4.9, -1.0];
+    let mut greedy = Sampler::new(&GenerateConfig::default());
+    assert_eq!(greedy.sample(&logits).unwrap(), 1);
+    let mut s = Sampler::new(&GenerateConfig {
+        temperature: 1.0,
+        top_k: Some(2),
+        seed: 1,
+        ..Default::default()
+    });
+    for _ in 0..200 {
+        assert!(matches!(s.sample(&logits).unwrap(), 1 | 2));
+    }
+    let mut p = Sampler::new(&GenerateConfig {
+        temperature: 1.0,
+        top_p: Some(0.01),
+        seed: 1,
+        ..Default::default()
+    });
+    assert_eq!(p.sample(&logits).unwrap(), 1);
+    assert!(greedy.sample(&[f32::NAN]).is_err());
+}
+
+#[test]
+fn streamed_text_always_equals_final_text() {
+    let (m, tok, _d) = setup();
+    let prompt = tok.encode("hello", false).unwrap();
+    for seed in 0..24u64 {
+        // High temperature on a random model emits arbitrary bytes: split UTF-8 sequences and
+        // partial stop strings at the end are common.
+        let cfg = GenerateConfig {
+            max_tokens: 12,
+            temperature: 1.5,
+            seed,
+            stop_strings: vec!["e t".into(), "\u{FFFD}\u{FFFD}".into(), "ab".into()],
+            stop_tokens: vec![tok.token_id("<|im_end|>").unwrap()],
+            ..Default::default()
+        };
+        let mut streamed = String::new();
+        let out = generate(&m, &tok, &prompt, None, &cfg, |e| {
+            streamed.push_str(e.text);
+            true
+        })
+        .unwrap();
+        assert_eq!(streamed, out.text, "seed {seed}: {:?}", out.reason);
+        for s in &cfg.stop_strings {
+            assert!(!out.text.contains(s.as_str()), "seed {seed}");
+        }
+    }
+}

