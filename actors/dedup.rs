@@ -85,12 +85,7 @@ impl Dedup {
 
 impl Actor for Dedup {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Sample(sample) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let sample = crate::engine::expect_sample(port, message)?;
         let text = sample.content.texts().join("\n");
         let decision = self.deduper.check_and_insert(&text, sample.origin);
         self.unsaved += 1;
@@ -104,8 +99,7 @@ impl Actor for Dedup {
                 let mut sample = sample.clone();
                 Arc::make_mut(&mut sample).record(&self.node, "admitted", serde_json::Value::Null);
                 return out
-                    .send("out", Message::Sample(sample))
-                    .map_err(|e| ActorError::Failed(e.to_string()));
+                    .send("out", Message::Sample(sample)).map_err(ActorError::from);
             }
             DedupDecision::ExactDuplicate { of } => ("exact_duplicate", format!("exact duplicate of #{of}")),
             DedupDecision::NearDuplicate { of, jaccard_estimate } => (
@@ -126,8 +120,7 @@ impl Actor for Dedup {
             outcome: Outcome::Dropped,
             reason: format!("dedup: {}", reason.1),
         };
-        out.send("decisions", Message::Decision(Arc::new(decision)))
-            .map_err(|e| ActorError::Failed(e.to_string()))
+        out.send("decisions", Message::Decision(Arc::new(decision))).map_err(ActorError::from)
     }
 
     fn flush(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {

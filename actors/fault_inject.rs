@@ -58,12 +58,7 @@ struct FaultInject {
 
 impl Actor for FaultInject {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Sample(sample) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let sample = crate::engine::expect_sample(port, message)?;
         if self
             .params
             .fail_ids_ending
@@ -77,7 +72,6 @@ impl Actor for FaultInject {
                 }
             }
         }
-        out.send("out", message.clone())
-            .map_err(|e| ActorError::Failed(e.to_string()))
+        out.send("out", message.clone()).map_err(ActorError::from)
     }
 }

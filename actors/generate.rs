@@ -125,8 +125,7 @@ impl Actor for Generate {
             created_at_unix_ms: now_unix_ms(),
         };
         self.emitted += 1;
-        out.send("out", Message::Sample(std::sync::Arc::new(sample)))
-            .map_err(|e| ActorError::Failed(e.to_string()))?;
+        out.send("out", Message::Sample(std::sync::Arc::new(sample))).map_err(ActorError::from)?;
         if self.params.interval_us == 0 {
             Ok(Produce::Produced)
         } else {

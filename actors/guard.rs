@@ -82,12 +82,7 @@ fn rank(d: &GuardDecision) -> u8 {
 
 impl Actor for Guard {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Sample(sample) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let sample = crate::engine::expect_sample(port, message)?;
         let mut texts = sample.content.texts();
         // Every variant ends its texts with the response(s); a preference pair has two.
         let responses = match &sample.content {
@@ -113,8 +108,7 @@ impl Actor for Guard {
                 metrics::counter!("hearth_guard_decisions_total", "node" => self.node.clone(), "decision" => "admit")
                     .increment(1);
                 return out
-                    .send("out", Message::Sample(sample))
-                    .map_err(|e| ActorError::Failed(e.to_string()));
+                    .send("out", Message::Sample(sample)).map_err(ActorError::from);
             }
             GuardDecision::Drop { reason } => (Outcome::Dropped, reason, "drop"),
             GuardDecision::Quarantine { reason } => (Outcome::Quarantined, reason, "quarantine"),
@@ -129,7 +123,6 @@ impl Actor for Guard {
             outcome,
             reason: format!("guard: {reason}"),
         };
-        out.send("decisions", Message::Decision(Arc::new(decision)))
-            .map_err(|e| ActorError::Failed(e.to_string()))
+        out.send("decisions", Message::Decision(Arc::new(decision))).map_err(ActorError::from)
     }
 }

@@ -47,12 +47,7 @@ struct Redact {
 
 impl Actor for Redact {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Sample(sample) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let sample = crate::engine::expect_sample(port, message)?;
         let mut sample = sample.clone();
         let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
         for text in Arc::make_mut(&mut sample).content.texts_mut() {
@@ -71,7 +66,6 @@ impl Actor for Redact {
         }
         let details = serde_json::to_value(&counts).unwrap_or_default();
         Arc::make_mut(&mut sample).record(&self.node, "redacted", details);
-        out.send("out", Message::Sample(sample))
-            .map_err(|e| ActorError::Failed(e.to_string()))
+        out.send("out", Message::Sample(sample)).map_err(ActorError::from)
     }
 }

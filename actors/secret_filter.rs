@@ -52,12 +52,7 @@ struct SecretFilter {
 
 impl Actor for SecretFilter {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Sample(sample) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let sample = crate::engine::expect_sample(port, message)?;
         let mut sample = sample.clone();
         let mut rules: BTreeMap<&'static str, u64> = BTreeMap::new();
         let action = self.scanner.config().action;
@@ -78,7 +73,7 @@ impl Actor for SecretFilter {
         }
         let details = serde_json::to_value(&rules).unwrap_or_default();
         let send = |out: &mut Outbox, port: &str, m: Message| {
-            out.send(port, m).map_err(|e| ActorError::Failed(e.to_string()))
+            out.send(port, m).map_err(ActorError::from)
         };
         if action == SecretAction::Drop && !rules.is_empty() {
             Arc::make_mut(&mut sample).record(&self.node, "dropped", details);

@@ -143,7 +143,7 @@ impl Actor for Simulate {
             latency_ms: 0,
         };
         let send = |out: &mut Outbox, port: &str, m: Message| {
-            out.send(port, m).map_err(|e| ActorError::Failed(e.to_string()))
+            out.send(port, m).map_err(ActorError::from)
         };
         send(out, "interactions", Message::Interaction(Arc::new(interaction)))?;
         let kind = match reaction {

@@ -52,18 +52,12 @@ struct Throttle {
 
 impl Actor for Throttle {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Sample(sample) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let sample = crate::engine::expect_sample(port, message)?;
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
         let mut sample = sample.clone();
         std::sync::Arc::make_mut(&mut sample).record(&self.node, "passed", serde_json::Value::Null);
-        out.send("out", Message::Sample(sample))
-            .map_err(|e| ActorError::Failed(e.to_string()))
+        out.send("out", Message::Sample(sample)).map_err(ActorError::from)
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::edge::EdgeSender;
-use super::message::{Message, MessageType};
+use super::message::{Message, MessageType, Sample};
 
 /// A port an actor kind declares, with the one message type it carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +69,22 @@ pub enum ActorError {
     Build(String),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Send(#[from] SendError),
+}
+
+/// The sample in `message`, or the error an actor that only takes samples returns for anything else.
+pub fn expect_sample<'a>(
+    port: &str,
+    message: &'a Message,
+) -> Result<&'a std::sync::Arc<Sample>, ActorError> {
+    match message {
+        Message::Sample(sample) => Ok(sample),
+        other => Err(ActorError::Unexpected {
+            port: port.to_owned(),
+            got: other.message_type(),
+        }),
+    }
 }
 
 /// What a source did on one call of [`Actor::produce`].

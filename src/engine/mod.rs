@@ -12,6 +12,7 @@ pub mod validate;
 
 pub use actor::{
     Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Outbox, PortSpec, Produce,
+    expect_sample,
 };
 pub use message::{Message, MessageType};
 pub use runtime::{RunReport, RunningGraph, start};

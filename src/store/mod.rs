@@ -229,12 +229,7 @@ impl Store {
         if inserted == 0 {
             return Ok(Vec::new());
         }
-        tx.execute(
-            "INSERT INTO curation (sample_id, user, source, state, updated_at_unix_ms)
-             VALUES (?1, ?2, 'interaction', 'pending', ?3)",
-            params![i.id, i.user, now_unix_ms() as i64],
-        )
-        .map_err(&sq)?;
+        insert_pending(&tx, &i.id, &i.user, "interaction").map_err(&sq)?;
         tx.commit().map_err(&sq)?;
         let mut samples = vec![interaction_sample(i)];
         for f in self.pending_feedback_on(&i.id)? {
@@ -317,12 +312,7 @@ impl Store {
         if inserted == 0 {
             return Ok(Vec::new());
         }
-        tx.execute(
-            "INSERT INTO curation (sample_id, user, source, state, updated_at_unix_ms)
-             VALUES (?1, ?2, 'feedback', 'pending', ?3)",
-            params![f.id, f.user, now_unix_ms() as i64],
-        )
-        .map_err(&sq)?;
+        insert_pending(&tx, &f.id, &f.user, "feedback").map_err(&sq)?;
         tx.commit().map_err(&sq)?;
         Ok(match self.interaction(&f.response_id)? {
             Some(i) => vec![feedback_sample(f, &i)],
@@ -426,11 +416,7 @@ impl Store {
             )
             .map_err(&sq)?;
         if changed == 1 {
-            tx.execute(
-                "INSERT INTO training_set (sample_id, user, sample_json, admitted_at_unix_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![sample.id, sample.user, json(sample), now],
-            )
-            .map_err(&sq)?;
+            insert_training(&tx, sample, now).map_err(&sq)?;
         }
         tx.commit().map_err(&sq)?;
         Ok(changed == 1)
@@ -513,11 +499,7 @@ impl Store {
             params![sample_id, now],
         )
         .map_err(&sq)?;
-        tx.execute(
-            "INSERT INTO training_set (sample_id, user, sample_json, admitted_at_unix_ms) VALUES (?1, ?2, ?3, ?4)",
-            params![sample_id, sample.user, json(&sample), now],
-        )
-        .map_err(&sq)?;
+        insert_training(&tx, &sample, now).map_err(&sq)?;
         tx.commit().map_err(&sq)?;
         Ok(true)
     }
@@ -680,6 +662,30 @@ impl Store {
             .query_row("PRAGMA integrity_check", [], |r| r.get(0))
             .map_err(self.sq())
     }
+}
+
+/// A new item's curation entry: pending until exactly one terminal decision.
+fn insert_pending(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    user: &str,
+    source: &str,
+) -> rusqlite::Result<usize> {
+    tx.execute(
+        "INSERT INTO curation (sample_id, user, source, state, updated_at_unix_ms) VALUES (?1, ?2, ?3, 'pending', ?4)",
+        params![id, user, source, now_unix_ms() as i64],
+    )
+}
+
+fn insert_training(
+    tx: &rusqlite::Transaction<'_>,
+    sample: &Sample,
+    now: i64,
+) -> rusqlite::Result<usize> {
+    tx.execute(
+        "INSERT INTO training_set (sample_id, user, sample_json, admitted_at_unix_ms) VALUES (?1, ?2, ?3, ?4)",
+        params![sample.id, sample.user, json(sample), now],
+    )
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {
