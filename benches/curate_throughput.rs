@@ -1,8 +1,15 @@
 //! Throughput of the PII redactor and the secret filter, in bytes/s, on ASCII-heavy and
 //! non-ASCII-heavy chat text. Corpora come from ../shared/data/pii (or $HEARTH_SHARED_DIR) when
 //! present, as in CI, else from built-in synthetic samples.
+//!
+//! Side by side, on the same corpora in the same run: the pure-regex Rust peer hanzo-guard
+//! (`PiiDetector::detect` + `redact`, its default config: SSN, card, e-mail, phone, IP, API
+//! key). Besides criterion's figures, each corpus prints interleaved best-of-5 MB/s for both
+//! and the ratio, so that load from other processes hits both alike. Python peers
+//! (detect-secrets, Presidio) are timed by scripts/bench_curate_peers.sh.
 
 use std::hint::black_box;
+use std::time::Instant;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use hearth::curate::redact::{RedactConfig, Redactor};
@@ -60,10 +67,48 @@ fn corpus(unicode: bool) -> String {
     out
 }
 
+/// Seconds for one pass of `f` over the corpus: best of `runs` after one warm-up pass.
+fn best_secs(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Interleaved side-by-side: hearth's redactor vs hanzo-guard, MB/s (10^6 bytes/s) and ratio.
+fn side_by_side(name: &str, bytes: usize, records: &[&str], red: &Redactor) {
+    let guard = hanzo_guard::pii::PiiDetector::new(hanzo_guard::config::PiiConfig::default());
+    let (mut h, mut g) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        h = h.min(best_secs(1, || {
+            for r in records {
+                black_box(red.redact(black_box(r)));
+            }
+        }));
+        g = g.min(best_secs(1, || {
+            for r in records {
+                let found = guard.detect(black_box(r));
+                black_box(guard.redact(r, &found));
+            }
+        }));
+    }
+    let (hm, gm) = (bytes as f64 / h / 1e6, bytes as f64 / g / 1e6);
+    eprintln!(
+        "side-by-side {name}: hearth redact {hm:.1} MB/s, hanzo-guard 0.1.4 {gm:.1} MB/s, \
+         ratio hearth/hanzo {:.2}",
+        hm / gm
+    );
+}
+
 /// Redact record by record (as the curation pipeline does) over the whole corpus.
 fn bench(c: &mut Criterion) {
     let red = Redactor::new(RedactConfig::default());
     let sec = SecretScanner::new(SecretConfig::default()).expect("default secret config");
+    let guard = hanzo_guard::pii::PiiDetector::new(hanzo_guard::config::PiiConfig::default());
     for (name, unicode) in [("ascii", false), ("non_ascii", true)] {
         let text = corpus(unicode);
         let records: Vec<&str> = text.lines().collect();
@@ -84,6 +129,14 @@ fn bench(c: &mut Criterion) {
                 }
             })
         });
+        g.bench_function("hanzo_guard_redact", |b| {
+            b.iter(|| {
+                for r in &records {
+                    let found = guard.detect(black_box(r));
+                    black_box(guard.redact(r, &found));
+                }
+            })
+        });
         g.bench_function("secret_scan", |b| {
             b.iter(|| {
                 for r in &records {
@@ -92,6 +145,7 @@ fn bench(c: &mut Criterion) {
             })
         });
         g.finish();
+        side_by_side(name, text.len(), &records, &red);
     }
 }
 

@@ -362,11 +362,27 @@ const RULES: &[RuleDef] = &[
     },
 ];
 
+/// Keywords are found case-insensitively; rules whose pattern is case-sensitive and contains
+/// the keyword literally need it in that case, so that `ask`/`desk` do not wake the Twilio
+/// rule (`SK…`). Exact: every match of these patterns contains the keyword in this case.
+fn keyword_case_ok(rule: &str, kw: &[u8]) -> bool {
+    match rule {
+        "twilio-api-key" => kw == b"SK",
+        "aws-access-key-id" => !kw.iter().any(u8::is_ascii_lowercase),
+        "mailgun-key" => kw == b"key-",
+        _ => true,
+    }
+}
+
 /// Name of the bare high-entropy token rule (no keyword, no prefix).
 const BARE_RULE: &str = "high-entropy-token";
 
 struct Compiled {
     regexes: Vec<Regex>,
+    /// Per rule, a variant with the long `{m,200}` value bounds opened to `{m,}` (a much
+    /// smaller NFA, so capture search is far cheaper); used while no captured value exceeds
+    /// 200 bytes, which makes its matches identical to the rule's (see `scan_once`).
+    fast: Vec<Option<Regex>>,
     ac: AhoCorasick,
     /// AC pattern index -> rule index.
     kw_rule: Vec<usize>,
@@ -392,8 +408,17 @@ static COMPILED: LazyLock<Compiled> = LazyLock::new(|| {
         .build(&kws)
         // Constant keyword list; building cannot fail for these few short literals.
         .expect("constant keyword automaton");
+    let fast = RULES
+        .iter()
+        .map(|r| {
+            r.pattern.contains(",200}").then(|| {
+                Regex::new(&r.pattern.replace(",200}", ",}")).expect("constant secret rule regex")
+            })
+        })
+        .collect();
     Compiled {
         regexes,
+        fast,
         ac,
         kw_rule,
     }
@@ -595,11 +620,13 @@ impl SecretScanner {
             return out;
         }
         let c = &*COMPILED;
-        let mut hit = vec![false; RULES.len()];
+        let mut hit = [false; RULES.len()];
         let mut left = self.enabled.iter().filter(|e| **e).count();
+        let b = text.as_bytes();
         for m in c.ac.find_overlapping_iter(text) {
             let r = c.kw_rule[m.pattern().as_usize()];
-            if !hit[r] && self.enabled[r] {
+            if !hit[r] && self.enabled[r] && keyword_case_ok(RULES[r].name, &b[m.start()..m.end()])
+            {
                 hit[r] = true;
                 left -= 1;
                 if left == 0 {
@@ -612,7 +639,23 @@ impl SecretScanner {
                 continue;
             }
             let re = &c.regexes[i];
-            for caps in re.captures_iter(text) {
+            // The lazy DFA answers "no match" fast; capture search (a backtracker on short
+            // texts) runs only when there is something to capture.
+            if !re.is_match(text) {
+                continue;
+            }
+            // Every path of the bounded regex is a path of the open one, so while no group
+            // is longer than the bound both pick the same matches and groups; otherwise the
+            // bounded regex itself runs.
+            let fast: Option<Vec<regex::Captures>> = c.fast[i]
+                .as_ref()
+                .map(|f| f.captures_iter(text).collect::<Vec<_>>())
+                .filter(|all| {
+                    !all.iter()
+                        .any(|cp| cp.iter().skip(1).flatten().any(|g| g.len() > 200))
+                });
+            let all = fast.unwrap_or_else(|| re.captures_iter(text).collect());
+            for caps in all {
                 // The secret is the first participating capture group after 0 (or the match).
                 // unquoted assignment values (group 4) are held to a stricter standard: in code
                 // they are usually identifiers (`token = next_token`)
@@ -648,7 +691,7 @@ impl SecretScanner {
             self.bare_tokens(text, &mut out);
         }
         // Our own `<SECRET:rule>` sentinels look like `secret: value`; never flag them.
-        if text.contains("<SECRET:") {
+        if text.as_bytes().contains(&b'<') && text.contains("<SECRET:") {
             let sentinels: Vec<(usize, usize)> = text
                 .match_indices("<SECRET:")
                 .filter_map(|(i, _)| text[i..].find('>').map(|e| (i, i + e + 1)))
@@ -973,9 +1016,17 @@ fn is_tok_byte(c: u8) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=' | b'_' | b'-')
 }
 
+static PLACEHOLDER_AC: LazyLock<AhoCorasick> = LazyLock::new(|| {
+    AhoCorasickBuilder::new()
+        .ascii_case_insensitive(true)
+        .build(PLACEHOLDERS)
+        // Constant literal list; building cannot fail.
+        .expect("constant placeholder automaton")
+});
+
+/// True if the value holds a placeholder fragment (ASCII case-insensitively).
 fn is_placeholder(s: &str) -> bool {
-    let low = s.to_ascii_lowercase();
-    PLACEHOLDERS.iter().any(|p| low.contains(p))
+    PLACEHOLDER_AC.is_match(s)
 }
 
 /// Shannon entropy in bits per byte.

@@ -3,26 +3,35 @@
 //! a compound street word such as `…straße 5`, PO boxes), then extended over unit, city,
 //! state, postcode and country segments. Weak anchors need an extension or a context cue.
 
-use std::collections::HashSet;
 use std::sync::LazyLock;
 
-use super::lexicon::{Kind, LEX, Tok};
-use super::{Cand, PiiType, prio};
+use super::lexicon::{
+    C_POST_TYPE, C_PREFIX_TYPE, C_STRONG_SUFFIX, C_UNIT, C_WEAK_SUFFIX, IN_COMMON, IN_PLACES, Kind,
+    StaticSet, Tok, static_set as set,
+};
 
-fn set(words: &'static str) -> HashSet<&'static str> {
-    words.split_whitespace().collect()
+/// The word lists that become class bits on tokens.
+pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
+    vec![
+        (&*STRONG_SUFFIX, C_STRONG_SUFFIX),
+        (&*WEAK_SUFFIX, C_WEAK_SUFFIX),
+        (&*PREFIX_TYPE, C_PREFIX_TYPE),
+        (&*POST_TYPE, C_POST_TYPE),
+        (&*UNIT, C_UNIT),
+    ]
 }
+use super::{Cand, PiiType, prio};
 
 /// Street-type words that follow the name (US/UK style), folded. Strong ones are rarely
 /// anything but a street.
-static STRONG_SUFFIX: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+static STRONG_SUFFIX: LazyLock<StaticSet> = LazyLock::new(|| {
     set(
         "street st avenue ave av road rd lane ln drive dr boulevard blvd court ct crescent terrace \
          highway hwy parkway pkwy circle cir alley expressway freeway turnpike plaza square sq str \
          close gardens mews row place pl way trail trl",
     )
 });
-static WEAK_SUFFIX: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+static WEAK_SUFFIX: LazyLock<StaticSet> = LazyLock::new(|| {
     set(
         "bank branch bridge brook brooks burg burgs bypass camp canyon cape causeway center centers \
          circles cliff cliffs club common commons corner corners course courts cove coves creek crest \
@@ -40,7 +49,7 @@ static WEAK_SUFFIX: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
     )
 });
 /// Street-type words that come before the name (Romance, Slavic, Portuguese …), folded.
-static PREFIX_TYPE: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+static PREFIX_TYPE: LazyLock<StaticSet> = LazyLock::new(|| {
     set(
         "rue avenue boulevard bd chemin allee impasse place quai route cours square via viale piazza \
          corso largo vicolo strada calle avenida paseo plaza camino carrer ronda glorieta travesia rua \
@@ -57,9 +66,9 @@ const COMPOUND_SUFFIX: &[&str] = &[
     "gränd", "grand",
 ];
 /// Separate street-type words that follow the name (Hungarian, Greek transliterations …).
-static POST_TYPE: LazyLock<HashSet<&'static str>> =
+static POST_TYPE: LazyLock<StaticSet> =
     LazyLock::new(|| set("ut utca u kapu ter korut sor str odos"));
-static UNIT: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+static UNIT: LazyLock<StaticSet> = LazyLock::new(|| {
     set("apt apartment suite ste unit flat floor fl room rm studio bldg building box")
 });
 const CUES: &[&str] = &[
@@ -207,8 +216,21 @@ fn city(toks: &[Tok], i: usize) -> Option<usize> {
     let all_common = toks[i..j]
         .iter()
         .filter(|t| is_capword(t))
-        .all(|t| LEX.common.contains(key(t)) && !LEX.places.contains(key(t)));
+        .all(|t| t.is(IN_COMMON) && !t.is(IN_PLACES));
     (words > 0 && !all_common).then_some(j)
+}
+
+/// Up to three capitalised or all-caps words on one line, not all common words (a town with
+/// its region or country).
+fn town_run(toks: &[Tok], i: usize) -> Option<usize> {
+    let mut j = i;
+    while j < toks.len() && j - i < 3 && is_capword(&toks[j]) && (j == i || !toks[j].nl_before) {
+        j += 1;
+    }
+    let all_common = toks[i..j]
+        .iter()
+        .all(|t| t.is(IN_COMMON) && !t.is(IN_PLACES));
+    (j > i && !all_common).then_some(j)
 }
 
 fn country(toks: &[Tok], i: usize) -> Option<usize> {
@@ -227,7 +249,7 @@ fn country(toks: &[Tok], i: usize) -> Option<usize> {
         }
         return None;
     }
-    LEX.places.contains(k).then_some(i + 1)
+    t.is(IN_PLACES).then_some(i + 1)
 }
 
 fn is_state(t: &Tok, text: &str) -> bool {
@@ -238,7 +260,7 @@ fn is_state(t: &Tok, text: &str) -> bool {
 fn unit(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
     let t = toks.get(i)?;
     let mut j = i;
-    if t.kind == Kind::Word && UNIT.contains(key(t)) {
+    if t.kind == Kind::Word && t.is(C_UNIT) {
         j += 1;
         if toks.get(j).is_some_and(|t| t.is_punct(text, '.')) {
             j += 1;
@@ -270,8 +292,20 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
     let mut segs = 0;
     let mut strong_seg = false;
     let mut prev_zip = false;
+    let mut prev_unit = false;
     for _ in 0..8 {
+        // `u. 97.` / `tér 19.` at a line end: the house number's dot, not a full stop
+        if k >= 1
+            && toks
+                .get(k)
+                .is_some_and(|t| t.is_punct(text, '.') && !t.sp_before)
+            && toks[k - 1].kind == Kind::Num
+            && toks.get(k + 1).is_some_and(|t| t.nl_before)
+        {
+            k += 1;
+        }
         let (j, strong) = sep(toks, k, text);
+        let after_unit = std::mem::take(&mut prev_unit);
         if j >= toks.len() {
             break;
         }
@@ -279,6 +313,7 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
             break;
         }
         if let Some(e) = unit(toks, j, text).or_else(|| military_line(toks, j, text)) {
+            prev_unit = unit(toks, j, text).is_some();
             k = e;
             segs += 1;
             prev_zip = false;
@@ -321,6 +356,22 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
             }
             continue;
         }
+        // `Apt. 615 Moosleerau Switzerland`, `Suite 019 CHARLEROI Victoria`: a town (and region
+        // or country) right after a unit, closing the line or the sentence
+        if after_unit
+            && !strong
+            && !toks[j].nl_before
+            && let Some(e) = town_run(toks, j)
+            && toks.get(e).is_none_or(|t| {
+                t.nl_before
+                    || t.kind == Kind::Punct
+                        && matches!(t.text(text), "." | "," | "?" | "!" | ";" | ")")
+            })
+        {
+            k = e;
+            segs += 1;
+            continue;
+        }
         if !(strong || prev_zip) {
             break;
         }
@@ -344,7 +395,7 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
                 || country(toks, n).is_some()
                 || military_line(toks, n, text).is_some()
                 || unit(toks, n, text).is_some();
-            let known = e == j + 1 && LEX.places.contains(key(&toks[j]));
+            let known = e == j + 1 && toks[j].is(IN_PLACES);
             if next_is_addr || known || prev_zip {
                 k = e;
                 segs += 1;
@@ -449,7 +500,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             }
         }
         // B: prefix street types (rue de X, Via Tasso 129, ul. Miła 57)
-        if PREFIX_TYPE.contains(k) {
+        if t.is(C_PREFIX_TYPE) {
             let mut j = i + 1;
             if toks.get(j).is_some_and(|x| x.is_punct(text, '.')) {
                 j += 1;
@@ -540,7 +591,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             && let Some(pt) = toks.get(i + 1)
             && pt.kind == Kind::Word
             && !pt.cap
-            && POST_TYPE.contains(key(pt))
+            && pt.is(C_POST_TYPE)
         {
             let mut j = i + 2;
             if toks.get(j).is_some_and(|x| x.is_punct(text, '.')) {
@@ -585,7 +636,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             i
         };
         if let Some(e) = us_street_words(toks, j, text) {
-            let strong = STRONG_SUFFIX.contains(key(&toks[last_word(toks, e)]));
+            let strong = toks[last_word(toks, e)].is(C_STRONG_SUFFIX);
             return Some((s, e, if strong { Level::Strong } else { Level::Weak }));
         }
         // `20789 Allika 46`, `0138 Brisas 6802`: number, street words, house number
@@ -626,7 +677,7 @@ fn us_street_words(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
         }
         let k = key(t);
         if words >= 1
-            && (STRONG_SUFFIX.contains(k) || WEAK_SUFFIX.contains(k))
+            && t.is(C_STRONG_SUFFIX | C_WEAK_SUFFIX)
             && (t.cap || matches!(k, "str" | "st"))
         {
             let mut e = j + 1;
@@ -665,12 +716,27 @@ fn us_street_words(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
 
 /// Finds address spans.
 pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+    intersections(text, toks, out);
     let mut i = 0;
     while i < toks.len() {
-        let Some((s, e, level)) = core(toks, i, text) else {
+        let Some((mut s, e, level)) = core(toks, i, text) else {
             i += 1;
             continue;
         };
+        // `9554 62 Rue Gafsa`, `704 1436 Redbud Drive`: a building or unit number before the
+        // house number
+        if level == Level::Strong
+            && s >= 1
+            && toks[s].kind == Kind::Num
+            && !toks[s].nl_before
+            && toks[s - 1].kind == Kind::Num
+            && !toks[s - 1].sentinel
+            && toks[s - 1].text(text).bytes().all(|c| c.is_ascii_digit())
+            && toks[s - 1].e - toks[s - 1].s <= 6
+            && out.last().is_none_or(|c| c.end <= toks[s - 1].s)
+        {
+            s -= 1;
+        }
         let (end, segs, saw_code) = extend(toks, e, text);
         let no_number_street =
             toks[s].kind == Kind::Word && level == Level::NeedsCode && e - s <= 4;
@@ -679,7 +745,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             Level::Weak => segs > 0 || cue_before(text, toks[s].s),
             // a bare `Gail Rue` needs a postcode and a town; `rue de Noël` needs a postcode
             Level::NeedsCode => {
-                saw_code && (segs >= 2 || !no_number_street || PREFIX_TYPE.contains(key(&toks[s])))
+                saw_code && (segs >= 2 || !no_number_street || toks[s].is(C_PREFIX_TYPE))
             }
         };
         let strong = level == Level::Strong;
@@ -700,5 +766,101 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             .truncatable(toks[e - 1].e),
         );
         i = end;
+    }
+}
+
+/// One side of an intersection: capitalised words, numbers, particles and street-type words
+/// (`159 Eleftheriou Venizelou str`, `Rennie Union`, `ul. Jesionowa 127`) on one line.
+/// Returns the end token (exclusive) and whether it has a number or a street-type word.
+fn street_side(toks: &[Tok], i: usize, text: &str) -> Option<(usize, bool)> {
+    let first = toks.get(i)?;
+    if first.nl_before
+        || first.sentinel
+        || !(is_capword(first) || first.kind == Kind::Num || first.is(C_PREFIX_TYPE))
+    {
+        return None;
+    }
+    let mut j = i;
+    let mut last_content = i;
+    let mut typed = false;
+    while let Some(t) = toks.get(j) {
+        if (j > i && t.nl_before) || t.sentinel || j - i >= 9 {
+            break;
+        }
+        let k = key(t);
+        let content = match t.kind {
+            Kind::Num => {
+                typed = true;
+                true
+            }
+            Kind::Word if k == "and" => false,
+            Kind::Word if is_capword(t) => {
+                typed |=
+                    t.is(C_STRONG_SUFFIX | C_WEAK_SUFFIX | C_PREFIX_TYPE) || compound_street(t);
+                true
+            }
+            Kind::Word if t.is(C_STRONG_SUFFIX | C_POST_TYPE | C_PREFIX_TYPE) => {
+                typed = true;
+                true
+            }
+            Kind::Word => is_particle(t),
+            // `ul.`, `St.`, `u.`: an abbreviation's dot
+            Kind::Punct => {
+                t.is_punct(text, '.')
+                    && !t.sp_before
+                    && toks
+                        .get(j + 1)
+                        .is_some_and(|n| n.kind != Kind::Punct && !n.nl_before && n.key != "and")
+            }
+        };
+        if !content {
+            break;
+        }
+        if t.kind != Kind::Punct {
+            last_content = j;
+        }
+        j += 1;
+    }
+    (last_content >= i && j > i).then_some((last_content + 1, typed))
+}
+
+/// Street intersections: `the corner of Dalbraut 99 and Frederikke Coves`.
+fn intersections(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+    for i in 0..toks.len().saturating_sub(2) {
+        if key(&toks[i]) != "corner" || key(&toks[i + 1]) != "of" || toks[i].sentinel {
+            continue;
+        }
+        let Some((a_end, a_typed)) = street_side(toks, i + 2, text) else {
+            continue;
+        };
+        // `… 39. and …`, `… Str. and …`
+        let mut a = a_end;
+        if toks
+            .get(a)
+            .is_some_and(|t| t.is_punct(text, '.') || t.is_punct(text, ','))
+        {
+            a += 1;
+        }
+        if !toks.get(a).is_some_and(|t| key(t) == "and" && !t.nl_before) {
+            continue;
+        }
+        let Some((b_end, b_typed)) = street_side(toks, a + 1, text) else {
+            continue;
+        };
+        // two capitalised names joined by `and` after `corner of` are streets; a number or a
+        // street type on either side makes it certain
+        let s = if i >= 1 && key(&toks[i - 1]) == "the" && !toks[i].nl_before {
+            i - 1
+        } else {
+            i
+        };
+        out.push(Cand::new(
+            toks[s].s,
+            toks[b_end - 1].e,
+            PiiType::Address,
+            "intersection",
+            if a_typed || b_typed { 0.85 } else { 0.7 },
+            prio::ADDRESS,
+        ));
     }
 }

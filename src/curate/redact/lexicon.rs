@@ -2,7 +2,6 @@
 //! detectors. The lists ship in `data/*.txt` (written for hearth) and are compiled in, so the
 //! redactor needs no files or downloads at run time.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::LazyLock;
@@ -37,6 +36,29 @@ impl Hasher for FxHasher {
 
 /// Fast string set used for all gazetteers.
 pub(crate) type WordSet = HashSet<String, BuildHasherDefault<FxHasher>>;
+/// Fast set of static words (titles, street types …).
+pub(crate) type StaticSet = HashSet<&'static str, BuildHasherDefault<FxHasher>>;
+
+/// Builds a [`StaticSet`] from whitespace-separated words.
+pub(crate) fn static_set(words: &'static str) -> StaticSet {
+    words.split_whitespace().collect()
+}
+
+/// Word-class bits (see [`Lexicon::class`]): the four gazetteers, then the small word lists
+/// of the name and address detectors. Each word token gets its bits once, in [`tokenize`], so
+/// the detectors test bits instead of probing several hash sets per token.
+pub(crate) const IN_FIRST: u32 = 1;
+pub(crate) const IN_LAST: u32 = 2;
+pub(crate) const IN_COMMON: u32 = 4;
+pub(crate) const IN_PLACES: u32 = 8;
+pub(crate) const C_TITLE: u32 = 1 << 4;
+pub(crate) const C_ORG: u32 = 1 << 5;
+pub(crate) const C_PERSON_VERB: u32 = 1 << 6;
+pub(crate) const C_STRONG_SUFFIX: u32 = 1 << 7;
+pub(crate) const C_WEAK_SUFFIX: u32 = 1 << 8;
+pub(crate) const C_PREFIX_TYPE: u32 = 1 << 9;
+pub(crate) const C_POST_TYPE: u32 = 1 << 10;
+pub(crate) const C_UNIT: u32 = 1 << 11;
 
 /// Token class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,9 +87,18 @@ pub(crate) struct Tok<'a> {
     pub sp_before: bool,
     /// Lower-case, diacritics folded (words only; empty otherwise). Borrowed from the text
     /// for plain lower-case ASCII words, so most tokens cost no allocation.
-    pub key: Cow<'a, str>,
+    pub key: Key<'a>,
     /// Inside a `<SENTINEL>`: never PII.
     pub sentinel: bool,
+    /// Word-class bits of `key` (words only; 0 otherwise).
+    pub cls: u32,
+}
+
+impl Tok<'_> {
+    /// True if the word has any of the class bits.
+    pub(crate) fn is(&self, bits: u32) -> bool {
+        self.cls & bits != 0
+    }
 }
 
 impl Tok<'_> {
@@ -79,6 +110,65 @@ impl Tok<'_> {
     }
 }
 
+/// A token's folded key: borrowed from the text when already folded (plain lower-case
+/// ASCII), else folded into an inline buffer (ASCII words up to 24 bytes), else a `String`.
+/// Tokenizing short records thus allocates nothing per word.
+#[derive(Debug, Clone)]
+pub(crate) enum Key<'a> {
+    Borrowed(&'a str),
+    Inline([u8; 24], u8),
+    Owned(String),
+}
+
+impl<'a> Key<'a> {
+    fn of(word: &'a str) -> Self {
+        let b = word.as_bytes();
+        if b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c == b'-' || c == b'\'')
+        {
+            Key::Borrowed(word)
+        } else if b.len() <= 24 && word.is_ascii() {
+            let mut buf = [0u8; 24];
+            for (d, c) in buf.iter_mut().zip(b) {
+                *d = c.to_ascii_lowercase();
+            }
+            Key::Inline(buf, b.len() as u8)
+        } else {
+            Key::Owned(fold(word))
+        }
+    }
+}
+
+impl std::ops::Deref for Key<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            Key::Borrowed(s) => s,
+            // lower-cased ASCII is valid UTF-8
+            Key::Inline(b, n) => std::str::from_utf8(&b[..*n as usize]).unwrap_or(""),
+            Key::Owned(s) => s,
+        }
+    }
+}
+
+impl AsRef<str> for Key<'_> {
+    fn as_ref(&self) -> &str {
+        self
+    }
+}
+
+impl PartialEq<&str> for Key<'_> {
+    fn eq(&self, o: &&str) -> bool {
+        &**self == *o
+    }
+}
+
+impl PartialEq<String> for Key<'_> {
+    fn eq(&self, o: &String) -> bool {
+        **self == **o
+    }
+}
+
 fn joiner(c: char) -> bool {
     matches!(c, '-' | '\'' | '’' | '/')
 }
@@ -86,10 +176,23 @@ fn joiner(c: char) -> bool {
 /// Splits text into word, number and punctuation tokens.
 pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
     let mut toks = Vec::with_capacity(text.len() / 5);
-    let mut it = text.char_indices().peekable();
+    let b = text.as_bytes();
+    let n = b.len();
+    // ASCII bytes are decoded directly; only non-ASCII chars go through UTF-8 decoding
+    let char_at = |j: usize| -> char {
+        if b[j] < 0x80 {
+            b[j] as char
+        } else {
+            text[j..].chars().next().unwrap_or('\u{fffd}')
+        }
+    };
     let mut nl = false;
     let mut sp = false;
-    while let Some((i, c)) = it.next() {
+    let mut pos = 0;
+    while pos < n {
+        let i = pos;
+        let c = char_at(i);
+        pos += c.len_utf8();
         if c.is_whitespace() {
             sp = true;
             if c == '\n' || c == '\r' {
@@ -98,50 +201,50 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
             continue;
         }
         if c.is_alphanumeric() {
-            let mut e = i + c.len_utf8();
+            let mut e = pos;
             let mut upper_letters = c.is_uppercase() as usize;
             let mut letters = c.is_alphabetic() as usize;
             loop {
-                match it.peek() {
-                    Some(&(j, d)) if d.is_alphanumeric() => {
-                        upper_letters += d.is_uppercase() as usize;
-                        letters += d.is_alphabetic() as usize;
+                while e < n && b[e].is_ascii_alphanumeric() {
+                    upper_letters += b[e].is_ascii_uppercase() as usize;
+                    letters += b[e].is_ascii_alphabetic() as usize;
+                    e += 1;
+                }
+                if e >= n {
+                    break;
+                }
+                let j = e;
+                let d = char_at(j);
+                if d.is_alphanumeric() {
+                    upper_letters += d.is_uppercase() as usize;
+                    letters += d.is_alphabetic() as usize;
+                    e = j + d.len_utf8();
+                } else if joiner(d) {
+                    // joiner only inside a token: must be followed by an alphanumeric;
+                    // a possessive `'s` stays outside so `Novák's` keys as `novak`
+                    let rest = &text[j + d.len_utf8()..];
+                    let mut rc = rest.chars();
+                    let next = rc.next();
+                    let possessive = matches!(d, '\'' | '’')
+                        && next == Some('s')
+                        && !rc.next().is_some_and(char::is_alphanumeric)
+                        && c.is_uppercase()
+                        && ![
+                            "it", "that", "he", "she", "what", "there", "here", "who", "let",
+                            "where", "how",
+                        ]
+                        .iter()
+                        .any(|w| text[i..j].eq_ignore_ascii_case(w));
+                    if next.is_some_and(char::is_alphanumeric) && !possessive {
                         e = j + d.len_utf8();
-                        it.next();
+                    } else {
+                        break;
                     }
-                    Some(&(j, d)) if joiner(d) => {
-                        // joiner only inside a token: must be followed by an alphanumeric;
-                        // a possessive `'s` stays outside so `Novák's` keys as `novak`
-                        let rest = &text[j + d.len_utf8()..];
-                        let mut rc = rest.chars();
-                        let next = rc.next();
-                        let possessive = matches!(d, '\'' | '’')
-                            && next == Some('s')
-                            && !rc.next().is_some_and(char::is_alphanumeric)
-                            && c.is_uppercase()
-                            && !matches!(
-                                text[i..j].to_ascii_lowercase().as_str(),
-                                "it" | "that"
-                                    | "he"
-                                    | "she"
-                                    | "what"
-                                    | "there"
-                                    | "here"
-                                    | "who"
-                                    | "let"
-                                    | "where"
-                                    | "how"
-                            );
-                        if next.is_some_and(char::is_alphanumeric) && !possessive {
-                            e = j + d.len_utf8();
-                            it.next();
-                        } else {
-                            break;
-                        }
-                    }
-                    _ => break,
+                } else {
+                    break;
                 }
             }
+            pos = e;
             let kind = if c.is_numeric() {
                 Kind::Num
             } else {
@@ -149,14 +252,9 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
             };
             let word = &text[i..e];
             let key = if kind != Kind::Word {
-                Cow::Borrowed("")
-            } else if word
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b == b'-' || b == b'\'')
-            {
-                Cow::Borrowed(word)
+                Key::Borrowed("")
             } else {
-                Cow::Owned(fold(word))
+                Key::of(word)
             };
             toks.push(Tok {
                 s: i,
@@ -166,20 +264,26 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
                 all_caps: letters >= 2 && upper_letters == letters,
                 nl_before: nl,
                 sp_before: sp,
+                cls: if kind == Kind::Word {
+                    LEX.class(&key)
+                } else {
+                    0
+                },
                 key,
                 sentinel: false,
             });
         } else {
             toks.push(Tok {
                 s: i,
-                e: i + c.len_utf8(),
+                e: pos,
                 kind: Kind::Punct,
                 cap: false,
                 all_caps: false,
                 nl_before: nl,
                 sp_before: sp,
-                key: Cow::Borrowed(""),
+                key: Key::Borrowed(""),
                 sentinel: false,
+                cls: 0,
             });
         }
         nl = false;
@@ -267,14 +371,18 @@ fn load(src: &'static str) -> WordSet {
 
 /// Gazetteers, folded.
 pub(crate) struct Lexicon {
-    pub first: WordSet,
-    pub last: WordSet,
     pub common: WordSet,
-    pub places: WordSet,
+    /// Union of all word lists with their class bits: one lookup per token.
+    flags: HashMap<String, u32, BuildHasherDefault<FxHasher>>,
     model: NameModel,
 }
 
 impl Lexicon {
+    /// Class bits of a folded word (`IN_*`, `C_*`).
+    pub(crate) fn class(&self, key: &str) -> u32 {
+        self.flags.get(key).copied().unwrap_or(0)
+    }
+
     /// Log-odds (per trigram, averaged) that a word is a name rather than an ordinary word.
     pub(crate) fn name_score(&self, key: &str) -> f32 {
         self.model.score(key)
@@ -291,11 +399,28 @@ pub(crate) static LEX: LazyLock<Lexicon> = LazyLock::new(|| {
         first.iter().chain(last.iter()).map(String::as_str),
         common.iter().map(String::as_str),
     );
+    let mut flags: HashMap<String, u32, BuildHasherDefault<FxHasher>> = HashMap::default();
+    for (set, bit) in [
+        (&first, IN_FIRST),
+        (&last, IN_LAST),
+        (&common, IN_COMMON),
+        (&places, IN_PLACES),
+    ] {
+        for w in set {
+            *flags.entry(w.clone()).or_default() |= bit;
+        }
+    }
+    for (set, bit) in super::names::word_classes()
+        .into_iter()
+        .chain(super::address::word_classes())
+    {
+        for w in set {
+            *flags.entry((*w).to_string()).or_default() |= bit;
+        }
+    }
     Lexicon {
-        first,
-        last,
         common,
-        places,
+        flags,
         model,
     }
 });
@@ -359,7 +484,16 @@ impl NameModel {
     fn score(&self, key: &str) -> f32 {
         let mut sum = 0.0;
         let mut n = 0;
-        for g in Self::grams(key) {
+        // same trigrams as `grams`, without allocating
+        let mut it = key.chars().chain(std::iter::once('$'));
+        let mut a = '^';
+        let Some(mut b) = it.next() else {
+            return 0.0;
+        };
+        for c in it {
+            let g = [a, b, c];
+            a = b;
+            b = c;
             // Non-Latin-1 letters are rare in English words: count them as name evidence.
             let v = match self.logodds.get(&g) {
                 Some(v) => *v,
@@ -382,7 +516,7 @@ mod tests {
         assert_eq!(fold("Jürgen"), "jurgen");
         assert_eq!(fold("Straße"), "strasse");
         let l = &*LEX;
-        assert!(l.first.contains("jurgen"));
+        assert!(l.class("jurgen") & IN_FIRST != 0);
         assert!(l.name_score("kowalczyk") > l.name_score("information"));
     }
 

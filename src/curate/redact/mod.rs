@@ -449,7 +449,7 @@ impl Redactor {
     /// One detection pass: candidates after filtering and overlap resolution, and whether no
     /// typed candidate lost (or was cut by) an overlap.
     fn pass(&self, text: &str) -> (Vec<Cand>, bool) {
-        let mut cands: Vec<Cand> = Vec::new();
+        let mut cands: Vec<Cand> = Vec::with_capacity(16);
         if text.is_empty() {
             return (cands, true);
         }

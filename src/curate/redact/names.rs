@@ -4,18 +4,25 @@
 //! (`my name is`, `Dear`, `says`). Accepted name words are then found again elsewhere in the
 //! same text (`… early Yefremova`).
 
-use std::collections::HashSet;
 use std::sync::LazyLock;
 
-use super::lexicon::{Kind, LEX, Tok, fold};
+use super::lexicon::{
+    C_ORG, C_PERSON_VERB, C_TITLE, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, Kind, LEX, StaticSet,
+    Tok, WordSet, fold, static_set as set,
+};
+
+/// The word lists that become class bits on tokens.
+pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
+    vec![
+        (&*TITLES, C_TITLE),
+        (&*ORG, C_ORG),
+        (&*PERSON_VERBS, C_PERSON_VERB),
+    ]
+}
 use super::{Cand, PiiType, prio};
 
-fn set(words: &'static str) -> HashSet<&'static str> {
-    words.split_whitespace().collect()
-}
-
 /// Honorifics and academic titles that precede a name (folded, without dots).
-static TITLES: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+static TITLES: LazyLock<StaticSet> = LazyLock::new(|| {
     set(
         "mr mrs ms miss mx dr prof sir dame lady lord herr frau ing dipl univ mag mme mlle \
          monsieur madame mademoiselle sr sra srta don dona sig dott dhr mevr ir drs fr pfr \
@@ -23,7 +30,7 @@ static TITLES: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
     )
 });
 /// Words that make a capitalised run an organisation, venue or place rather than a person.
-static ORG: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
+static ORG: LazyLock<StaticSet> = LazyLock::new(|| {
     set(
         "inc ltd llc gmbh ag corp co company group university college school bank hotel orchestra \
          foundation institute association club band records studios university's church museum \
@@ -134,6 +141,16 @@ const STRONG_CUES: &[&[&str]] = &[
     &["named"],
     &["called"],
     &["calls", "me"],
+    &["call", "me"],
+    &["named", "him"],
+    &["named", "her"],
+    &["my", "son"],
+    &["my", "daughter"],
+    &["my", "kid"],
+    &["my", "wife"],
+    &["my", "husband"],
+    &["my", "brother"],
+    &["my", "sister"],
     &["dear"],
     &["says"],
     &["said"],
@@ -172,7 +189,7 @@ const DETERMINERS: &[&str] = &[
 ];
 
 fn is_title(t: &Tok) -> bool {
-    t.kind == Kind::Word && TITLES.contains(t.key.as_ref())
+    t.kind == Kind::Word && t.is(C_TITLE)
 }
 
 fn is_initial(t: &Tok, text: &str) -> bool {
@@ -206,14 +223,21 @@ struct Ev {
     ng: f32,
 }
 
-fn evidence(key: &str) -> Ev {
+fn evidence(t: &Tok) -> Ev {
     let l = &*LEX;
+    let f = t.cls;
     Ev {
-        first: l.first.contains(key),
-        last: l.last.contains(key),
-        common: l.common.contains(key),
-        place: l.places.contains(key),
-        ng: l.name_score(key),
+        first: f & IN_FIRST != 0,
+        last: f & IN_LAST != 0,
+        common: f & IN_COMMON != 0,
+        place: f & IN_PLACES != 0,
+        // the spelling model only matters for words no list knows (see `score` and the
+        // unknown-word check in `detect`)
+        ng: if f & (IN_FIRST | IN_LAST | IN_COMMON | IN_PLACES) == 0 {
+            l.name_score(&t.key)
+        } else {
+            0.0
+        },
     }
 }
 
@@ -259,14 +283,15 @@ fn sentence_start(toks: &[Tok], i: usize, text: &str) -> bool {
 }
 
 /// Folded keys of up to 3 words before token `i` (stopping at line breaks), nearest last.
-fn words_before<'a>(toks: &'a [Tok<'a>], i: usize) -> Vec<&'a str> {
-    let mut v = Vec::new();
+fn words_before<'a>(toks: &'a [Tok<'a>], i: usize) -> Before<'a> {
+    let mut v = Before { buf: [""; 3], n: 0 };
     let mut j = i;
-    while j > 0 && v.len() < 3 {
+    while j > 0 && v.n < 3 {
         j -= 1;
         let t = &toks[j];
         if t.kind == Kind::Word {
-            v.push(t.key.as_ref());
+            v.n += 1;
+            v.buf[3 - v.n] = t.key.as_ref();
         } else if t.kind == Kind::Num {
             break;
         }
@@ -275,8 +300,119 @@ fn words_before<'a>(toks: &'a [Tok<'a>], i: usize) -> Vec<&'a str> {
             break;
         }
     }
-    v.reverse();
     v
+}
+
+/// Up to three words before a token, nearest last, without allocating.
+struct Before<'a> {
+    buf: [&'a str; 3],
+    n: usize,
+}
+
+impl<'a> std::ops::Deref for Before<'a> {
+    type Target = [&'a str];
+    fn deref(&self) -> &[&'a str] {
+        &self.buf[3 - self.n..]
+    }
+}
+
+/// Verbs that take a person as subject (folded), used as a cue after a name.
+static PERSON_VERBS: LazyLock<StaticSet> = LazyLock::new(|| {
+    set(
+        "said says told tells asked asks replied replies answered answers shouted shouts yelled \
+         whispered explained explains spent lives lived works worked married divorced died wrote \
+         writes sang sings thinks thought wants wanted feels felt smiled laughed cried \
+         graduated retired resigned apologized apologised admitted insisted promised agreed \
+         complained claimed began",
+    )
+});
+
+/// Nouns that only people own (`Ann's kid`), after a possessive.
+const OWNED: &[&str] = &[
+    "address",
+    "phone",
+    "email",
+    "number",
+    "kid",
+    "kids",
+    "son",
+    "daughter",
+    "wife",
+    "husband",
+    "mother",
+    "father",
+    "mom",
+    "dad",
+    "brother",
+    "sister",
+    "friend",
+    "boss",
+    "birthday",
+    "killers",
+    "killer",
+    "family",
+    "parents",
+    "children",
+    "husband's",
+    "girlfriend",
+    "boyfriend",
+    "partner",
+    "account",
+    "passport",
+    "funeral",
+    "wedding",
+];
+
+/// Cues that name someone (`my name is …`), strong enough for an unlisted lower-case word.
+const NAMING_CUES: &[&[&str]] = &[
+    &["name", "is"],
+    &["name", "was"],
+    &["named"],
+    &["called"],
+    &["call", "me"],
+    &["calls", "me"],
+    &["surname", "is"],
+];
+
+/// Words that follow `Name,` when someone is addressed (`Ann, can you …`).
+const VOCATIVE_NEXT: &[&str] = &[
+    "can", "could", "would", "will", "please", "do", "did", "are", "have", "listen", "look",
+    "thanks", "thank", "i", "you", "we", "let's", "come", "wait", "stop",
+];
+
+const PRONOUNS: &[&str] = &[
+    "he",
+    "she",
+    "it",
+    "they",
+    "we",
+    "you",
+    "i",
+    "who",
+    "this",
+    "that",
+    "everyone",
+    "someone",
+    "nobody",
+    "everybody",
+    "somebody",
+    "one",
+];
+
+/// True if token `i` opens its line (only quote marks such as `>` before it).
+fn line_start(toks: &[Tok], i: usize, text: &str) -> bool {
+    let mut j = i;
+    loop {
+        if j == 0 || toks[j].nl_before {
+            return true;
+        }
+        let p = &toks[j - 1];
+        if p.kind == Kind::Punct && matches!(p.text(text), ">" | "-" | "*" | "•") {
+            j -= 1;
+        } else {
+            return false;
+        }
+    }
 }
 
 fn cue(before: &[&str], list: &[&[&str]]) -> bool {
@@ -286,7 +422,7 @@ fn cue(before: &[&str], list: &[&[&str]]) -> bool {
 
 /// Finds person names.
 pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<Cand>) {
-    let mut keys: HashSet<String> = HashSet::new();
+    let mut keys = WordSet::default();
     known_names(toks, known, out);
     let n = toks.len();
     let mut last_end: Option<usize> = None;
@@ -310,7 +446,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 // `Le Blanchard`, `Van Dijk`: keep the particle with the name
             } else
             // a capitalised common word ("Thanks", "Okay") is context, not part of a name
-            if !starts || (capword(t) && evidence(&t.key).blocker()) {
+            if !starts || (capword(t) && evidence(t).blocker()) {
                 i += 1;
                 continue;
             }
@@ -338,6 +474,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 }
             }
         }
+        let j_after_titles = j;
         let mut content: Vec<usize> = Vec::new();
         let mut particle_lead = is_particle(t);
         while j < n {
@@ -381,10 +518,13 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             continue;
         }
         // ---- split the run at blockers (common words, places) and score each piece
-        let mut evs: Vec<Ev> = content.iter().map(|&k| evidence(&toks[k].key)).collect();
+        let mut evs: Vec<Ev> = content.iter().map(|&k| evidence(&toks[k])).collect();
         for k in 1..evs.len() {
             let prev_given = evs[k - 1].first && !evs[k - 1].common && !evs[k - 1].place;
-            if prev_given && evs[k].blocker() && content[k] == content[k - 1] + 1
+            // only initials (`L`, `D.`) between
+            let initials_between = (content[k - 1] + 1..content[k])
+                .all(|m| is_initial(&toks[m], text) || toks[m].is_punct(text, '.'));
+            if prev_given && evs[k].blocker() && initials_between
                 || prev_given
                     && evs[k].blocker()
                     && content[k] == content[k - 1] + 2
@@ -393,10 +533,14 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 evs[k].last = true;
             }
         }
-        let org = content.iter().any(|&k| ORG.contains(toks[k].key.as_ref()))
+        // `Mr. Spears`, `Dr. Brown`: right after a title a capitalised common word is a surname
+        if titles > 0 && evs[0].blocker() && content[0] == j_after_titles {
+            evs[0].last = true;
+        }
+        let org = content.iter().any(|&k| toks[k].is(C_ORG))
             || toks
                 .get(j)
-                .is_some_and(|x| x.kind == Kind::Word && ORG.contains(x.key.as_ref()));
+                .is_some_and(|x| x.kind == Kind::Word && x.is(C_ORG));
         let mut p = 0;
         while p < content.len() {
             if evs[p].blocker() {
@@ -423,7 +567,67 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 && (toks[s_tok - 1].key == "and"
                     || toks[s_tok - 1].is_punct(text, ',')
                     || toks[s_tok - 1].is_punct(text, '&'));
-            let strong_cue = header || after_name || cue(&before, STRONG_CUES);
+            let next = toks.get(e_tok + 1);
+            // `Ann: see you`, `> Ann: …`: a speaker label opening a line of a transcript
+            let speaker = p == 0
+                && q == content.len()
+                && line_start(toks, s_tok, text)
+                && next.is_some_and(|x| x.is_punct(text, ':') && !x.sp_before)
+                // speech follows on the same line (a field label such as `Fax:` has a value)
+                && toks.get(e_tok + 2).is_some_and(|x| {
+                    !x.nl_before
+                        && (x.kind == Kind::Word
+                            || x.kind == Kind::Punct && matches!(x.text(text), "\"" | "“"))
+                })
+                && !HEADERS.contains(&toks[first_tok].key.as_ref())
+                && !evs[p..q].iter().any(|e| e.common || e.place);
+            // `Hi Ann,`, `Hello Ann!`: a greeting addressing someone
+            let vocative = before
+                .last()
+                .is_some_and(|w| matches!(*w, "hi" | "hello" | "hey" | "bye" | "thanks"))
+                && next.is_none_or(|x| {
+                    x.kind == Kind::Punct && matches!(x.text(text), "," | "!" | "." | "?")
+                });
+            // `Ann said`, `Ann shouted at …`: a verb only people do
+            let person_verb = next
+                .is_some_and(|x| x.kind == Kind::Word && !x.cap && x.is(C_PERSON_VERB))
+                && !PRONOUNS.contains(&toks[first_tok].key.as_ref());
+            // `Ann, can you …` (sentence start) and `…, Ann!`: addressing someone
+            let vocative = vocative
+                || sent0
+                    && q - p == 1
+                    && next.is_some_and(|x| x.is_punct(text, ','))
+                    && toks.get(e_tok + 2).is_some_and(|x| {
+                        x.kind == Kind::Word && VOCATIVE_NEXT.contains(&x.key.as_ref())
+                    })
+                || s_tok >= 1
+                    && toks[s_tok - 1].is_punct(text, ',')
+                    && next.is_some_and(|x| x.is_punct(text, '!'));
+            // a line holding only a name (signature, address block): `Debra Neal`
+            let own_line = q - p >= 2
+                && line_start(toks, s_tok, text)
+                && next.is_none_or(|x| x.nl_before)
+                && evs[p..q].iter().any(|e| e.first && !e.common);
+            // a word already accepted as (part of) a name earlier in this text
+            let seen = content[p..q]
+                .iter()
+                .any(|&k| toks[k].key.chars().count() >= 3 && keys.contains(toks[k].key.as_ref()));
+            // `Matej's address`, `Asya's kid`: a possessive before a personal noun
+            let possessive = toks.get(e_tok + 1).is_some_and(|x| {
+                x.kind == Kind::Punct && matches!(x.text(text), "'" | "’") && !x.sp_before
+            }) && toks.get(e_tok + 2).is_some_and(|x| x.key == "s")
+                && toks
+                    .get(e_tok + 3)
+                    .is_some_and(|x| x.kind == Kind::Word && OWNED.contains(&x.key.as_ref()));
+            let strong_cue = header
+                || after_name
+                || seen
+                || possessive
+                || own_line
+                || speaker
+                || vocative
+                || person_verb
+                || cue(&before, STRONG_CUES);
             let any_cue = strong_cue || cue(&before, CUES);
             let det = before.last().is_some_and(|w| DETERMINERS.contains(w));
             let mut score: f32 = evs[p..q].iter().map(Ev::score).sum();
@@ -449,14 +653,14 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             if !known_any && !has_title && !strong_cue {
                 // unknown words alone need a clear name-like spelling
                 let avg = evs[p..q].iter().map(|e| e.ng).sum::<f32>() / words as f32;
-                if words < 2 || avg < 0.4 {
+                if words < 2 || avg < 0.0 {
                     score -= 1.5;
                 }
             }
             if p == 0 && particle_lead {
                 score += 1.0;
             }
-            if strong_cue && evs[p..q].iter().all(|e| !e.blocker()) {
+            if (strong_cue || has_title) && evs[p..q].iter().all(|e| !e.blocker()) {
                 score = score.max(2.0);
             }
             if org {
@@ -495,6 +699,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
         }
         i = j.max(i + 1);
     }
+    lowercase_names(text, toks, out);
+    name_lists(text, toks, out);
     // ---- second mention: a word already accepted as part of a name is a name elsewhere too
     if keys.is_empty() {
         return;
@@ -548,5 +754,215 @@ fn known_names(toks: &[Tok], known: &[String], out: &mut Vec<Cand>) {
                 ));
             }
         }
+    }
+}
+
+fn flags_of(t: &Tok) -> u32 {
+    t.cls & (IN_FIRST | IN_LAST | IN_COMMON | IN_PLACES)
+}
+
+/// A lower-case word that only the name lists know (`olga`, `kleist`).
+fn lower_name_word(t: &Tok, want: u32) -> bool {
+    let f = flags_of(t);
+    t.kind == Kind::Word
+        && !t.cap
+        && !t.sentinel
+        && t.key.len() >= 3
+        && f & want != 0
+        && f & (IN_COMMON | IN_PLACES) == 0
+        && !PRONOUNS.contains(&t.key.as_ref())
+}
+
+fn person_at(out: &[Cand], s: usize, e: usize) -> bool {
+    out.iter()
+        .any(|c| c.ty == Some(PiiType::Person) && c.start < e && s < c.end)
+}
+
+/// Names typed in lower case: a given name followed by a family name (`olga krylova`,
+/// `eric g. samoylova`), or a lone listed name after a strong cue (`my name is vitoria`,
+/// `mr. elliott`) or as a speaker label (`mika: …`).
+fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+    let n = toks.len();
+    let mut i = 0;
+    while i < n {
+        let t = &toks[i];
+        // `my name is vitoria`, `call me borna jerković`: after a naming cue any lower-case
+        // word that is no ordinary word (nor place) is a name, with a following one as surname
+        let plain = |x: &Tok| {
+            x.kind == Kind::Word
+                && !x.cap
+                && !x.sentinel
+                && x.key.chars().count() >= 3
+                && flags_of(x) & (IN_COMMON | IN_PLACES) == 0
+                && !PRONOUNS.contains(&x.key.as_ref())
+        };
+        if plain(t) && !person_at(out, t.s, t.e) && cue(&words_before(toks, i), NAMING_CUES) {
+            let e = if toks.get(i + 1).is_some_and(|x| plain(x) && !x.nl_before) {
+                i + 1
+            } else {
+                i
+            };
+            out.push(Cand::new(
+                t.s,
+                toks[e].e,
+                PiiType::Person,
+                "name-lower",
+                0.65,
+                prio::PERSON,
+            ));
+            i = e + 1;
+            continue;
+        }
+        if !lower_name_word(t, IN_FIRST | IN_LAST) || person_at(out, t.s, t.e) {
+            i += 1;
+            continue;
+        }
+        // given name + optional initial + family name (listed, or name-like and unlisted)
+        let mut j = i + 1;
+        if toks
+            .get(j)
+            .is_some_and(|x| x.kind == Kind::Word && x.key.len() == 1 && !x.nl_before)
+        {
+            j += 1;
+            if toks.get(j).is_some_and(|x| x.is_punct(text, '.')) {
+                j += 1;
+            }
+        }
+        let pair = flags_of(t) & IN_FIRST != 0
+            && toks.get(j).is_some_and(|x| {
+                !x.nl_before
+                    && !x.cap
+                    && x.kind == Kind::Word
+                    && (lower_name_word(x, IN_LAST)
+                        || flags_of(x) == 0 && x.key.len() >= 4 && LEX.name_score(&x.key) >= 0.4)
+            });
+        if pair {
+            out.push(Cand::new(
+                t.s,
+                toks[j].e,
+                PiiType::Person,
+                "name-lower",
+                0.65,
+                prio::PERSON,
+            ));
+            i = j + 1;
+            continue;
+        }
+        let before = words_before(toks, i);
+        let titled = i >= 1
+            && (is_title(&toks[i - 1])
+                || i >= 2 && toks[i - 1].is_punct(text, '.') && is_title(&toks[i - 2]));
+        let speaker = line_start(toks, i, text)
+            && toks.get(i + 1).is_some_and(|x| x.is_punct(text, ':'))
+            && toks.get(i + 2).is_some_and(|x| {
+                !x.nl_before
+                    && (x.kind == Kind::Word
+                        || x.kind == Kind::Punct && matches!(x.text(text), "\"" | "“"))
+            });
+        // `selma began writing …`: a listed name opening a sentence, before a verb of people
+        let subject = sentence_start(toks, i, text)
+            && toks
+                .get(i + 1)
+                .is_some_and(|x| x.kind == Kind::Word && !x.cap && x.is(C_PERSON_VERB));
+        if titled || speaker || subject || cue(&before, STRONG_CUES) {
+            out.push(Cand::new(
+                t.s,
+                t.e,
+                PiiType::Person,
+                "name-lower",
+                0.65,
+                prio::PERSON,
+            ));
+        }
+        i += 1;
+    }
+}
+
+/// Lists of single names (`Kónya, Becker and Vasquez`, `silvana, adam, chad and caleb`): when
+/// one member is already a name, or most members are listed given names, the others are
+/// names too.
+fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+    let n = toks.len();
+    let member = |k: usize, cap: bool| -> bool {
+        toks.get(k).is_some_and(|x| {
+            x.kind == Kind::Word
+                && !x.sentinel
+                && x.cap == cap
+                && (!cap || capword(x))
+                && x.key != "and"
+                // a single word: not followed by another word
+                && toks
+                    .get(k + 1)
+                    .is_none_or(|y| y.kind != Kind::Word || y.key == "and")
+        })
+    };
+    let mut i = 0;
+    while i < n {
+        let cap = toks[i].cap;
+        if !member(i, cap) || (i >= 1 && toks[i - 1].kind == Kind::Word && !toks[i - 1].nl_before) {
+            i += 1;
+            continue;
+        }
+        let mut members = vec![i];
+        let mut j = i + 1;
+        loop {
+            let mut k = j;
+            let mut sep = false;
+            if toks.get(k).is_some_and(|x| x.is_punct(text, ',')) {
+                k += 1;
+                sep = true;
+            }
+            if toks
+                .get(k)
+                .is_some_and(|x| x.key == "and" || x.is_punct(text, '&'))
+            {
+                k += 1;
+                sep = true;
+            }
+            if !sep || toks.get(k).is_none_or(|x| x.nl_before) || !member(k, cap) {
+                break;
+            }
+            members.push(k);
+            j = k + 1;
+        }
+        if members.len() >= 2 {
+            let evs: Vec<u32> = members.iter().map(|&k| flags_of(&toks[k])).collect();
+            let clean = evs
+                .iter()
+                .all(|f| f & (IN_FIRST | IN_LAST) != 0 || f & (IN_COMMON | IN_PLACES) == 0)
+                && !members
+                    .iter()
+                    .any(|&k| PRONOUNS.contains(&toks[k].key.as_ref()));
+            let named = members
+                .iter()
+                .filter(|&&k| person_at(out, toks[k].s, toks[k].e))
+                .count();
+            let given = evs
+                .iter()
+                .filter(|f| **f & IN_FIRST != 0 && **f & IN_COMMON == 0)
+                .count();
+            let org_after = toks
+                .get(j)
+                .is_some_and(|x| x.kind == Kind::Word && x.is(C_ORG));
+            if clean
+                && !org_after
+                && (named >= 1 || members.len() >= 3 && given * 2 >= members.len())
+            {
+                for &k in &members {
+                    let t = &toks[k];
+                    if !person_at(out, t.s, t.e) {
+                        out.push(Cand::new(
+                            t.s,
+                            t.e,
+                            PiiType::Person,
+                            "name-list",
+                            0.65,
+                            prio::PERSON,
+                        ));
+                    }
+                }
+            }
+        }
+        i = j.max(i + 1);
     }
 }

@@ -31,8 +31,6 @@ static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
 static URL_CRED: LazyLock<Regex> = LazyLock::new(|| {
     re(r"(?i-u)[a-z][a-z0-9+.\-]{1,20}://([^\s:/@<>]{1,64}):([^\s/@<>]{1,128})@[a-z0-9.\-\[\]]")
 });
-/// Digit groups with single separators: cards, SSNs, bare numbers.
-static DIGIT_RUN: LazyLock<Regex> = LazyLock::new(|| re(r"(?-u)[0-9]+(?:[ \-][0-9]+)*"));
 static PHONE: LazyLock<Regex> = LazyLock::new(|| {
     re(
         r"(?i-u)(?:\+[ ]?)?(?:\([0-9]{1,5}\)[ .\-]?)?[0-9](?:[0-9]|[ .\-][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-]?[0-9]){3,22}(?:[ ]?(?:x|ext\.?|extension)[ ]?[0-9]{1,6})?",
@@ -40,8 +38,6 @@ static PHONE: LazyLock<Regex> = LazyLock::new(|| {
 });
 static IBAN: LazyLock<Regex> =
     LazyLock::new(|| re(r"(?-u)[A-Z]{2}[0-9]{2}(?:[ ]?[A-Z0-9]){10,32}"));
-static IPV4: LazyLock<Regex> =
-    LazyLock::new(|| re(r"(?-u)[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}"));
 static IPV6: LazyLock<Regex> = LazyLock::new(|| re(r"(?i-u)[0-9a-f]{0,4}(?::[0-9a-f]{0,4}){2,7}"));
 static MAC: LazyLock<Regex> =
     LazyLock::new(|| re(r"(?i-u)[0-9a-f]{2}(?::[0-9a-f]{2}){5}|[0-9a-f]{2}(?:-[0-9a-f]{2}){5}"));
@@ -97,48 +93,236 @@ fn before_ctx(b: &[u8], s: usize, n: usize) -> Vec<u8> {
     b[s.saturating_sub(n)..s].to_ascii_lowercase()
 }
 
-fn after_ctx(b: &[u8], e: usize, n: usize) -> Vec<u8> {
-    b[e..(e + n).min(b.len())].to_ascii_lowercase()
+/// True if `needle` (non-empty) occurs in `hay`; compares only where the first byte matches.
+fn contains_seq(hay: &[u8], needle: &[u8]) -> bool {
+    let Some((&f, rest)) = needle.split_first() else {
+        return true;
+    };
+    if hay.len() < needle.len() {
+        return false;
+    }
+    (0..=hay.len() - needle.len()).any(|i| hay[i] == f && &hay[i + 1..i + needle.len()] == rest)
 }
 
 fn has_any(hay: &[u8], needles: &[&str]) -> bool {
-    needles
-        .iter()
-        .any(|n| hay.windows(n.len()).any(|w| w == n.as_bytes()))
+    needles.iter().any(|n| contains_seq(hay, n.as_bytes()))
+}
+
+/// Cheap facts about the text, gathered in one byte loop, that tell which detectors can match
+/// at all. Every gate is implied by its detector's regex (or its validator), so skipping a
+/// detector never changes the result; it only saves the regex search on short records.
+struct Stats {
+    digits: usize,
+    dots: usize,
+    dashes: usize,
+    colons: usize,
+    at: bool,
+    slash: bool,
+    /// `[A-Z]{2}[0-9]{2}`: an IBAN's country and check digits.
+    iban_head: bool,
+    /// Longest run of hex digits.
+    hex_run: usize,
+    /// hex digit, `:`, hex digit or `:` (IPv6 / MAC shape).
+    hex_colon: bool,
+}
+
+fn stats(b: &[u8]) -> Stats {
+    let mut st = Stats {
+        digits: 0,
+        dots: 0,
+        dashes: 0,
+        colons: 0,
+        at: false,
+        slash: false,
+        iban_head: false,
+        hex_run: 0,
+        hex_colon: false,
+    };
+    let mut run = 0usize;
+    for (i, &c) in b.iter().enumerate() {
+        if c.is_ascii_hexdigit() {
+            run += 1;
+            if run > st.hex_run {
+                st.hex_run = run;
+            }
+            if c.is_ascii_digit() {
+                st.digits += 1;
+                if i >= 3
+                    && b[i - 1].is_ascii_digit()
+                    && b[i - 2].is_ascii_uppercase()
+                    && b[i - 3].is_ascii_uppercase()
+                {
+                    st.iban_head = true;
+                }
+            }
+            continue;
+        }
+        run = 0;
+        match c {
+            b'.' => st.dots += 1,
+            b'-' => st.dashes += 1,
+            b':' => {
+                st.colons += 1;
+                if i >= 1
+                    && b[i - 1].is_ascii_hexdigit()
+                    && b.get(i + 1)
+                        .is_some_and(|&n| n.is_ascii_hexdigit() || n == b':')
+                {
+                    st.hex_colon = true;
+                }
+            }
+            b'@' => st.at = true,
+            b'/' | b'\\' => st.slash = true,
+            _ => {}
+        }
+    }
+    st
+}
+
+/// Case-insensitive context keywords that gate detectors needing them (birth dates, id
+/// numbers, legacy wallets); one automaton pass instead of several substring searches.
+struct KwGate {
+    ac: aho_corasick::AhoCorasick,
+    /// pattern index -> group
+    group: Vec<u8>,
+}
+
+const KW_DOB: u8 = 1;
+const KW_ID: u8 = 2;
+const KW_B58: u8 = 4;
+const KW_HOME: u8 = 8;
+
+static KW: LazyLock<KwGate> = LazyLock::new(|| {
+    let groups: &[(u8, &[&str])] = &[
+        (
+            KW_DOB,
+            &[
+                "born",
+                "birth",
+                "dob",
+                "d.o.b",
+                "geboren",
+                "n\u{e9} le",
+                "n\u{e9}e le",
+                "nacimiento",
+            ],
+        ),
+        (
+            KW_ID,
+            &[
+                "passport",
+                "driver",
+                "driving",
+                "licence",
+                "license",
+                "national id",
+                "id card",
+                "identity card",
+                "personalausweis",
+                "id number",
+                "tax id",
+                "nin",
+                "dni",
+                "nie",
+                "codice fiscale",
+                "steuer-id",
+            ],
+        ),
+        (KW_B58, &["btc", "bitcoin", "wallet"]),
+        (
+            KW_HOME,
+            &[
+                "/home/",
+                "/users/",
+                ":\\users\\",
+                ":\\documents and settings\\",
+            ],
+        ),
+    ];
+    let mut pats = Vec::new();
+    let mut group = Vec::new();
+    for (g, ws) in groups {
+        for w in *ws {
+            pats.push(*w);
+            group.push(*g);
+        }
+    }
+    KwGate {
+        ac: aho_corasick::AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(&pats)
+            // constant literals: cannot fail
+            .expect("constant keyword automaton"),
+        group,
+    }
+});
+
+fn kw_groups(b: &[u8]) -> u8 {
+    let g = &*KW;
+    let mut m = 0u8;
+    for h in g.ac.find_overlapping_iter(b) {
+        m |= g.group[h.pattern().as_usize()];
+        if m == KW_DOB | KW_ID | KW_B58 | KW_HOME {
+            break;
+        }
+    }
+    m
 }
 
 /// Runs every structured detector.
 pub(crate) fn detect(text: &str, ctx: &Ctx, out: &mut Vec<Cand>) {
     let b = text.as_bytes();
-    let has_digit = b.iter().any(u8::is_ascii_digit);
-    if b.contains(&b'@') {
+    let st = stats(b);
+    let kw = if st.slash || st.digits > 0 {
+        kw_groups(b)
+    } else {
+        0
+    };
+    if st.at {
         emails(b, out);
-        if ctx.url_credentials && b.windows(3).any(|w| w == b"://") {
+        if ctx.url_credentials && st.colons > 0 && contains_seq(b, b"://") {
             url_creds(b, out);
         }
     }
-    home_paths(b, ctx, out);
-    if !has_digit {
+    if st.slash && kw & KW_HOME != 0 {
+        home_paths(b, ctx, out);
+    }
+    if st.digits == 0 {
         return;
     }
-    shields(b, out);
-    ibans(b, out);
-    ipv4(b, ctx, out);
+    // UUID (4 dashes), hex digest, timestamp (2 dashes + colon), version (2 dots)
+    if st.dashes >= 4 || st.hex_run >= 32 || (st.dashes >= 2 && st.colons >= 1) || st.dots >= 2 {
+        shields(b, out);
+    }
+    if st.iban_head {
+        ibans(b, out);
+    }
+    if st.dots >= 3 && st.digits >= 4 {
+        ipv4(b, ctx, out);
+    }
     // IPv6 and MAC need a colon between hex digits somewhere
-    if b.windows(3).any(|w| {
-        w[1] == b':' && w[0].is_ascii_hexdigit() && (w[2].is_ascii_hexdigit() || w[2] == b':')
-    }) {
+    if st.hex_colon {
         ipv6(b, ctx, out);
         macs(b, out);
     }
-    if b.contains(&b'-') {
+    if st.dashes >= 5 {
         macs_dash(b, out);
     }
-    digit_runs(b, out);
-    phones(b, out);
-    wallets(b, out);
-    dates_of_birth(b, out);
-    id_numbers(b, out);
+    if st.digits >= 9 {
+        digit_runs(b, out);
+    }
+    if st.digits >= 7 {
+        phones(b, out);
+    }
+    if st.hex_run >= 25 || kw & KW_B58 != 0 || contains_seq(b, b"bc1") {
+        wallets(b, kw & KW_B58 != 0, out);
+    }
+    if kw & KW_DOB != 0 {
+        dates_of_birth(b, out);
+    }
+    if kw & KW_ID != 0 {
+        id_numbers(b, out);
+    }
 }
 
 fn emails(b: &[u8], out: &mut Vec<Cand>) {
@@ -176,6 +360,9 @@ fn emails(b: &[u8], out: &mut Vec<Cand>) {
 }
 
 fn url_creds(b: &[u8], out: &mut Vec<Cand>) {
+    if !URL_CRED.is_match(b) {
+        return;
+    }
     for c in URL_CRED.captures_iter(b) {
         let (Some(u), Some(p)) = (c.get(1), c.get(2)) else {
             continue;
@@ -238,6 +425,9 @@ const GENERIC_USERS: &[&str] = &[
 
 fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
     if !b.contains(&b'/') && !b.contains(&b'\\') {
+        return;
+    }
+    if !HOME_PATH.is_match(b) {
         return;
     }
     for c in HOME_PATH.captures_iter(b) {
@@ -441,6 +631,73 @@ fn ibans(b: &[u8], out: &mut Vec<Cand>) {
     }
 }
 
+/// Matches of `[0-9]+(?:[ \-][0-9]+)*` (digit groups with single separators: cards, SSNs,
+/// bare numbers), leftmost-first like the regex, by a byte scan instead of a regex search.
+fn digit_runs_spans(b: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let n = b.len();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < n && !b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i >= n {
+            return None;
+        }
+        let s = i;
+        while i < n && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        while i + 1 < n && matches!(b[i], b' ' | b'-') && b[i + 1].is_ascii_digit() {
+            i += 1;
+            while i < n && b[i].is_ascii_digit() {
+                i += 1;
+            }
+        }
+        Some((s, i))
+    })
+}
+
+/// Matches of `[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}`, leftmost-first like the
+/// regex, by a byte scan.
+fn ipv4_spans(b: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let n = b.len();
+    let digits_at = move |j: usize| {
+        b[j.min(n)..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count()
+    };
+    // end of a match starting at `s`, if one does
+    let at = move |s: usize| -> Option<usize> {
+        let mut j = s;
+        for _ in 0..3 {
+            // `[0-9]{1,3}\.`: the digits before the dot are the whole run (a run longer than
+            // three cannot be cut, since the dot must follow the digits)
+            let d = digits_at(j);
+            if !(1..=3).contains(&d) || b.get(j + d) != Some(&b'.') {
+                return None;
+            }
+            j += d + 1;
+        }
+        let d = digits_at(j).min(3);
+        (d >= 1).then_some(j + d)
+    };
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < n {
+            if b[i].is_ascii_digit()
+                && let Some(e) = at(i)
+            {
+                let s = i;
+                i = e;
+                return Some((s, e));
+            }
+            i += 1;
+        }
+        None
+    })
+}
+
 fn ip4_non_personal(ip: Ipv4Addr) -> bool {
     let o = ip.octets();
     ip.is_loopback()
@@ -456,8 +713,7 @@ fn ipv4(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
     if !b.contains(&b'.') {
         return;
     }
-    for m in IPV4.find_iter(b) {
-        let (s, e) = (m.start(), m.end());
+    for (s, e) in ipv4_spans(b) {
         if !bounded(b, s, e, b".", b"") {
             continue;
         }
@@ -610,8 +866,7 @@ const SSN_CTX: &[&str] = &["ssn", "social security", "social-security", "ss#", "
 
 /// Digit runs: credit cards, SSNs.
 fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
-    for m in DIGIT_RUN.find_iter(b) {
-        let (s, e) = (m.start(), m.end());
+    for (s, e) in digit_runs_spans(b) {
         if e - s < 9 {
             continue;
         }
@@ -764,6 +1019,23 @@ const PHONE_NEG_CTX: &[&str] = &[
     "account", "tracking", "serial", "isbn", "zip", "postal", "code", "$", "€", "£", "usd", "eur",
 ];
 
+const PHONE_AFTER_CTX: &[&str] = &["office", "mobile", "fax", "home", "cell", "work", "desk"];
+
+/// Case-insensitive (ASCII) matcher for a context word list.
+fn ctx_matcher(words: &[&str]) -> aho_corasick::AhoCorasick {
+    aho_corasick::AhoCorasick::builder()
+        .ascii_case_insensitive(true)
+        .build(words)
+        // constant literals: cannot fail
+        .expect("constant context automaton")
+}
+
+static PHONE_CTX_AC: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| ctx_matcher(PHONE_CTX));
+static PHONE_NEG_AC: LazyLock<aho_corasick::AhoCorasick> =
+    LazyLock::new(|| ctx_matcher(PHONE_NEG_CTX));
+static PHONE_AFTER_AC: LazyLock<aho_corasick::AhoCorasick> =
+    LazyLock::new(|| ctx_matcher(PHONE_AFTER_CTX));
+
 fn phones(b: &[u8], out: &mut Vec<Cand>) {
     for m in PHONE.find_iter(b) {
         let (s, mut e) = (m.start(), m.end());
@@ -828,21 +1100,19 @@ fn phones(b: &[u8], out: &mut Vec<Cand>) {
                 || main[0] == b'('
                 || seps.iter().all(|&c| c == seps[0]));
         let trunk0 = main[0] == b'0' || (main[0] == b'(' && main.get(1) == Some(&b'0'));
-        let bctx = before_ctx(b, s, 40);
-        let actx = after_ctx(b, e, 14);
-        let ctx = has_any(&bctx, PHONE_CTX)
-            || has_any(
-                &actx,
-                &["office", "mobile", "fax", "home", "cell", "work", "desk"],
-            );
-        let neg = has_any(&before_ctx(b, s, 18), PHONE_NEG_CTX);
+        // context is looked up only when the shape alone does not decide
+        let ctx = || {
+            PHONE_CTX_AC.is_match(&b[s.saturating_sub(40)..s])
+                || PHONE_AFTER_AC.is_match(&b[e..(e + 14).min(b.len())])
+        };
+        let neg = || PHONE_NEG_AC.is_match(&b[s.saturating_sub(18)..s]);
         let conf = if plus && digits >= 8 {
             0.95
-        } else if nanp && !neg {
+        } else if nanp && !neg() {
             0.9
-        } else if ctx {
+        } else if ctx() {
             0.85
-        } else if trunk0 && !seps.is_empty() && (9..=12).contains(&digits) && !neg {
+        } else if trunk0 && !seps.is_empty() && (9..=12).contains(&digits) && !neg() {
             0.7
         } else {
             continue;
@@ -864,12 +1134,7 @@ fn is_date_like(v: &[u8]) -> bool {
     matches!(l.as_slice(), [4, 1..=2, 1..=2] | [1..=2, 1..=2, 2 | 4])
 }
 
-fn wallets(b: &[u8], out: &mut Vec<Cand>) {
-    let low_has = |w: &str| {
-        b.windows(w.len())
-            .any(|x| x.eq_ignore_ascii_case(w.as_bytes()))
-    };
-    let b58 = low_has("btc") || low_has("bitcoin") || low_has("wallet");
+fn wallets(b: &[u8], b58: bool, out: &mut Vec<Cand>) {
     let it = WALLET
         .find_iter(b)
         .chain(b58.then(|| WALLET_B58.find_iter(b)).into_iter().flatten());
@@ -935,6 +1200,9 @@ fn dates_of_birth(b: &[u8], out: &mut Vec<Cand>) {
 }
 
 fn id_numbers(b: &[u8], out: &mut Vec<Cand>) {
+    if !ID_NUM.is_match(b) {
+        return;
+    }
     for c in ID_NUM.captures_iter(b) {
         let (Some(w), Some(g)) = (c.get(0), c.get(1)) else {
             continue;
@@ -960,6 +1228,30 @@ fn id_numbers(b: &[u8], out: &mut Vec<Cand>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spans_of(re: &str, b: &[u8]) -> Vec<(usize, usize)> {
+        Regex::new(re)
+            .expect("test regex")
+            .find_iter(b)
+            .map(|m| (m.start(), m.end()))
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// The byte scanners find exactly what the regexes they replace would.
+        #[test]
+        fn scanners_match_their_regexes(s in "[0-9 .a-]{0,40}") {
+            let b = s.as_bytes();
+            proptest::prop_assert_eq!(
+                digit_runs_spans(b).collect::<Vec<_>>(),
+                spans_of(r"(?-u)[0-9]+(?:[ \-][0-9]+)*", b)
+            );
+            proptest::prop_assert_eq!(
+                ipv4_spans(b).collect::<Vec<_>>(),
+                spans_of(r"(?-u)[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}", b)
+            );
+        }
+    }
 
     #[test]
     fn validators() {
