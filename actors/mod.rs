@@ -51,6 +51,8 @@ actor_kinds! {
     Simulate(simulate::SimulateParams),
     Capture(capture::CaptureParams),
     Store(store::StoreParams),
+    Serve(serve::ServeParams),
+    Trainer(trainer::TrainerParams),
 }
 
 impl ActorKind {

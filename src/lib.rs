@@ -10,4 +10,6 @@ pub mod engine;
 pub mod federate;
 pub mod http;
 pub mod model;
+pub mod serve;
 pub mod store;
+pub mod train;

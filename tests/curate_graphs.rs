@@ -87,7 +87,7 @@ fn check_invariants(name: &str, o: &Outcome) {
 
 #[test]
 fn reordering_curation_in_a_graph_file_changes_the_outcome_but_never_the_invariants() {
-    let default = run("graphs/default.ron");
+    let default = run("graphs/curate.ron");
     let secrets_first = run("graphs/curate_secrets_first.ron");
     let guard_first = run("graphs/curate_guard_first.ron");
     for (name, o) in [
@@ -100,7 +100,7 @@ fn reordering_curation_in_a_graph_file_changes_the_outcome_but_never_the_invaria
     let all = |o: &Outcome| serde_json::to_string(&o.admitted).unwrap() + &o.quarantined;
     let default_text = all(&default);
     assert!(default_text.contains("<EMAIL>"), "{default_text}");
-    // The redactor runs first in default.ron and labels the pasted key <API_KEY>; with the secret filter
+    // The redactor runs first in curate.ron and labels the pasted key <API_KEY>; with the secret filter
     // first it is labelled by provider rule instead.
     assert!(default_text.contains("<API_KEY>"), "{default_text}");
     assert!(!default_text.contains("<SECRET:github-pat>"));

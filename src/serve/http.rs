@@ -1,0 +1,643 @@
+//! The OpenAI-compatible HTTP API over [`super::Engine`]: chat and text completions (JSON or SSE), the
+//! model list, adapter load/unload, and feedback.
+//!
+//! Handlers only validate and enqueue; generation runs on the engine's own threads, so the API stays
+//! responsive (and can say 429) while the CPU is busy. Fields are checked one by one so that every 400 names
+//! the offending parameter, as OpenAI's errors do.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+
+use actix_web::body::{BodySize, MessageBody};
+use actix_web::http::StatusCode;
+use actix_web::web::{self, Bytes};
+use actix_web::{App, HttpResponse, HttpServer};
+use serde_json::{Value, json};
+
+use super::{Engine, GenerateRequest, Pipe, PromptInput, ServeError, StreamEvent};
+use crate::engine::message::FeedbackKind;
+use crate::model::{ChatMessage, Role};
+
+/// An OpenAI-style error answer: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<String>,
+    code: Option<&'static str>,
+}
+
+impl ApiError {
+    fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.to_owned()),
+            code: None,
+        }
+    }
+
+    fn response(&self) -> HttpResponse {
+        let mut b = HttpResponse::build(self.status);
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            b.insert_header(("Retry-After", "1"));
+        }
+        b.json(json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }}))
+    }
+}
+
+impl From<ServeError> for ApiError {
+    fn from(e: ServeError) -> Self {
+        let (status, kind, param, code) = match &e {
+            ServeError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
+            ServeError::UnknownAdapter(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("id"),
+                Some("adapter_not_found"),
+            ),
+            ServeError::UnknownResponse(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("response_id"),
+                Some("response_not_found"),
+            ),
+            ServeError::BadAdapterId(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("id"),
+                None,
+            ),
+            ServeError::AdapterLoad { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("path"),
+                None,
+            ),
+            ServeError::TooManyTokens(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("max_tokens"),
+                Some("context_length_exceeded"),
+            ),
+            ServeError::QueueFull(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                None,
+                Some("queue_full"),
+            ),
+            ServeError::Closed => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None, None),
+            ServeError::Model(crate::model::ModelError::Input(_)) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", None, None)
+            }
+            _ => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                None,
+            ),
+        };
+        ApiError {
+            status,
+            message: e.to_string(),
+            kind,
+            param: param.map(str::to_owned),
+            code,
+        }
+    }
+}
+
+type Data = web::Data<Arc<Engine>>;
+
+/// Reads the body within the configured limit and parses it as a JSON object.
+async fn json_body(
+    engine: &Engine,
+    payload: web::Payload,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let limit = engine.config().max_body_bytes;
+    let bytes = match payload.to_bytes_limited(limit).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return Err(ApiError::invalid("body", format!("cannot read body: {e}"))),
+        Err(_) => {
+            return Err(ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: format!("request body exceeds the limit of {limit} bytes"),
+                kind: "invalid_request_error",
+                param: None,
+                code: Some("body_too_large"),
+            });
+        }
+    };
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::invalid("body", "the body must be a JSON object")),
+        Err(e) => Err(ApiError::invalid("body", format!("malformed JSON: {e}"))),
+    }
+}
+
+type Obj = serde_json::Map<String, Value>;
+
+fn opt_str(o: &Obj, k: &str) -> Result<Option<String>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::invalid(k, format!("`{k}` must be a string"))),
+    }
+}
+
+fn opt_f32(o: &Obj, k: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if (lo..=hi).contains(&x) => Ok(Some(x as f32)),
+            _ => Err(ApiError::invalid(
+                k,
+                format!("`{k}` must be a number in [{lo}, {hi}]"),
+            )),
+        },
+    }
+}
+
+fn opt_u64(o: &Obj, k: &str) -> Result<Option<u64>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be a non-negative integer"))),
+    }
+}
+
+fn opt_bool(o: &Obj, k: &str) -> Result<bool, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(k, format!("`{k}` must be a boolean"))),
+    }
+}
+
+fn stop_list(o: &Obj) -> Result<Vec<String>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "stop",
+            "`stop` must be a string or an array of up to 4 strings",
+        )
+    };
+    match o.get("stop") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) if a.len() <= 4 => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned).ok_or_else(bad))
+            .collect(),
+        Some(_) => Err(bad()),
+    }
+}
+
+fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(Value::Array(items)) = o.get("messages") else {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` is required and must be an array",
+        ));
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must not be empty",
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.get("role").and_then(Value::as_str) {
+                Some("system") | Some("developer") => Role::System,
+                Some("user") => Role::User,
+                Some("assistant") => Role::Assistant,
+                _ => {
+                    return Err(ApiError::invalid(
+                        &format!("messages[{i}].role"),
+                        "role must be one of system, user, assistant",
+                    ));
+                }
+            };
+            let content = match m.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                // The array form: concatenated text parts.
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| p.get("text").and_then(Value::as_str).unwrap_or_default())
+                    .collect(),
+                _ => {
+                    return Err(ApiError::invalid(
+                        &format!("messages[{i}].content"),
+                        "content must be a string",
+                    ));
+                }
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+/// The fields both completion endpoints share.
+fn request(o: &Obj, prompt: PromptInput) -> Result<GenerateRequest, ApiError> {
+    let max_tokens = match opt_u64(o, "max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => opt_u64(o, "max_tokens")?,
+    };
+    Ok(GenerateRequest {
+        model: opt_str(o, "model")?,
+        prompt,
+        user: opt_str(o, "user")?.unwrap_or_else(|| "anonymous".to_owned()),
+        max_tokens: max_tokens.map(|n| n.min(usize::MAX as u64) as usize),
+        temperature: opt_f32(o, "temperature", 0.0, 2.0)?,
+        top_p: opt_f32(o, "top_p", 0.0, 1.0)?,
+        top_k: opt_u64(o, "top_k")?.map(|n| n.min(u32::MAX as u64) as usize),
+        seed: opt_u64(o, "seed")?,
+        stop: stop_list(o)?,
+        ignore_eos: opt_bool(o, "ignore_eos")?,
+    })
+}
+
+/// Which endpoint shapes the answer.
+#[derive(Clone, Copy, PartialEq)]
+enum Endpoint {
+    Chat,
+    Text,
+}
+
+async fn complete(engine: Data, payload: web::Payload, endpoint: Endpoint) -> HttpResponse {
+    match complete_inner(engine, payload, endpoint).await {
+        Ok(r) => r,
+        Err(e) => e.response(),
+    }
+}
+
+async fn complete_inner(
+    engine: Data,
+    payload: web::Payload,
+    endpoint: Endpoint,
+) -> Result<HttpResponse, ApiError> {
+    let o = json_body(&engine, payload).await?;
+    let prompt = match endpoint {
+        Endpoint::Chat => PromptInput::Chat(messages(&o)?),
+        Endpoint::Text => match o.get("prompt") {
+            Some(Value::String(s)) => PromptInput::Text(s.clone()),
+            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                PromptInput::Text(a[0].as_str().unwrap_or_default().to_owned())
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`prompt` is required and must be a string",
+                ));
+            }
+        },
+    };
+    let stream = opt_bool(&o, "stream")?;
+    let req = request(&o, prompt)?;
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Text => "cmpl",
+    };
+    let engine = engine.into_inner();
+    let admitted = engine.submit(req, prefix)?;
+    let shape = Shape {
+        id: admitted.id,
+        model: admitted.model,
+        created: admitted.created_unix,
+        endpoint,
+    };
+    if stream {
+        return Ok(HttpResponse::Ok()
+            .content_type("text/event-stream")
+            .insert_header(("Cache-Control", "no-cache"))
+            .body(SseBody {
+                pipe: admitted.pipe,
+                shape,
+                started: false,
+                finished: false,
+            }));
+    }
+    let pipe = admitted.pipe.clone();
+    let guard = CancelOnDrop(admitted.pipe);
+    let done = web::block(move || pipe.wait())
+        .await
+        .map_err(|e| ApiError::from(ServeError::Http(e.to_string())))?;
+    drop(guard);
+    let c =
+        done.map_err(|m| ApiError::from(ServeError::Http(format!("generation failed: {m}"))))?;
+    let usage = json!({
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+    });
+    let body = match endpoint {
+        Endpoint::Chat => json!({
+            "id": shape.id, "object": "chat.completion", "created": shape.created, "model": shape.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                         "logprobs": null, "finish_reason": c.finish_reason}],
+            "usage": usage,
+        }),
+        Endpoint::Text => json!({
+            "id": shape.id, "object": "text_completion", "created": shape.created, "model": shape.model,
+            "choices": [{"index": 0, "text": c.text, "logprobs": null, "finish_reason": c.finish_reason}],
+            "usage": usage,
+        }),
+    };
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// Cancels generation when a waiting client goes away (actix drops the handler's future).
+struct CancelOnDrop(Arc<Pipe>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+struct Shape {
+    id: String,
+    model: String,
+    created: u64,
+    endpoint: Endpoint,
+}
+
+impl Shape {
+    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>) -> Bytes {
+        let v = match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                       "model": self.model,
+                       "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+            }
+            Endpoint::Text => {
+                json!({"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "text": text.unwrap_or_default(), "logprobs": null,
+                             "finish_reason": finish}]})
+            }
+        };
+        Bytes::from(format!("data: {v}\n\n"))
+    }
+}
+
+/// Server-sent events fed by a generation thread: one chunk per piece of text, a closing chunk with the
+/// finish reason, then `data: [DONE]`. Dropped early (client gone), it cancels the generation.
+struct SseBody {
+    pipe: Arc<Pipe>,
+    shape: Shape,
+    started: bool,
+    finished: bool,
+}
+
+impl MessageBody for SseBody {
+    type Error = std::convert::Infallible;
+
+    fn size(&self) -> BodySize {
+        BodySize::Stream
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        let this = self.get_mut();
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        if !this.started && this.shape.endpoint == Endpoint::Chat {
+            this.started = true;
+            return Poll::Ready(Some(Ok(this.shape.chunk(Some(""), true, None))));
+        }
+        this.started = true;
+        match this.pipe.poll_event(cx.waker()) {
+            None => Poll::Pending,
+            Some(StreamEvent::Text(t)) => {
+                Poll::Ready(Some(Ok(this.shape.chunk(Some(&t), false, None))))
+            }
+            Some(StreamEvent::Done(c)) => {
+                this.finished = true;
+                let mut out = this
+                    .shape
+                    .chunk(None, false, Some(c.finish_reason))
+                    .to_vec();
+                out.extend_from_slice(b"data: [DONE]\n\n");
+                Poll::Ready(Some(Ok(Bytes::from(out))))
+            }
+            Some(StreamEvent::Failed(m)) => {
+                this.finished = true;
+                let e = json!({"error": {"message": format!("generation failed: {m}"),
+                                         "type": "server_error", "param": null, "code": null}});
+                Poll::Ready(Some(Ok(Bytes::from(format!(
+                    "data: {e}\n\ndata: [DONE]\n\n"
+                )))))
+            }
+        }
+    }
+}
+
+impl Drop for SseBody {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.pipe.cancel();
+        }
+    }
+}
+
+async fn chat_completions(engine: Data, payload: web::Payload) -> HttpResponse {
+    complete(engine, payload, Endpoint::Chat).await
+}
+
+async fn completions(engine: Data, payload: web::Payload) -> HttpResponse {
+    complete(engine, payload, Endpoint::Text).await
+}
+
+async fn models(engine: Data) -> HttpResponse {
+    let base = &engine.config().model_name;
+    let default = engine.default_adapter();
+    let mut data = vec![
+        json!({"id": base, "object": "model", "created": 0, "owned_by": "hearth",
+                               "default_adapter": default}),
+    ];
+    for a in engine.adapters() {
+        data.push(
+            json!({"id": a, "object": "model", "created": 0, "owned_by": "hearth", "parent": base}),
+        );
+    }
+    HttpResponse::Ok().json(json!({"object": "list", "data": data}))
+}
+
+async fn load_adapter(engine: Data, payload: web::Payload) -> HttpResponse {
+    let run = async {
+        let o = json_body(&engine, payload).await?;
+        let id = opt_str(&o, "id")?.ok_or_else(|| ApiError::invalid("id", "`id` is required"))?;
+        let path =
+            opt_str(&o, "path")?.ok_or_else(|| ApiError::invalid("path", "`path` is required"))?;
+        let make_default = opt_bool(&o, "default")?;
+        let e = engine.clone().into_inner();
+        let (id2, path2) = (id.clone(), path.clone());
+        // Reading safetensors is file I/O: keep it off the async workers.
+        let replaced = web::block(move || -> Result<bool, ServeError> {
+            let replaced = e.load_adapter(&id2, std::path::Path::new(&path2))?;
+            if make_default {
+                e.set_default_adapter(Some(&id2))?;
+            }
+            Ok(replaced)
+        })
+        .await
+        .map_err(|e| ApiError::from(ServeError::Http(e.to_string())))??;
+        Ok::<_, ApiError>(
+            HttpResponse::Ok()
+                .json(json!({"id": id, "object": "adapter", "path": path, "replaced": replaced})),
+        )
+    };
+    run.await.unwrap_or_else(|e| e.response())
+}
+
+async fn unload_adapter(engine: Data, id: web::Path<String>) -> HttpResponse {
+    match engine.unload_adapter(&id) {
+        Ok(()) => HttpResponse::Ok()
+            .json(json!({"id": id.as_str(), "object": "adapter", "deleted": true})),
+        Err(e) => ApiError::from(e).response(),
+    }
+}
+
+async fn feedback(engine: Data, payload: web::Payload) -> HttpResponse {
+    let run = async {
+        let o = json_body(&engine, payload).await?;
+        let response_id = opt_str(&o, "response_id")?
+            .ok_or_else(|| ApiError::invalid("response_id", "`response_id` is required"))?;
+        let kind = match opt_str(&o, "kind")?.as_deref() {
+            Some("thumbs_up") => FeedbackKind::Thumbs { up: true },
+            Some("thumbs_down") => FeedbackKind::Thumbs { up: false },
+            Some("accepted") => FeedbackKind::Accepted,
+            Some("edit") => FeedbackKind::Edit {
+                text: opt_str(&o, "text")?
+                    .ok_or_else(|| ApiError::invalid("text", "`text` is required for an edit"))?,
+            },
+            Some("score") => FeedbackKind::Score {
+                value: o.get("value").and_then(Value::as_f64).ok_or_else(|| {
+                    ApiError::invalid("value", "`value` (a number) is required for a score")
+                })?,
+            },
+            _ => {
+                return Err(ApiError::invalid(
+                    "kind",
+                    "`kind` must be one of thumbs_up, thumbs_down, edit, accepted, score",
+                ));
+            }
+        };
+        let fb = engine.feedback(&response_id, kind)?;
+        Ok(HttpResponse::Ok()
+            .json(json!({"id": fb.id, "object": "feedback", "response_id": response_id})))
+    };
+    run.await.unwrap_or_else(|e: ApiError| e.response())
+}
+
+async fn not_found() -> HttpResponse {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "no such endpoint".to_owned(),
+        kind: "invalid_request_error",
+        param: None,
+        code: None,
+    }
+    .response()
+}
+
+/// The API server on its own thread and actix system (actix's server is not `Send`).
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    handle: actix_web::dev::ServerHandle,
+    thread: JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Binds `addr` (port 0 picks a free port) and serves `engine` until stopped.
+    pub fn start(addr: &str, engine: Arc<Engine>) -> Result<ApiServer, ServeError> {
+        let data = web::Data::new(engine);
+        let addr_owned = addr.to_owned();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("serve-http".to_owned())
+            .spawn(move || {
+                let bound = HttpServer::new(move || {
+                    App::new()
+                        .app_data(data.clone())
+                        .route("/v1/chat/completions", web::post().to(chat_completions))
+                        .route("/v1/completions", web::post().to(completions))
+                        .route("/v1/models", web::get().to(models))
+                        .route("/v1/adapters", web::post().to(load_adapter))
+                        .route("/v1/adapters/{id}", web::delete().to(unload_adapter))
+                        .route("/v1/feedback", web::post().to(feedback))
+                        .default_service(web::to(not_found))
+                })
+                .workers(2)
+                .disable_signals()
+                .shutdown_timeout(5)
+                .bind(&addr_owned);
+                let server = match bound {
+                    Ok(server) => server,
+                    Err(source) => {
+                        let _ = tx.send(Err(source));
+                        return;
+                    }
+                };
+                let Some(local) = server.addrs().first().copied() else {
+                    let _ = tx.send(Err(std::io::Error::other("no address bound")));
+                    return;
+                };
+                let system = actix_web::rt::System::new();
+                system.block_on(async move {
+                    let server = server.run();
+                    let _ = tx.send(Ok((local, server.handle())));
+                    if let Err(e) = server.await {
+                        tracing::error!(error = %e, "serve API stopped with an error");
+                    }
+                });
+            })
+            .map_err(ServeError::Spawn)?;
+        let (bound, handle) = rx
+            .recv()
+            .map_err(|_| ServeError::Http("API server did not start".to_owned()))?
+            .map_err(|e| ServeError::Http(format!("cannot bind {addr}: {e}")))?;
+        Ok(ApiServer {
+            addr: bound,
+            handle,
+            thread,
+        })
+    }
+
+    /// Stops accepting, lets requests in flight finish (up to the shutdown timeout), and joins the thread.
+    pub fn stop(self) {
+        let handle = self.handle;
+        actix_web::rt::System::new().block_on(handle.stop(true));
+        let _ = self.thread.join();
+    }
+}

@@ -1,0 +1,722 @@
+//! Serving: one frozen quantized base shared by every request, several LoRA adapters resident at once, and a
+//! bounded request queue in front of dedicated generation threads.
+//!
+//! Why this shape: generation is CPU-heavy and must not run on the HTTP threads, and a queue without bound
+//! would hide overload until memory runs out, so a full queue is reported to the client (429) instead.
+//! Adapters live in [`AdapterRegistry`]: a request takes an `Arc` snapshot of its adapter when it is
+//! admitted, so loading, replacing or unloading an adapter never disturbs a request in flight.
+
+pub mod default_model;
+pub mod http;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::task::Waker;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
+
+use crate::engine::message::{self, Feedback, FeedbackKind, Interaction, now_unix_ms};
+use crate::model::{
+    AdapterRegistry, ChatMessage, ChatOptions, GenerateConfig, LoraSet, ModelError, StopReason,
+    Tokenizer, Transformer, encode_chat_with,
+};
+
+/// Everything serving can fail with; the HTTP layer maps each to a status code.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("the model `{0}` does not exist (not the base and not a resident adapter)")]
+    UnknownModel(String),
+    #[error("adapter `{0}` is not resident")]
+    UnknownAdapter(String),
+    #[error(
+        "invalid adapter id `{0}`: use 1-128 of A-Z a-z 0-9 . _ - : and not the base model's name"
+    )]
+    BadAdapterId(String),
+    #[error("cannot load adapter `{id}` from {path}: {reason}")]
+    AdapterLoad {
+        id: String,
+        path: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    TooManyTokens(String),
+    #[error("request queue is full ({0} waiting); retry later")]
+    QueueFull(usize),
+    #[error("the server is shutting down")]
+    Closed,
+    #[error("unknown response id `{0}`")]
+    UnknownResponse(String),
+    #[error("default model: {0}")]
+    DefaultModel(String),
+    #[error("http: {0}")]
+    Http(String),
+    #[error("cannot spawn a generation thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// Serving limits and sizes. Defaults suit one person on a laptop.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The id under which the base model is listed and requested.
+    pub model_name: String,
+    /// Requests admitted but not yet started; past this a request gets 429.
+    pub queue_capacity: usize,
+    /// Generation threads (each runs one request at a time).
+    pub threads: usize,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_limit: usize,
+    /// `max_tokens` when a request does not say.
+    pub default_max_tokens: usize,
+    /// Largest request body, in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// How many recent response ids feedback may refer to.
+    pub recent_responses: usize,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            model_name: "hearth".to_owned(),
+            queue_capacity: 16,
+            threads: 1,
+            max_tokens_limit: 1024,
+            default_max_tokens: 256,
+            max_body_bytes: 1 << 20,
+            recent_responses: 10_000,
+        }
+    }
+}
+
+/// What a request asks the model to continue.
+#[derive(Debug, Clone)]
+pub enum PromptInput {
+    /// A conversation, rendered with the model's ChatML template.
+    Chat(Vec<ChatMessage>),
+    /// Raw text (`/v1/completions`).
+    Text(String),
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// `None` or the base name: the default adapter (if one is set) on the base; otherwise that adapter.
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    pub user: String,
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    /// vLLM's extension: keep generating past end-of-sequence tokens (benchmarks, tests).
+    pub ignore_eos: bool,
+}
+
+/// What a generation thread reports to the request's waiter, in order: text pieces, then one end.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    Text(String),
+    Done(Completion),
+    Failed(String),
+}
+
+/// The end of a finished request.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub text: String,
+    /// OpenAI's `finish_reason`: `stop` or `length`.
+    pub finish_reason: &'static str,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+#[derive(Default)]
+struct PipeState {
+    events: VecDeque<StreamEvent>,
+    waker: Option<Waker>,
+}
+
+/// A one-request channel from a generation thread to its HTTP handler, readable both blocking (JSON
+/// answers) and as an async stream (SSE) without an async runtime dependency of its own.
+#[derive(Default)]
+pub struct Pipe {
+    state: Mutex<PipeState>,
+    ready: Condvar,
+    /// Set when the client went away, so generation stops early.
+    cancelled: AtomicBool,
+}
+
+impl Pipe {
+    fn push(&self, event: StreamEvent) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.events.push_back(event);
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+        self.ready.notify_all();
+    }
+
+    /// Blocks until the request ends; returns its completion or failure.
+    pub fn wait(&self) -> Result<Completion, String> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            while let Some(e) = s.events.pop_front() {
+                match e {
+                    StreamEvent::Text(_) => {}
+                    StreamEvent::Done(c) => return Ok(c),
+                    StreamEvent::Failed(m) => return Err(m),
+                }
+            }
+            s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Blocks for the next event (text pieces as they come, then the end).
+    pub fn next_event(&self) -> StreamEvent {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(e) = s.events.pop_front() {
+                return e;
+            }
+            s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// The next event if there is one; otherwise registers `waker` to be woken by the next push.
+    pub fn poll_event(&self, waker: &Waker) -> Option<StreamEvent> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let e = s.events.pop_front();
+        if e.is_none() {
+            s.waker = Some(waker.clone());
+        }
+        e
+    }
+
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+}
+
+/// A request admitted to the queue.
+pub struct Admitted {
+    pub id: String,
+    /// The name the response reports (`model` as requested, or the base name).
+    pub model: String,
+    pub created_unix: u64,
+    pub pipe: Arc<Pipe>,
+}
+
+struct Job {
+    id: String,
+    user: String,
+    adapter: Option<String>,
+    lora: Option<Arc<LoraSet>>,
+    ids: Vec<u32>,
+    prompt: Vec<message::ChatMessage>,
+    cfg: GenerateConfig,
+    sampling: serde_json::Value,
+    admitted: Instant,
+    created_unix_ms: u64,
+    pipe: Arc<Pipe>,
+}
+
+/// What serving emits for the rest of the graph.
+#[derive(Debug, Clone)]
+pub enum ServeEvent {
+    Interaction(Interaction),
+    Feedback(Feedback),
+}
+
+/// Response ids that feedback may name, with the user who got them; oldest evicted first.
+#[derive(Default)]
+struct Recent {
+    users: HashMap<String, String>,
+    order: VecDeque<String>,
+}
+
+/// The shared serving state: model, adapters, queue. Cheap to share across HTTP and generation threads.
+pub struct Engine {
+    model: Arc<Transformer>,
+    tok: Arc<Tokenizer>,
+    chat: ChatOptions,
+    registry: AdapterRegistry,
+    default_adapter: RwLock<Option<String>>,
+    config: ServeConfig,
+    queue: Sender<Job>,
+    queue_rx: Receiver<Job>,
+    events: Sender<ServeEvent>,
+    recent: Mutex<Recent>,
+    next_id: AtomicU64,
+    id_prefix: String,
+    closing: AtomicBool,
+}
+
+impl Engine {
+    pub fn config(&self) -> &ServeConfig {
+        &self.config
+    }
+
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tok
+    }
+
+    /// Resident adapter ids, sorted.
+    pub fn adapters(&self) -> Vec<String> {
+        self.registry.names()
+    }
+
+    /// The adapter that answers requests naming the base (set by a promoted delta).
+    pub fn default_adapter(&self) -> Option<String> {
+        self.default_adapter
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Makes `id` (which must be resident) the default adapter, or clears it.
+    pub fn set_default_adapter(&self, id: Option<&str>) -> Result<(), ServeError> {
+        if let Some(id) = id
+            && self.registry.get(id).is_none()
+        {
+            return Err(ServeError::UnknownAdapter(id.to_owned()));
+        }
+        *self
+            .default_adapter
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = id.map(str::to_owned);
+        Ok(())
+    }
+
+    fn check_adapter_id(&self, id: &str) -> Result<(), ServeError> {
+        let ok = !id.is_empty()
+            && id.len() <= 128
+            && id != self.config.model_name
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'));
+        if ok {
+            Ok(())
+        } else {
+            Err(ServeError::BadAdapterId(id.to_owned()))
+        }
+    }
+
+    /// Loads a PEFT adapter directory under `id`, replacing any adapter of that id; requests already
+    /// admitted keep the set they started with. Returns whether an adapter was replaced.
+    pub fn load_adapter(&self, id: &str, dir: &Path) -> Result<bool, ServeError> {
+        self.check_adapter_id(id)?;
+        let load_err = |reason: String| ServeError::AdapterLoad {
+            id: id.to_owned(),
+            path: dir.display().to_string(),
+            reason,
+        };
+        let set =
+            LoraSet::load_peft(dir, self.model.config()).map_err(|e| load_err(e.to_string()))?;
+        set.check_compatible(&self.model)
+            .map_err(|e| load_err(e.to_string()))?;
+        Ok(self.insert_adapter(id, Arc::new(set))?.is_some())
+    }
+
+    /// Installs an in-memory adapter (e.g. a trainer's snapshot).
+    pub fn insert_adapter(
+        &self,
+        id: &str,
+        set: Arc<LoraSet>,
+    ) -> Result<Option<Arc<LoraSet>>, ServeError> {
+        self.check_adapter_id(id)?;
+        set.check_compatible(&self.model)?;
+        Ok(self.registry.insert(id, set))
+    }
+
+    /// Unloads `id`; if it was the default adapter, requests for the base get the bare base again.
+    pub fn unload_adapter(&self, id: &str) -> Result<(), ServeError> {
+        self.registry
+            .remove(id)
+            .ok_or_else(|| ServeError::UnknownAdapter(id.to_owned()))?;
+        let mut d = self
+            .default_adapter
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if d.as_deref() == Some(id) {
+            *d = None;
+        }
+        Ok(())
+    }
+
+    /// Which adapter (if any) answers a request for `model`, and its snapshot.
+    fn resolve(&self, model: Option<&str>) -> Result<Option<(String, Arc<LoraSet>)>, ServeError> {
+        let name = match model {
+            None => self.default_adapter(),
+            Some(m) if m == self.config.model_name => self.default_adapter(),
+            Some(m) => Some(m.to_owned()),
+        };
+        let Some(name) = name else { return Ok(None) };
+        match self.registry.get(&name) {
+            Some(set) => Ok(Some((name, set))),
+            // A default adapter unloaded in a race: serve the base rather than fail.
+            None if model.is_none_or(|m| m == self.config.model_name) => Ok(None),
+            None => Err(ServeError::UnknownModel(name)),
+        }
+    }
+
+    /// Validates, tokenizes and enqueues a request. Never blocks: a full queue is [`ServeError::QueueFull`].
+    pub fn submit(&self, req: GenerateRequest, id_prefix: &str) -> Result<Admitted, ServeError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(ServeError::Closed);
+        }
+        let resolved = self.resolve(req.model.as_deref())?;
+        let limit = self.config.max_tokens_limit;
+        let max_tokens = req
+            .max_tokens
+            .unwrap_or(self.config.default_max_tokens.min(limit));
+        if max_tokens > limit {
+            return Err(ServeError::TooManyTokens(format!(
+                "max_tokens {max_tokens} exceeds this server's limit of {limit}"
+            )));
+        }
+        let (ids, prompt) = match &req.prompt {
+            PromptInput::Chat(messages) => (
+                encode_chat_with(&self.tok, messages, true, &self.chat)?.ids,
+                messages
+                    .iter()
+                    .map(|m| message::ChatMessage {
+                        role: m.role.as_str().to_owned(),
+                        content: m.content.clone(),
+                    })
+                    .collect(),
+            ),
+            PromptInput::Text(text) => (
+                self.tok.encode(text, false)?,
+                vec![message::ChatMessage {
+                    role: "user".to_owned(),
+                    content: text.clone(),
+                }],
+            ),
+        };
+        if ids.is_empty() {
+            return Err(ServeError::TooManyTokens("the prompt is empty".to_owned()));
+        }
+        let context = self.model.max_positions();
+        if ids.len() + max_tokens > context {
+            return Err(ServeError::TooManyTokens(format!(
+                "prompt of {} tokens plus max_tokens {max_tokens} exceeds the context limit of {context} tokens",
+                ids.len()
+            )));
+        }
+        let mut cfg = GenerateConfig::greedy(&self.tok, max_tokens);
+        cfg.temperature = req.temperature.unwrap_or(0.0);
+        cfg.top_p = req.top_p;
+        cfg.top_k = req.top_k;
+        cfg.seed = req.seed.unwrap_or(0);
+        cfg.stop_strings = req.stop.clone();
+        if req.ignore_eos {
+            cfg.stop_tokens.clear();
+        }
+        let sampling = serde_json::json!({
+            "max_tokens": max_tokens,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "top_k": cfg.top_k,
+            "seed": cfg.seed,
+            "stop": cfg.stop_strings,
+        });
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{id_prefix}-{}{n:06}", self.id_prefix);
+        let pipe = Arc::new(Pipe::default());
+        let created_unix_ms = now_unix_ms();
+        let (adapter, lora) = match resolved {
+            Some((name, set)) => (Some(name), Some(set)),
+            None => (None, None),
+        };
+        let job = Job {
+            id: id.clone(),
+            user: req.user,
+            adapter,
+            lora,
+            ids,
+            prompt,
+            cfg,
+            sampling,
+            admitted: Instant::now(),
+            created_unix_ms,
+            pipe: pipe.clone(),
+        };
+        match self.queue.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(ServeError::QueueFull(self.config.queue_capacity));
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(ServeError::Closed),
+        }
+        Ok(Admitted {
+            id,
+            model: req.model.unwrap_or_else(|| self.config.model_name.clone()),
+            created_unix: created_unix_ms / 1000,
+            pipe,
+        })
+    }
+
+    /// Records feedback on a served response and emits it. `kind` is checked by the caller.
+    pub fn feedback(&self, response_id: &str, kind: FeedbackKind) -> Result<Feedback, ServeError> {
+        let user = self
+            .recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .users
+            .get(response_id)
+            .cloned()
+            .ok_or_else(|| ServeError::UnknownResponse(response_id.to_owned()))?;
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let fb = Feedback {
+            id: format!("fb-{}{n:06}", self.id_prefix),
+            response_id: response_id.to_owned(),
+            user,
+            kind,
+            created_at_unix_ms: now_unix_ms(),
+        };
+        match self.events.try_send(ServeEvent::Feedback(fb.clone())) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(ServeError::QueueFull(EVENT_BUFFER)),
+            Err(TrySendError::Disconnected(_)) => return Err(ServeError::Closed),
+        }
+        Ok(fb)
+    }
+
+    /// Requests admitted and not yet started.
+    pub fn queued(&self) -> usize {
+        self.queue_rx.len()
+    }
+
+    fn remember(&self, id: &str, user: &str) {
+        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        r.users.insert(id.to_owned(), user.to_owned());
+        r.order.push_back(id.to_owned());
+        while r.order.len() > self.config.recent_responses.max(1) {
+            if let Some(old) = r.order.pop_front() {
+                r.users.remove(&old);
+            }
+        }
+    }
+
+    fn run_job(&self, job: Job) {
+        if job.pipe.is_cancelled() {
+            return;
+        }
+        let started = Instant::now();
+        let pipe = job.pipe.clone();
+        let result = crate::model::generate(
+            &self.model,
+            &self.tok,
+            &job.ids,
+            job.lora.as_deref(),
+            &job.cfg,
+            |ev| {
+                if !ev.text.is_empty() {
+                    pipe.push(StreamEvent::Text(ev.text.to_owned()));
+                }
+                !pipe.is_cancelled()
+            },
+        );
+        let out = match result {
+            Ok(out) => out,
+            Err(e) => {
+                tracing::warn!(id = %job.id, error = %e, "generation failed");
+                job.pipe.push(StreamEvent::Failed(e.to_string()));
+                return;
+            }
+        };
+        let finish_reason = match out.reason {
+            StopReason::MaxTokens | StopReason::ContextFull => "length",
+            _ => "stop",
+        };
+        let decode_ms = started.elapsed().as_millis() as u64;
+        let latency_ms = job.admitted.elapsed().as_millis() as u64;
+        self.remember(&job.id, &job.user);
+        job.pipe.push(StreamEvent::Done(Completion {
+            text: out.text.clone(),
+            finish_reason,
+            prompt_tokens: job.ids.len(),
+            completion_tokens: out.tokens.len(),
+        }));
+        if out.reason == StopReason::Cancelled {
+            return;
+        }
+        let mut sampling = job.sampling;
+        sampling["timings"] = serde_json::json!({
+            "queue_ms": latency_ms.saturating_sub(decode_ms),
+            "generate_ms": decode_ms,
+            "prompt_tokens": job.ids.len(),
+            "completion_tokens": out.tokens.len(),
+        });
+        let interaction = Interaction {
+            id: job.id,
+            user: job.user,
+            adapter: job.adapter,
+            prompt: job.prompt,
+            response: out.text,
+            sampling,
+            created_at_unix_ms: job.created_unix_ms,
+            latency_ms,
+        };
+        // Waits while the graph falls behind (generation slows, the queue fills, clients see 429); only at
+        // shutdown, with nobody draining, is an interaction given up, and that is logged.
+        let mut event = ServeEvent::Interaction(interaction);
+        loop {
+            match self.events.send_timeout(event, IDLE_POLL) {
+                Ok(()) => break,
+                Err(SendTimeoutError::Timeout(back)) if !self.closing.load(Ordering::Acquire) => {
+                    event = back
+                }
+                Err(_) => {
+                    tracing::warn!("an interaction was not forwarded: the graph stopped draining");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A running server: the engine, its generation threads and (optionally) the HTTP API.
+pub struct Server {
+    engine: Arc<Engine>,
+    events: Receiver<ServeEvent>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    http: Mutex<Option<http::ApiServer>>,
+}
+
+/// How many completed interactions/feedback may wait for the graph before generation blocks.
+const EVENT_BUFFER: usize = 1024;
+
+impl Server {
+    /// Loads the model at `path` and starts the generation threads (no HTTP yet).
+    pub fn load(path: &Path, config: ServeConfig) -> Result<Server, ServeError> {
+        let mut g = crate::model::GgufFile::open(path)?;
+        let tok = Tokenizer::from_gguf_metadata(g.metadata())?;
+        let chat = match g.metadata().get("tokenizer.chat_template") {
+            Some(candle_core::quantized::gguf_file::Value::String(t)) => {
+                ChatOptions::from_template(t)
+            }
+            _ => ChatOptions::default(),
+        };
+        let model = Transformer::from_gguf_file(&mut g)?;
+        Server::new(model, tok, chat, config)
+    }
+
+    /// Starts serving an already loaded model.
+    pub fn new(
+        model: Transformer,
+        tok: Tokenizer,
+        chat: ChatOptions,
+        config: ServeConfig,
+    ) -> Result<Server, ServeError> {
+        let (queue, queue_rx) = crossbeam_channel::bounded(config.queue_capacity.max(1));
+        let (events, events_rx) = crossbeam_channel::bounded(EVENT_BUFFER);
+        // Distinguishes ids across restarts of the process, so a re-used counter never repeats an id.
+        let id_prefix = format!("{:x}", now_unix_ms() % 0xffff_ffff);
+        let engine = Arc::new(Engine {
+            model: Arc::new(model),
+            tok: Arc::new(tok),
+            chat,
+            registry: AdapterRegistry::new(),
+            default_adapter: RwLock::new(None),
+            config,
+            queue,
+            queue_rx,
+            events,
+            recent: Mutex::new(Recent::default()),
+            next_id: AtomicU64::new(0),
+            id_prefix,
+            closing: AtomicBool::new(false),
+        });
+        let mut threads = Vec::new();
+        for i in 0..engine.config.threads.max(1) {
+            let e = engine.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("serve-gen-{i}"))
+                .spawn(move || generation_loop(&e))
+                .map_err(ServeError::Spawn)?;
+            threads.push(t);
+        }
+        Ok(Server {
+            engine,
+            events: events_rx,
+            threads: Mutex::new(threads),
+            http: Mutex::new(None),
+        })
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Starts the OpenAI-compatible API on `addr` (port 0 picks one); returns the bound address.
+    pub fn listen(&self, addr: &str) -> Result<std::net::SocketAddr, ServeError> {
+        let api = http::ApiServer::start(addr, self.engine.clone())?;
+        let bound = api.addr;
+        *self.http.lock().unwrap_or_else(|p| p.into_inner()) = Some(api);
+        Ok(bound)
+    }
+
+    /// Completed interactions and feedback, for the serve actor to forward (or a test to read).
+    pub fn events(&self) -> &Receiver<ServeEvent> {
+        &self.events
+    }
+
+    /// Stops taking requests, finishes those admitted, and joins the generation threads. Events stay
+    /// readable on [`Server::events`].
+    pub fn shutdown(&self) {
+        self.engine.closing.store(true, Ordering::Release);
+        if let Some(api) = self.http.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            api.stop();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// How often an idle generation thread checks for shutdown.
+const IDLE_POLL: Duration = Duration::from_millis(50);
+
+fn generation_loop(engine: &Engine) {
+    loop {
+        match engine.queue_rx.recv_timeout(IDLE_POLL) {
+            Ok(job) => engine.run_job(job),
+            Err(_) => {
+                if engine.closing.load(Ordering::Acquire) && engine.queue_rx.is_empty() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Where the model comes from: an explicit path, or the default model cached in `data_dir`.
+pub fn model_path(path: Option<&str>, data_dir: &Path) -> Result<PathBuf, ServeError> {
+    match path {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => default_model::ensure(data_dir),
+    }
+}

@@ -1,0 +1,110 @@
+//! Saving a delta: PEFT adapter files plus `provenance.json`, written into a temporary directory
+//! and renamed into place, so a reader never sees half a delta.
+
+use std::io::Read;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{Result, TrainConfig, io_err};
+use crate::engine::message::Delta;
+use crate::model::{LoraSet, ModelConfig};
+
+/// What binds a delta to its inputs: the base it adapts, the full recipe, the data in order,
+/// its parent delta, the seed, and what training measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub delta_id: String,
+    pub base_sha256: String,
+    /// SHA-256 of the serialized [`TrainConfig`] (`recipe` below).
+    pub recipe_sha256: String,
+    pub recipe: TrainConfig,
+    pub data_digest: String,
+    pub num_samples: usize,
+    pub parent: Option<String>,
+    pub seed: u64,
+    pub metrics: serde_json::Value,
+    pub created_at_unix_ms: u64,
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of bytes, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// SHA-256 of a file, streamed (a base model can be gigabytes).
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| io_err(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// SHA-256 of the recipe as serialized JSON.
+pub fn recipe_sha256(cfg: &TrainConfig) -> Result<String> {
+    Ok(sha256_hex(&serde_json::to_vec(cfg)?))
+}
+
+/// Writes `adapter` under `root/<id>/` (id = `delta-` + the first 16 hex of the adapter bytes'
+/// SHA-256) with `provenance.json`, atomically, and returns the [`Delta`] message. The caller
+/// fills `provenance` except `delta_id`.
+pub fn save_delta(
+    root: &Path,
+    adapter: &LoraSet,
+    model: &ModelConfig,
+    mut provenance: Provenance,
+) -> Result<Delta> {
+    std::fs::create_dir_all(root).map_err(|e| io_err(root, e))?;
+    let tmp = root.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        crate::engine::message::now_unix_ms()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    adapter.save_peft(&tmp, model)?;
+    let st = tmp.join("adapter_model.safetensors");
+    let bytes = std::fs::read(&st).map_err(|e| io_err(&st, e))?;
+    let id = format!("delta-{}", &sha256_hex(&bytes)[..16]);
+    provenance.delta_id = id.clone();
+    let prov_path = tmp.join("provenance.json");
+    std::fs::write(&prov_path, serde_json::to_vec_pretty(&provenance)?)
+        .map_err(|e| io_err(&prov_path, e))?;
+    for name in [
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "provenance.json",
+    ] {
+        let p = tmp.join(name);
+        std::fs::File::open(&p)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io_err(&p, e))?;
+    }
+    let dest = root.join(&id);
+    if dest.exists() {
+        // Same bytes already published (a rerun): keep the first, drop ours.
+        let _ = std::fs::remove_dir_all(&tmp);
+    } else {
+        std::fs::rename(&tmp, &dest).map_err(|e| io_err(&dest, e))?;
+    }
+    Ok(Delta {
+        id,
+        path: dest.display().to_string(),
+        base_sha256: provenance.base_sha256,
+        recipe_sha256: provenance.recipe_sha256,
+        data_digest: provenance.data_digest,
+        parent: provenance.parent,
+    })
+}

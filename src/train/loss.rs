@@ -1,0 +1,126 @@
+//! Losses over per-token log-probabilities. All functions are differentiable candle graphs.
+
+use candle_core::{D, DType, Device, Tensor};
+
+use super::Result;
+use super::data::Seq;
+use crate::model::{LoraSet, Transformer};
+
+/// Per-token log-probs of a right-padded batch: `lp[n, t]` is `log p(ids[t+1] | ids[..=t])` and
+/// `mask[n, t]` (f32) is 1 where that target is scored. Right padding is exact under a causal
+/// mask: no real position attends to a pad.
+pub struct TokenLogps {
+    pub lp: Tensor,
+    pub mask: Tensor,
+}
+
+impl TokenLogps {
+    /// Masked sum per sequence, `[n]`.
+    pub fn sums(&self) -> Result<Tensor> {
+        Ok((&self.lp * &self.mask)?.sum(1)?)
+    }
+
+    /// Scored tokens per sequence.
+    pub fn counts(&self) -> Result<Vec<f32>> {
+        Ok(self.mask.sum(1)?.to_vec1()?)
+    }
+}
+
+/// Runs the training forward on `seqs` (padded with `pad`) and gathers target log-probs.
+pub fn token_logps(
+    model: &Transformer,
+    lora: Option<&LoraSet>,
+    seqs: &[&Seq],
+    pad: u32,
+) -> Result<TokenLogps> {
+    let n = seqs.len();
+    let l = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(0).max(2);
+    let mut tokens = Vec::with_capacity(n * l);
+    let mut targets = Vec::with_capacity(n * (l - 1));
+    let mut mask = Vec::with_capacity(n * (l - 1));
+    for s in seqs {
+        tokens.extend(s.ids.iter().copied());
+        tokens.extend(std::iter::repeat_n(pad, l - s.ids.len()));
+        for t in 1..l {
+            targets.push(s.ids.get(t).copied().unwrap_or(pad));
+            mask.push(if s.mask.get(t).copied().unwrap_or(false) {
+                1f32
+            } else {
+                0.0
+            });
+        }
+    }
+    let tokens = Tensor::from_vec(tokens, (n, l), &Device::Cpu)?;
+    let logits = model.forward_train(&tokens, lora)?.narrow(1, 0, l - 1)?;
+    let targets = Tensor::from_vec(targets, (n, l - 1, 1), &Device::Cpu)?;
+    let mask = Tensor::from_vec(mask, (n, l - 1), &Device::Cpu)?;
+    Ok(TokenLogps {
+        lp: gather_logps(&logits, &targets)?,
+        mask,
+    })
+}
+
+/// `log_softmax(logits)[.., target]`: `logits [n, t, v]`, `targets [n, t, 1]` (u32) → `[n, t]`.
+pub fn gather_logps(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let logp = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
+    Ok(logp.gather(targets, D::Minus1)?.squeeze(D::Minus1)?)
+}
+
+/// Mean negative log-likelihood over scored tokens (the SFT and replay loss). Unscored tokens
+/// are multiplied by zero, so they contribute exactly zero gradient.
+pub fn masked_nll(lp: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let count = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
+    Ok(((lp * mask)?.sum_all()? * (-1.0 / count as f64))?)
+}
+
+/// `−log σ(x)`, stable for large |x|: `relu(−x) + log(1 + e^{−|x|})`.
+pub fn neg_log_sigmoid(x: &Tensor) -> Result<Tensor> {
+    let nx = x.neg()?;
+    Ok((nx.relu()? + ((x.abs()?.neg()?.exp()? + 1.0)?.log()?))?)
+}
+
+/// `σ(x) = 1 / (1 + e^{−x})`, from differentiable primitives.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    Ok((x.neg()?.exp()? + 1.0)?.recip()?)
+}
+
+/// DPO (sigmoid loss), mean over pairs: `−log σ(β·((π_c − ref_c) − (π_r − ref_r)))`. All `[p]`.
+pub fn dpo_loss(
+    pi_c: &Tensor,
+    pi_r: &Tensor,
+    ref_c: &Tensor,
+    ref_r: &Tensor,
+    beta: f64,
+) -> Result<Tensor> {
+    let margin = ((pi_c - ref_c)? - (pi_r - ref_r)?)?;
+    Ok(neg_log_sigmoid(&(margin * beta)?)?.mean_all()?)
+}
+
+/// KTO, mean over items: desirable `w_d·(1 − σ(β(r − z)))`, undesirable `w_u·(1 − σ(β(z − r)))`
+/// with `r = π − ref` and the reference point `z = max(0, mean r)` held constant (the batch
+/// estimate of the KL term, as TRL detaches it).
+pub fn kto_loss(
+    pi: &Tensor,
+    reference: &Tensor,
+    desirable: &[bool],
+    beta: f64,
+    w_desirable: f64,
+    w_undesirable: f64,
+) -> Result<Tensor> {
+    let r = (pi - reference)?;
+    let z = r.detach().mean_all()?.to_scalar::<f32>()?.max(0.0) as f64;
+    let sign: Vec<f32> = desirable
+        .iter()
+        .map(|d| if *d { 1.0 } else { -1.0 })
+        .collect();
+    let weight: Vec<f32> = desirable
+        .iter()
+        .map(|d| if *d { w_desirable } else { w_undesirable } as f32)
+        .collect();
+    let n = desirable.len();
+    let sign = Tensor::from_vec(sign, n, &Device::Cpu)?;
+    let weight = Tensor::from_vec(weight, n, &Device::Cpu)?;
+    let x = ((r - z)? * sign)?;
+    let per = ((sigmoid(&(x * beta)?)?.neg()? + 1.0)? * weight)?;
+    Ok(per.mean_all()?)
+}

@@ -1,0 +1,568 @@
+//! The OpenAI-compatible API over real HTTP with a tiny model: JSON and SSE completions, the model list,
+//! adapter hot swap under load, exactness of a zero adapter, backpressure (429) and every 4xx answer.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use hearth::model::{
+    Arch, ChatMessage, ChatOptions, GenerateConfig, LoraConfig, LoraPair, LoraSet, LoraTarget,
+    Role, TinySpec, Tokenizer, Transformer, encode_chat_with, write_tiny_model,
+};
+use hearth::serve::{ServeConfig, ServeEvent, Server};
+use serde_json::{Value, json};
+
+fn tiny(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("tiny.gguf");
+    write_tiny_model(&p, &TinySpec::new(Arch::Llama)).unwrap();
+    p
+}
+
+fn config(queue: usize) -> ServeConfig {
+    ServeConfig {
+        model_name: "tiny".to_owned(),
+        queue_capacity: queue,
+        threads: 1,
+        max_tokens_limit: 200,
+        default_max_tokens: 16,
+        max_body_bytes: 8 * 1024,
+        ..ServeConfig::default()
+    }
+}
+
+fn serve(dir: &Path, queue: usize) -> (Server, SocketAddr) {
+    let server = Server::load(&tiny(dir), config(queue)).unwrap();
+    let addr = server.listen("127.0.0.1:0").unwrap();
+    (server, addr)
+}
+
+struct Reply {
+    code: u16,
+    head: String,
+    body: String,
+}
+
+fn send(addr: SocketAddr, method: &str, path: &str, body: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+fn read(mut s: TcpStream) -> Reply {
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let code = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Reply {
+        code,
+        head: head.to_owned(),
+        body: body.to_owned(),
+    }
+}
+
+fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> Reply {
+    read(send(addr, method, path, body))
+}
+
+fn json_of(r: &Reply) -> Value {
+    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
+}
+
+/// The `data:` payloads of an SSE body (chunked transfer framing lines are skipped).
+fn sse_events(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn sse_text(events: &[String]) -> (String, Option<String>) {
+    let mut text = String::new();
+    let mut finish = None;
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+            finish = Some(f.to_owned());
+        }
+    }
+    (text, finish)
+}
+
+fn chat_body(model: &str, content: &str, max_tokens: usize, stream: bool) -> String {
+    json!({"model": model, "messages": [{"role": "user", "content": content}],
+           "max_tokens": max_tokens, "temperature": 0, "stream": stream, "user": "ana"})
+    .to_string()
+}
+
+fn error_of(r: &Reply) -> Value {
+    let v = json_of(r);
+    assert!(
+        v["error"]["message"].is_string(),
+        "not an OpenAI error: {}",
+        r.body
+    );
+    assert!(v["error"]["type"].is_string());
+    v["error"].clone()
+}
+
+fn adapter(model: &Transformer, dir: &Path, name: &str, b_std: Option<f32>) -> String {
+    let cfg = LoraConfig::new(4, 8.0, &[LoraTarget::Q, LoraTarget::V, LoraTarget::Down]);
+    let fresh = LoraSet::fresh(model, cfg.clone(), 3).unwrap();
+    let set = match b_std {
+        None => fresh,
+        Some(std) => {
+            let mut out = LoraSet::empty(cfg);
+            for (&(l, t), p) in fresh.iter() {
+                let b = Tensor::randn(0f32, std, p.b.dims(), &Device::Cpu).unwrap();
+                out.insert(
+                    l,
+                    t,
+                    LoraPair {
+                        a: p.a.clone(),
+                        b,
+                        scale: p.scale,
+                    },
+                );
+            }
+            out
+        }
+    };
+    let out = dir.join(name);
+    set.save_peft(&out, model.config()).unwrap();
+    out.display().to_string()
+}
+
+#[test]
+fn chat_completion_json_matches_direct_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 4);
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("tiny", "hello there", 12, false),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+    let v = json_of(&r);
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "tiny");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let completion = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(completion <= 12);
+    assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap()));
+
+    // The same greedy generation, run directly on the model code.
+    let g = hearth::model::GgufFile::open(dir.path().join("tiny.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf_metadata(g.metadata()).unwrap();
+    let model = Transformer::from_gguf(dir.path().join("tiny.gguf")).unwrap();
+    let ids = encode_chat_with(
+        &tok,
+        &[ChatMessage::new(Role::User, "hello there")],
+        true,
+        &ChatOptions::default(),
+    )
+    .unwrap()
+    .ids;
+    let out = hearth::model::generate(
+        &model,
+        &tok,
+        &ids,
+        None,
+        &GenerateConfig::greedy(&tok, 12),
+        |_| true,
+    )
+    .unwrap();
+    assert_eq!(content, out.text);
+    assert_eq!(completion as usize, out.tokens.len());
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        ids.len()
+    );
+
+    // Text completions take a raw prompt.
+    let r = call(
+        addr,
+        "POST",
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "once upon", "max_tokens": 5}).to_string(),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+    let v = json_of(&r);
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["choices"][0]["text"].is_string());
+    server.shutdown();
+}
+
+#[test]
+fn sse_stream_carries_the_same_text_and_ends_with_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 4);
+    let plain = json_of(&call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("tiny", "stream me", 20, false),
+    ));
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("tiny", "stream me", 20, true),
+    );
+    assert_eq!(r.code, 200);
+    assert!(
+        r.head
+            .to_ascii_lowercase()
+            .contains("content-type: text/event-stream"),
+        "{}",
+        r.head
+    );
+    let events = sse_events(&r.body);
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        r.body
+    );
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert!(first["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let (text, finish) = sse_text(&events);
+    assert_eq!(
+        text,
+        plain["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    assert_eq!(
+        finish.as_deref(),
+        plain["choices"][0]["finish_reason"].as_str()
+    );
+    server.shutdown();
+}
+
+#[test]
+fn models_list_and_zero_adapter_answers_like_the_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 4);
+    let zero = adapter(server.engine().model(), dir.path(), "zero", None);
+    let r = call(
+        addr,
+        "POST",
+        "/v1/adapters",
+        &json!({"id": "zero", "path": zero}).to_string(),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+    let r = call(addr, "GET", "/v1/models", "");
+    let v = json_of(&r);
+    assert_eq!(v["object"], "list");
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["tiny", "zero"]);
+
+    let base = json_of(&call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("tiny", "same?", 24, false),
+    ));
+    let with = json_of(&call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("zero", "same?", 24, false),
+    ));
+    assert_eq!(with["model"], "zero");
+    assert_eq!(
+        base["choices"][0]["message"]["content"],
+        with["choices"][0]["message"]["content"]
+    );
+    assert_eq!(base["usage"], with["usage"]);
+
+    // Every served interaction names its adapter.
+    let mut adapters = Vec::new();
+    while let Ok(ServeEvent::Interaction(i)) = server.events().recv_timeout(Duration::from_secs(5))
+    {
+        adapters.push(i.adapter.clone());
+        if adapters.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(adapters, [None, Some("zero".to_owned())]);
+
+    let r = call(addr, "DELETE", "/v1/adapters/zero", "");
+    assert_eq!(r.code, 200);
+    let v = json_of(&call(addr, "GET", "/v1/models", ""));
+    assert_eq!(v["data"].as_array().unwrap().len(), 1);
+    server.shutdown();
+}
+
+#[test]
+fn adapter_swap_and_unload_do_not_disturb_a_stream_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 4);
+    let model = server.engine().model().clone();
+    let a1 = adapter(&model, dir.path(), "a1", Some(0.3));
+    let a2 = adapter(&model, dir.path(), "a2", Some(0.6));
+    assert_eq!(
+        call(
+            addr,
+            "POST",
+            "/v1/adapters",
+            &json!({"id": "live", "path": a1}).to_string()
+        )
+        .code,
+        200
+    );
+    let mut body: Value =
+        serde_json::from_str(&chat_body("live", "tell me a long story", 150, true)).unwrap();
+    body["ignore_eos"] = json!(true);
+    let body = body.to_string();
+    let reference = sse_text(&sse_events(
+        &call(addr, "POST", "/v1/chat/completions", &body).body,
+    ));
+
+    let mut stream = send(addr, "POST", "/v1/chat/completions", &body);
+    // Read until tokens arrive: the request is admitted and generating.
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while String::from_utf8_lossy(&seen).matches("data: ").count() < 3 {
+        stream.read_exact(&mut byte).unwrap();
+        seen.push(byte[0]);
+    }
+    let r = call(
+        addr,
+        "POST",
+        "/v1/adapters",
+        &json!({"id": "live", "path": a2}).to_string(),
+    );
+    assert_eq!(
+        (r.code, json_of(&r)["replaced"].clone()),
+        (200, json!(true))
+    );
+    assert_eq!(call(addr, "DELETE", "/v1/adapters/live", "").code, 200);
+    let _ = stream.read_to_end(&mut seen);
+    let after = sse_text(&sse_events(&String::from_utf8_lossy(&seen)));
+    assert_eq!(after.1.as_deref(), Some("length"));
+    assert_eq!(after, reference, "the stream changed under an adapter swap");
+
+    // Unloaded: naming it now is a 404 that names it.
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("live", "hi", 4, false),
+    );
+    assert_eq!(r.code, 404);
+    assert!(error_of(&r)["message"].as_str().unwrap().contains("live"));
+    server.shutdown();
+}
+
+#[test]
+fn a_full_queue_answers_429_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 1);
+    let long =
+        json!({"model": "tiny", "prompt": "a b c d e f g", "max_tokens": 200, "ignore_eos": true})
+            .to_string();
+    let streams: Vec<TcpStream> = (0..6)
+        .map(|_| send(addr, "POST", "/v1/completions", &long))
+        .collect();
+    let replies: Vec<Reply> = streams.into_iter().map(read).collect();
+    let codes: Vec<u16> = replies.iter().map(|r| r.code).collect();
+    assert!(codes.iter().all(|c| [200, 429].contains(c)), "{codes:?}");
+    let busy: Vec<&Reply> = replies.iter().filter(|r| r.code == 429).collect();
+    assert!(!busy.is_empty(), "no request was refused: {codes:?}");
+    assert!(codes.contains(&200), "{codes:?}");
+    for r in busy {
+        assert!(
+            r.head.to_ascii_lowercase().contains("retry-after: 1"),
+            "{}",
+            r.head
+        );
+        assert_eq!(error_of(r)["code"], "queue_full");
+    }
+    server.shutdown();
+}
+
+#[test]
+fn every_client_error_is_an_openai_error_naming_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 4);
+    let chat = "/v1/chat/completions";
+
+    let big = json!({"messages": [{"role": "user", "content": "x".repeat(10_000)}]}).to_string();
+    let r = call(addr, "POST", chat, &big);
+    assert_eq!(r.code, 413);
+    assert!(error_of(&r)["message"].as_str().unwrap().contains("8192"));
+
+    let r = call(addr, "POST", chat, &chat_body("tiny", "hi", 5000, false));
+    assert_eq!(r.code, 400);
+    let e = error_of(&r);
+    assert!(e["message"].as_str().unwrap().contains("200"), "{e}");
+    assert_eq!(e["param"], "max_tokens");
+
+    let r = call(
+        addr,
+        "POST",
+        chat,
+        &chat_body("tiny", &"word ".repeat(300), 100, false),
+    );
+    assert_eq!(r.code, 400);
+    assert!(
+        error_of(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("context limit of 256")
+    );
+
+    let r = call(addr, "POST", chat, &chat_body("nonesuch", "hi", 4, false));
+    assert_eq!(r.code, 404);
+    let e = error_of(&r);
+    assert!(e["message"].as_str().unwrap().contains("nonesuch"));
+    assert_eq!(e["code"], "model_not_found");
+
+    let r = call(addr, "POST", chat, "{\"messages\": [");
+    assert_eq!(r.code, 400);
+    assert_eq!(error_of(&r)["param"], "body");
+
+    let r = call(addr, "POST", chat, &json!({"model": "tiny"}).to_string());
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("messages"))
+    );
+
+    let bad_temp = json!({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"});
+    let r = call(addr, "POST", chat, &bad_temp.to_string());
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("temperature"))
+    );
+
+    let bad_role = json!({"messages": [{"role": "wizard", "content": "hi"}]});
+    let r = call(addr, "POST", chat, &bad_role.to_string());
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("messages[0].role"))
+    );
+
+    let r = call(
+        addr,
+        "POST",
+        "/v1/feedback",
+        &json!({"response_id": "chatcmpl-nope", "kind": "thumbs_up"}).to_string(),
+    );
+    assert_eq!(r.code, 404);
+    assert!(
+        error_of(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("chatcmpl-nope")
+    );
+
+    let r = call(
+        addr,
+        "POST",
+        "/v1/feedback",
+        &json!({"response_id": "x", "kind": "meh"}).to_string(),
+    );
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("kind"))
+    );
+
+    let r = call(addr, "DELETE", "/v1/adapters/ghost", "");
+    assert_eq!(r.code, 404);
+    assert!(error_of(&r)["message"].as_str().unwrap().contains("ghost"));
+
+    let r = call(
+        addr,
+        "POST",
+        "/v1/adapters",
+        &json!({"id": "bad", "path": "/no/such/dir"}).to_string(),
+    );
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("path"))
+    );
+
+    // Still serving after all of that.
+    assert_eq!(
+        call(addr, "POST", chat, &chat_body("tiny", "hi", 4, false)).code,
+        200
+    );
+    server.shutdown();
+}
+
+#[test]
+fn feedback_on_a_served_response_is_emitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 4);
+    let v = json_of(&call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("tiny", "rate me", 6, false),
+    ));
+    let id = v["id"].as_str().unwrap();
+    let r = call(
+        addr,
+        "POST",
+        "/v1/feedback",
+        &json!({"response_id": id, "kind": "edit", "text": "a better answer"}).to_string(),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.push(
+            server
+                .events()
+                .recv_timeout(Duration::from_secs(5))
+                .expect("event"),
+        );
+    }
+    match &got[..] {
+        [ServeEvent::Interaction(i), ServeEvent::Feedback(f)] => {
+            assert_eq!(i.id, id);
+            assert_eq!(i.user, "ana");
+            assert_eq!(i.prompt[0].content, "rate me");
+            assert_eq!(
+                i.response,
+                v["choices"][0]["message"]["content"].as_str().unwrap()
+            );
+            assert_eq!(i.sampling["max_tokens"], 6);
+            assert!(i.sampling["timings"]["generate_ms"].is_u64());
+            assert_eq!(f.response_id, id);
+            assert_eq!(f.user, "ana");
+            assert_eq!(
+                f.kind,
+                hearth::engine::message::FeedbackKind::Edit {
+                    text: "a better answer".into()
+                }
+            );
+        }
+        other => panic!("unexpected events {other:?}"),
+    }
+    server.shutdown();
+}

