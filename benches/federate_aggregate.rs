@@ -46,10 +46,12 @@ fn make_blob(seed: u64, params: usize, tensors: usize) -> Vec<u8> {
 }
 
 fn main() {
-    let params = arg("--params", 10_000_000);
+    // `cargo bench` passes `--bench`; under `cargo test --all-targets` (an unoptimised build) this is a smoke run.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let params = arg("--params", if smoke { 100_000 } else { 10_000_000 });
     let workers = arg("--workers", 8);
     let threads = arg("--threads", 2);
-    let reps = arg("--reps", 9);
+    let reps = arg("--reps", if smoke { 1 } else { 9 });
     let blobs: Vec<Vec<u8>> = (0..workers)
         .map(|w| make_blob(w as u64 + 1, params, 10))
         .collect();
