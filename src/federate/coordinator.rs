@@ -16,7 +16,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
@@ -932,8 +931,7 @@ async fn recent(sh: web::Data<Arc<Shared>>) -> HttpResponse {
 /// A running coordinator. Stop it with [`Coordinator::stop`].
 pub struct Coordinator {
     pub addr: SocketAddr,
-    handle: actix_web::dev::ServerHandle,
-    thread: JoinHandle<()>,
+    server: crate::http::ServerThread,
 }
 
 impl Coordinator {
@@ -948,76 +946,55 @@ impl Coordinator {
             state: Mutex::new(state),
             signal: Signal::default(),
         });
-        let (tx, rx) = std::sync::mpsc::channel();
         let bind2 = bind.clone();
-        let thread = std::thread::Builder::new()
-            .name("federate-http".into())
-            .spawn(move || {
-                let data = web::Data::new(shared.clone());
-                let limit = shared.cfg.max_body_bytes;
-                let bound = HttpServer::new(move || {
-                    App::new()
-                        .app_data(data.clone())
-                        .app_data(web::PayloadConfig::new(limit))
-                        .route("/", web::get().to(healthz))
-                        .route("/v1/healthz", web::get().to(healthz))
-                        .route("/v1/metrics", web::get().to(recent))
-                        .route("/v1/topology", web::get().to(topology))
-                        .route("/v1/round/{round}/worker/{name}", web::put().to(put_update))
-                        .route("/v1/round/{round}/aggregate", web::get().to(get_aggregate))
-                        .route("/v1/round/{round}/end", web::post().to(post_end))
-                })
-                .workers(1)
-                .disable_signals()
-                .bind(&bind2);
-                let server = match bound {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
-                };
-                let Some(local) = server.addrs().first().copied() else {
-                    let _ = tx.send(Err(std::io::Error::other("no address bound")));
-                    return;
-                };
-                let system = actix_web::rt::System::new();
-                system.block_on(async move {
-                    let open: Vec<(u64, i64)> = {
-                        let st = shared.lock();
-                        st.rounds
-                            .iter()
-                            .filter(|(_, r)| r.aggregate.is_none() && !r.arrivals.is_empty())
-                            .map(|(&id, r)| (id, shared.deadline_ms(r)))
-                            .collect()
-                    };
-                    for (id, d) in open {
-                        arm_timer(&shared, id, d);
-                        actix_web::rt::spawn(try_finalize(shared.clone(), id));
-                    }
-                    let server = server.run();
-                    let _ = tx.send(Ok((local, server.handle())));
-                    if let Err(e) = server.await {
-                        tracing_log(&format!("server stopped: {e}"));
-                    }
-                });
+        let server = crate::http::ServerThread::spawn("federate-http", move || {
+            let data = web::Data::new(shared.clone());
+            let limit = shared.cfg.max_body_bytes;
+            let server = HttpServer::new(move || {
+                App::new()
+                    .app_data(data.clone())
+                    .app_data(web::PayloadConfig::new(limit))
+                    .route("/", web::get().to(healthz))
+                    .route("/v1/healthz", web::get().to(healthz))
+                    .route("/v1/metrics", web::get().to(recent))
+                    .route("/v1/topology", web::get().to(topology))
+                    .route("/v1/round/{round}/worker/{name}", web::put().to(put_update))
+                    .route("/v1/round/{round}/aggregate", web::get().to(get_aggregate))
+                    .route("/v1/round/{round}/end", web::post().to(post_end))
             })
-            .map_err(CoordinatorError::Thread)?;
-        let (addr, handle) = rx
-            .recv()
-            .map_err(|_| CoordinatorError::Thread(std::io::Error::other("server did not start")))?
-            .map_err(|source| CoordinatorError::Bind { addr: bind, source })?;
+            .workers(1)
+            .disable_signals()
+            .bind(&bind2)?;
+            let local = server
+                .addrs()
+                .first()
+                .copied()
+                .ok_or_else(crate::http::no_address)?;
+            // Re-arm the timers of rounds that were open when the last coordinator stopped.
+            let open: Vec<(u64, i64)> = {
+                let st = shared.lock();
+                st.rounds
+                    .iter()
+                    .filter(|(_, r)| r.aggregate.is_none() && !r.arrivals.is_empty())
+                    .map(|(&id, r)| (id, shared.deadline_ms(r)))
+                    .collect()
+            };
+            for (id, d) in open {
+                arm_timer(&shared, id, d);
+                actix_web::rt::spawn(try_finalize(shared.clone(), id));
+            }
+            Ok((server.run(), local))
+        })
+        .map_err(|source| CoordinatorError::Bind { addr: bind, source })?;
         Ok(Coordinator {
-            addr,
-            handle,
-            thread,
+            addr: server.addr,
+            server,
         })
     }
 
     /// Stops accepting, drops requests in flight (long-polls would hold a graceful stop), joins the thread.
     pub fn stop(self) {
-        actix_web::rt::System::new().block_on(self.handle.stop(false));
-        let _ = self.thread.join();
+        self.server.stop(false);
     }
 }
 

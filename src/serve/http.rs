@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::http::StatusCode;
@@ -574,70 +573,46 @@ async fn not_found() -> HttpResponse {
 /// The API server on its own thread and actix system (actix's server is not `Send`).
 pub struct ApiServer {
     pub addr: SocketAddr,
-    handle: actix_web::dev::ServerHandle,
-    thread: JoinHandle<()>,
+    server: crate::http::ServerThread,
 }
 
 impl ApiServer {
     /// Binds `addr` (port 0 picks a free port) and serves `engine` until stopped.
     pub fn start(addr: &str, engine: Arc<Engine>) -> Result<ApiServer, ServeError> {
         let data = web::Data::new(engine);
-        let addr_owned = addr.to_owned();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("serve-http".to_owned())
-            .spawn(move || {
-                let bound = HttpServer::new(move || {
-                    App::new()
-                        .app_data(data.clone())
-                        .route("/v1/chat/completions", web::post().to(chat_completions))
-                        .route("/v1/completions", web::post().to(completions))
-                        .route("/v1/models", web::get().to(models))
-                        .route("/v1/adapters", web::post().to(load_adapter))
-                        .route("/v1/adapters/{id}", web::delete().to(unload_adapter))
-                        .route("/v1/feedback", web::post().to(feedback))
-                        .default_service(web::to(not_found))
-                })
-                .workers(2)
-                .disable_signals()
-                .shutdown_timeout(5)
-                .bind(&addr_owned);
-                let server = match bound {
-                    Ok(server) => server,
-                    Err(source) => {
-                        let _ = tx.send(Err(source));
-                        return;
-                    }
-                };
-                let Some(local) = server.addrs().first().copied() else {
-                    let _ = tx.send(Err(std::io::Error::other("no address bound")));
-                    return;
-                };
-                let system = actix_web::rt::System::new();
-                system.block_on(async move {
-                    let server = server.run();
-                    let _ = tx.send(Ok((local, server.handle())));
-                    if let Err(e) = server.await {
-                        tracing::error!(error = %e, "serve API stopped with an error");
-                    }
-                });
+        let bind = addr.to_owned();
+        let server = crate::http::ServerThread::spawn("serve-http", move || {
+            let server = HttpServer::new(move || {
+                App::new()
+                    .app_data(data.clone())
+                    .route("/v1/chat/completions", web::post().to(chat_completions))
+                    .route("/v1/completions", web::post().to(completions))
+                    .route("/v1/models", web::get().to(models))
+                    .route("/v1/adapters", web::post().to(load_adapter))
+                    .route("/v1/adapters/{id}", web::delete().to(unload_adapter))
+                    .route("/v1/feedback", web::post().to(feedback))
+                    .default_service(web::to(not_found))
             })
-            .map_err(ServeError::Spawn)?;
-        let (bound, handle) = rx
-            .recv()
-            .map_err(|_| ServeError::Http("API server did not start".to_owned()))?
-            .map_err(|e| ServeError::Http(format!("cannot bind {addr}: {e}")))?;
+            .workers(2)
+            .disable_signals()
+            .shutdown_timeout(5)
+            .bind(&bind)?;
+            let local = server
+                .addrs()
+                .first()
+                .copied()
+                .ok_or_else(crate::http::no_address)?;
+            Ok((server.run(), local))
+        })
+        .map_err(|e| ServeError::Http(format!("cannot bind {addr}: {e}")))?;
         Ok(ApiServer {
-            addr: bound,
-            handle,
-            thread,
+            addr: server.addr,
+            server,
         })
     }
 
     /// Stops accepting, lets requests in flight finish (up to the shutdown timeout), and joins the thread.
     pub fn stop(self) {
-        let handle = self.handle;
-        actix_web::rt::System::new().block_on(handle.stop(true));
-        let _ = self.thread.join();
+        self.server.stop(true);
     }
 }
