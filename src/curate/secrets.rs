@@ -570,36 +570,17 @@ impl SecretScanner {
             if found.is_empty() {
                 break;
             }
-            let mut red = String::with_capacity(text.len());
-            let mut map: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(found.len());
-            let mut pos = 0;
-            for f in &found {
-                red.push_str(&text[pos..f.start]);
-                let rs = red.len();
-                red.push_str("<SECRET:");
-                red.push_str(f.rule);
-                red.push('>');
-                map.push((rs, red.len(), f.start, f.end));
-                pos = f.end;
-            }
-            red.push_str(&text[pos..]);
-            let new = self.scan_once(&red);
+            let spliced = crate::curate::Spliced::new(
+                text,
+                found
+                    .iter()
+                    .map(|f| (f.start, f.end, format!("<SECRET:{}>", f.rule))),
+            );
+            let new = self.scan_once(&spliced.text);
             if new.is_empty() {
                 break;
             }
-            let back = |r: usize, is_end: bool| -> usize {
-                let mut delta: isize = 0;
-                for &(rs, re, os, oe) in &map {
-                    if r < rs || (r == rs && !is_end) {
-                        break;
-                    }
-                    if r < re || (r == re && is_end) {
-                        return if is_end { oe } else { os };
-                    }
-                    delta += (oe - os) as isize - (re - rs) as isize;
-                }
-                (r as isize + delta) as usize
-            };
+            let back = |r: usize, is_end: bool| spliced.original(r, is_end);
             for n in new {
                 let (os, oe) = (back(n.start, false), back(n.end, true));
                 found.retain(|f| !(f.start < oe && os < f.end));

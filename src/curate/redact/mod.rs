@@ -402,36 +402,17 @@ impl Redactor {
                 break;
             }
             // redacted text and, per sentinel, (redacted start, redacted end, original start, original end)
-            let mut red = String::with_capacity(text.len());
-            let mut map: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(cands.len());
-            let mut pos = 0;
-            for c in &cands {
-                let Some(t) = c.ty else { continue };
-                red.push_str(&text[pos..c.start]);
-                let rs = red.len();
-                red.push_str(t.sentinel());
-                map.push((rs, red.len(), c.start, c.end));
-                pos = c.end;
-            }
-            red.push_str(&text[pos..]);
-            let (new, _) = self.pass(&red);
+            let spliced = crate::curate::Spliced::new(
+                text,
+                cands
+                    .iter()
+                    .filter_map(|c| c.ty.map(|t| (c.start, c.end, t.sentinel()))),
+            );
+            let (new, _) = self.pass(&spliced.text);
             if new.is_empty() {
                 break;
             }
-            // map a redacted offset back to the original text
-            let back = |r: usize, is_end: bool| -> usize {
-                let mut delta: isize = 0;
-                for &(rs, re, os, oe) in &map {
-                    if r < rs || (r == rs && !is_end) {
-                        break;
-                    }
-                    if r < re || (r == re && is_end) {
-                        return if is_end { oe } else { os };
-                    }
-                    delta += (oe - os) as isize - (re - rs) as isize;
-                }
-                (r as isize + delta) as usize
-            };
+            let back = |r: usize, is_end: bool| spliced.original(r, is_end);
             for n in new {
                 let (os, oe) = (back(n.start, false), back(n.end, true));
                 let mut merged = n;
