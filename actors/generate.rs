@@ -34,7 +34,6 @@ impl Default for GenerateParams {
 }
 
 /// Mixed demo prompts: ordinary questions, some personal data and a secret, as a real user would paste them.
-/// The planted values are in [`DEMO_PLANTED`].
 pub const DEMO_PROMPTS: &[&str] = &[
     "How do I reverse a list in Python?",
     "Please email Maria Lopez at maria.lopez@example.org about Friday's meeting.",
@@ -44,15 +43,6 @@ pub const DEMO_PROMPTS: &[&str] = &[
     "Summarise the plot of Hamlet in three sentences.",
     "Call me back at +1 415 555 0134 after 6pm.",
     "What is the difference between a mutex and a semaphore?",
-];
-
-/// The personal values and secrets planted in [`DEMO_PROMPTS`]: none may ever reach a training set.
-pub const DEMO_PLANTED: &[&str] = &[
-    "Maria Lopez",
-    "maria.lopez@example.org",
-    "4111 1111 1111 1111",
-    "ghp_8fK2mQ9xL4vN7pR1sT6wY3zB5cD0eH2jA9kM",
-    "415 555 0134",
 ];
 
 static INFO: KindInfo = KindInfo {
