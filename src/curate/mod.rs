@@ -50,3 +50,30 @@ impl Spliced {
         (r as isize + delta) as usize
     }
 }
+
+/// One record of the shared gold-format JSONL (`../shared/data/pii`): the fields the scorers' inputs need.
+#[derive(serde::Deserialize)]
+pub(crate) struct TextRecord {
+    pub id: serde_json::Value,
+    pub text: String,
+}
+
+/// Calls `each` on every record of `input`. A line that is not such a record goes to `bad` with its 1-based line
+/// number and the reason, and the rest of the file is still read; only I/O errors stop it.
+pub(crate) fn for_each_text_record(
+    input: impl std::io::BufRead,
+    mut each: impl FnMut(TextRecord) -> std::io::Result<()>,
+    mut bad: impl FnMut(usize, String),
+) -> std::io::Result<()> {
+    for (n, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<TextRecord>(&line) {
+            Ok(record) => each(record)?,
+            Err(e) => bad(n + 1, e.to_string()),
+        }
+    }
+    Ok(())
+}

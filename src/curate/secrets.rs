@@ -1088,12 +1088,6 @@ pub struct ScanStats {
     pub errors: Vec<SecretError>,
 }
 
-#[derive(Deserialize)]
-struct InRecord {
-    id: serde_json::Value,
-    text: String,
-}
-
 #[derive(Serialize)]
 struct OutFinding<'a> {
     id: &'a serde_json::Value,
@@ -1109,37 +1103,30 @@ pub fn findings_jsonl(
     mut output: impl Write,
 ) -> Result<ScanStats, SecretError> {
     let mut st = ScanStats::default();
-    for (n, line) in input.lines().enumerate() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let rec: InRecord = match serde_json::from_str(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                st.errors.push(SecretError::BadLine {
-                    line: n + 1,
-                    reason: e.to_string(),
-                });
-                continue;
+    let mut errors = Vec::new();
+    crate::curate::for_each_text_record(
+        input,
+        |rec| {
+            st.records += 1;
+            let raw = scanner.scan_bytes(&rec.text);
+            if !raw.is_empty() {
+                st.records_flagged += 1;
             }
-        };
-        st.records += 1;
-        let raw = scanner.scan_bytes(&rec.text);
-        if !raw.is_empty() {
-            st.records_flagged += 1;
-        }
-        for f in raw {
-            let o = OutFinding {
-                id: &rec.id,
-                secret: &rec.text[f.start..f.end],
-                rule: f.rule,
-            };
-            serde_json::to_writer(&mut output, &o).map_err(std::io::Error::other)?;
-            output.write_all(b"\n")?;
-            st.findings += 1;
-        }
-    }
+            for f in raw {
+                let o = OutFinding {
+                    id: &rec.id,
+                    secret: &rec.text[f.start..f.end],
+                    rule: f.rule,
+                };
+                serde_json::to_writer(&mut output, &o).map_err(std::io::Error::other)?;
+                output.write_all(b"\n")?;
+                st.findings += 1;
+            }
+            Ok(())
+        },
+        |line, reason| errors.push(SecretError::BadLine { line, reason }),
+    )?;
+    st.errors = errors;
     output.flush()?;
     Ok(st)
 }

@@ -538,12 +538,6 @@ pub struct PredictStats {
     pub errors: Vec<RedactError>,
 }
 
-#[derive(Deserialize)]
-struct InRecord {
-    id: serde_json::Value,
-    text: String,
-}
-
 #[derive(Serialize)]
 struct OutSpan {
     start: usize,
@@ -567,37 +561,29 @@ pub fn predict_jsonl(
     mut output: impl Write,
 ) -> Result<PredictStats, RedactError> {
     let mut st = PredictStats::default();
-    for (n, line) in input.lines().enumerate() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let rec: InRecord = match serde_json::from_str(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                st.errors.push(RedactError::BadLine {
-                    line: n + 1,
-                    reason: e.to_string(),
-                });
-                continue;
-            }
-        };
-        let spans: Vec<OutSpan> = redactor
-            .find(&rec.text)
-            .into_iter()
-            .map(|s| OutSpan {
-                start: s.start,
-                end: s.end,
-                ty: s.pii_type.label(),
-                score: s.confidence,
-            })
-            .collect();
-        st.records += 1;
-        st.spans += spans.len();
-        serde_json::to_writer(&mut output, &OutRecord { id: &rec.id, spans })
-            .map_err(std::io::Error::other)?;
-        output.write_all(b"\n")?;
-    }
+    let mut errors = Vec::new();
+    crate::curate::for_each_text_record(
+        input,
+        |rec| {
+            let spans: Vec<OutSpan> = redactor
+                .find(&rec.text)
+                .into_iter()
+                .map(|s| OutSpan {
+                    start: s.start,
+                    end: s.end,
+                    ty: s.pii_type.label(),
+                    score: s.confidence,
+                })
+                .collect();
+            st.records += 1;
+            st.spans += spans.len();
+            serde_json::to_writer(&mut output, &OutRecord { id: &rec.id, spans })
+                .map_err(std::io::Error::other)?;
+            output.write_all(b"\n")
+        },
+        |line, reason| errors.push(RedactError::BadLine { line, reason }),
+    )?;
+    st.errors = errors;
     output.flush()?;
     Ok(st)
 }
