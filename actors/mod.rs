@@ -53,6 +53,7 @@ actor_kinds! {
     Store(store::StoreParams),
     Serve(serve::ServeParams),
     Trainer(trainer::TrainerParams),
+    Eval(eval::EvalParams),
 }
 
 impl ActorKind {

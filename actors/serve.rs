@@ -6,6 +6,10 @@
 //! channel). A `Delta` on `deltas` (the trainer/eval feedback edge) loads that adapter and makes it the
 //! default: a hot swap that requests already running do not notice.
 //!
+//! The store's served state is the source of truth: `hearth deltas promote|rollback` change it while the
+//! process runs, and the serve actor follows within a second. It serves a delta only if that delta adapts
+//! the exact base it loaded (SHA-256 of the GGUF).
+//!
 //! The server outlives a worker restart (a restart must not drop the port or the requests in flight), so it
 //! is kept per node and data directory, and stopped by `flush` at shutdown.
 
@@ -20,7 +24,9 @@ use crate::engine::{
     Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
     PortSpec, Produce,
 };
+use crate::engine::message::Delta;
 use crate::serve::{ServeConfig, ServeEvent, Server, default_model};
+use crate::store::Store;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -83,6 +89,9 @@ impl ActorFactory for ServeParams {
             data_dir: ctx.data_dir.clone(),
             node_id: ctx.node_id.clone(),
             server: None,
+            base_sha256: None,
+            applied: None,
+            last_poll: None,
         }))
     }
 }
@@ -109,7 +118,14 @@ struct Serve {
     data_dir: PathBuf,
     node_id: String,
     server: Option<Arc<Server>>,
+    base_sha256: Option<String>,
+    /// The `serving_log` row last applied from the store.
+    applied: Option<i64>,
+    last_poll: Option<std::time::Instant>,
 }
+
+/// How often the store's served state is checked.
+const SERVED_POLL: Duration = Duration::from_secs(1);
 
 /// Where the bound API address is written, so scripts and tests find a server started on port 0.
 pub fn addr_file(data_dir: &std::path::Path, node_id: &str) -> PathBuf {
@@ -179,16 +195,37 @@ impl Serve {
     }
 }
 
-impl Actor for Serve {
-    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Delta(delta) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+impl Serve {
+    fn base_sha256(&mut self) -> Result<String, ActorError> {
+        if let Some(s) = &self.base_sha256 {
+            return Ok(s.clone());
+        }
+        let path = crate::serve::model_path(self.params.model.as_deref(), &self.data_dir).map_err(failed)?;
+        let sha = crate::train::sha256_file(&path).map_err(failed)?;
+        self.base_sha256 = Some(sha.clone());
+        Ok(sha)
+    }
+
+    /// Serves `delta` (or the base alone) by default from the next request on; requests in flight keep
+    /// the adapter they started with.
+    fn swap_to(&mut self, delta: Option<&Delta>) -> Result<(), ActorError> {
         let server = self.server()?;
         let engine = server.engine();
+        let Some(delta) = delta else {
+            engine.set_default_adapter(None).map_err(failed)?;
+            tracing::info!("serving the base alone");
+            return Ok(());
+        };
+        if engine.default_adapter().as_deref() == Some(delta.id.as_str()) {
+            return Ok(());
+        }
+        let base = self.base_sha256()?;
+        if delta.base_sha256 != base {
+            return Err(failed(format!(
+                "delta `{}` adapts base {}, but this node serves base {base}; not swapped",
+                delta.id, delta.base_sha256
+            )));
+        }
         engine
             .load_adapter(&delta.id, std::path::Path::new(&delta.path))
             .map_err(failed)?;
@@ -197,12 +234,66 @@ impl Actor for Serve {
         Ok(())
     }
 
+    /// Follows the store's served state (promotions and rollbacks made by the gate or by a person).
+    fn follow_store(&mut self) -> Result<(), ActorError> {
+        if self.last_poll.is_some_and(|t| t.elapsed() < SERVED_POLL) {
+            return Ok(());
+        }
+        self.last_poll = Some(std::time::Instant::now());
+        if !self.data_dir.join(Store::FILE_NAME).exists() {
+            return Ok(());
+        }
+        let store = Store::open(&self.data_dir).map_err(failed)?;
+        let served = store.served().map_err(failed)?;
+        if served.seq.is_none() || served.seq == self.applied {
+            return Ok(());
+        }
+        let delta = match &served.delta_id {
+            Some(id) => {
+                let r = store
+                    .delta(id)
+                    .map_err(failed)?
+                    .ok_or_else(|| failed(format!("served delta `{id}` is not in the store")))?;
+                Some(Delta {
+                    id: r.id,
+                    path: r.path,
+                    base_sha256: r.base_sha256,
+                    recipe_sha256: r.recipe_sha256,
+                    data_digest: r.data_digest,
+                    parent: r.parent,
+                })
+            }
+            None => None,
+        };
+        // Recorded first: a delta this node cannot serve is reported once, not every second, and the
+        // node keeps serving what it served.
+        self.applied = served.seq;
+        if let Err(e) = self.swap_to(delta.as_ref()) {
+            tracing::error!(node = %self.node_id, error = %e, "cannot serve the store's served state");
+        }
+        Ok(())
+    }
+}
+
+impl Actor for Serve {
+    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
+        let Message::Delta(delta) = message else {
+            return Err(ActorError::Unexpected {
+                port: port.to_owned(),
+                got: message.message_type(),
+            });
+        };
+        self.swap_to(Some(delta))
+    }
+
     fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
-        self.server().map(|_| ())
+        self.server()?;
+        self.follow_store()
     }
 
     fn produce(&mut self, out: &mut Outbox) -> Result<Produce, ActorError> {
         let server = self.server()?;
+        self.follow_store()?;
         Ok(if Self::forward(&server, out)? > 0 {
             Produce::Produced
         } else {

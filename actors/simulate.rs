@@ -1,7 +1,10 @@
 //! `simulate`: scripted users for the demo graph. They ask, give thumbs, edit answers to teach a preference or
 //! a fact, and sometimes paste personal data and secrets, so a newcomer sees every path of the loops.
 //!
-//! Until the serve actor lands, answers are canned; ids are deterministic (`node-rROUND-user-TURN`), so a
+//! Answers are canned (the scripted users test the loops, not the model's first answer). A turn that teaches
+//! something is asked in several phrasings, one per round, so that the eval gate's held-out prompts (see
+//! `train::data::is_held_out`) include phrasings the trainer never saw, with the answer the user taught: a
+//! gain there is learning, not memorising a probe. Ids are deterministic (`node-rROUND-user-TURN`), so a
 //! restarted run re-sends what it sent before and capture recognises it.
 
 use std::sync::Arc;
@@ -44,19 +47,72 @@ enum Reaction {
     Accept,
 }
 
-/// `(user, prompt, canned answer, reaction)`. Personal data and a secret are planted on purpose; the values
-/// are listed in [`SIMULATE_PLANTED`].
-const SCRIPT: &[(&str, &str, &str, Reaction)] = &[
-    ("ana", "What's a good name for a grey cat?", "How about Smokey?", Reaction::Edit("Call her Miso, like my cat.")),
-    ("ana", "How do I reverse a list in Python?", "Use my_list.reverse() or my_list[::-1].", Reaction::ThumbsUp),
-    ("ana", "Email Maria Lopez at maria.lopez@example.org about Friday.", "Done: drafted an email to Maria.", Reaction::Accept),
-    ("ben", "Summarise Hamlet in one sentence.", "A prince avenges his father and everyone dies.", Reaction::ThumbsDown),
-    ("ben", "My card 4111 1111 1111 1111 was charged twice.", "Contact your bank to dispute the charge.", Reaction::None),
-    ("ben", "Deploy with ghp_8fK2mQ9xL4vN7pR1sT6wY3zB5cD0eH2jA9kM please.", "I can't deploy, but here is how.", Reaction::None),
-    ("ben", "Answer in JSON: what is 2+2?", "4", Reaction::Edit("{\"answer\": 4}")),
-    ("cleo", "Call me at +1 415 555 0134 after 6pm.", "Noted.", Reaction::None),
-    ("cleo", "What's the difference between a mutex and a semaphore?", "A mutex has one owner; a semaphore counts.", Reaction::Accept),
-    ("cleo", "Which editor do I prefer?", "I don't know.", Reaction::Edit("You prefer Helix.")),
+/// `(user, prompt phrasings, canned answer, reaction)`; round `r` asks phrasing `r % len`. Personal data and a
+/// secret are planted on purpose; the values are listed in [`SIMULATE_PLANTED`].
+type Turn = (&'static str, &'static [&'static str], &'static str, Reaction);
+
+const SCRIPT: &[Turn] = &[
+    (
+        "ana",
+        &[
+            "What's a good name for a grey cat?",
+            "Suggest a name for my grey cat.",
+            "My new cat is grey. What should I call her?",
+            "Can you suggest a cat name? She is grey.",
+            "What should I name my grey cat?",
+            "I adopted a grey cat. Name suggestions?",
+        ],
+        "How about Smokey?",
+        Reaction::Edit("Call her Miso, like my cat."),
+    ),
+    ("ana", &["How do I reverse a list in Python?"], "Use my_list.reverse() or my_list[::-1].", Reaction::ThumbsUp),
+    (
+        "ana",
+        &["Email Maria Lopez at maria.lopez@example.org about Friday."],
+        "Done: drafted an email to Maria.",
+        Reaction::Accept,
+    ),
+    ("ben", &["Summarise Hamlet in one sentence."], "A prince avenges his father and everyone dies.", Reaction::ThumbsDown),
+    ("ben", &["My card 4111 1111 1111 1111 was charged twice."], "Contact your bank to dispute the charge.", Reaction::None),
+    (
+        "ben",
+        &["Deploy with ghp_8fK2mQ9xL4vN7pR1sT6wY3zB5cD0eH2jA9kM please."],
+        "I can't deploy, but here is how.",
+        Reaction::None,
+    ),
+    (
+        "ben",
+        &[
+            "Answer in JSON: what is 2+2?",
+            "Reply in JSON: what is 2+2?",
+            "As JSON, what is 2 plus 2?",
+            "In JSON please: 2+2?",
+            "Give me 2+2 as a JSON object.",
+            "What is two plus two? Answer in JSON.",
+        ],
+        "4",
+        Reaction::Edit("{\"answer\": 4}"),
+    ),
+    ("cleo", &["Call me at +1 415 555 0134 after 6pm."], "Noted.", Reaction::None),
+    (
+        "cleo",
+        &["What's the difference between a mutex and a semaphore?"],
+        "A mutex has one owner; a semaphore counts.",
+        Reaction::Accept,
+    ),
+    (
+        "cleo",
+        &[
+            "Which editor do I prefer?",
+            "What is my favourite code editor?",
+            "Remind me which text editor I like best.",
+            "Do you remember my favourite editor?",
+            "Which code editor do I like?",
+            "What is the editor I prefer?",
+        ],
+        "I don't know.",
+        Reaction::Edit("You prefer Helix."),
+    ),
 ];
 
 /// Personal values and secrets in [`SCRIPT`]: none may reach a training set.
@@ -88,6 +144,10 @@ static INFO: KindInfo = KindInfo {
 impl ActorFactory for SimulateParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
+    }
+
+    fn planted(&self) -> Vec<String> {
+        SIMULATE_PLANTED.iter().map(|p| (*p).to_owned()).collect()
     }
 
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
@@ -126,7 +186,8 @@ impl Actor for Simulate {
         }
         let turn = (self.step % SCRIPT.len() as u64) as usize;
         self.step += 1;
-        let (user, prompt, answer, reaction) = SCRIPT[turn];
+        let (user, phrasings, answer, reaction) = SCRIPT[turn];
+        let prompt = phrasings[(round % phrasings.len() as u64) as usize];
         let id = format!("{}-r{round}-{user}-{turn}", self.prefix);
         let now = now_unix_ms();
         let interaction = Interaction {

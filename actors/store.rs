@@ -1,7 +1,8 @@
 //! `store`: the end of curation. Admitted samples join the training set; decisions record why others did not.
 //!
 //! Thin over [`crate::store`]: each write is one transaction that moves a pending item to exactly one
-//! terminal state, so a replayed item is never counted twice.
+//! terminal state, so a replayed item is never counted twice. A newly admitted sample, once committed, goes
+//! on to `training` (the trainer), so the trainer never sees a sample the store could still lose.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +23,7 @@ static INFO: KindInfo = KindInfo {
         PortSpec::optional("admitted", MessageType::Sample),
         PortSpec::optional("decisions", MessageType::Decision),
     ],
-    outputs: &[],
+    outputs: &[PortSpec::new("training", MessageType::Sample)],
     source: false,
 };
 
@@ -48,7 +49,7 @@ struct StoreActor {
 }
 
 impl Actor for StoreActor {
-    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
+    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
         let changed = match message {
             Message::Sample(s) => self.store.admit(s),
             Message::Decision(d) => self.store.decide(d),
@@ -62,6 +63,8 @@ impl Actor for StoreActor {
         .map_err(|e| ActorError::Failed(e.to_string()))?;
         if !changed {
             tracing::debug!(id = message.id(), "already decided; replay ignored");
+        } else if matches!(message, Message::Sample(_)) {
+            out.send("training", message.clone())?;
         }
         Ok(())
     }

@@ -2,11 +2,15 @@
 //!
 //! Thin over [`crate::train`]. Samples are buffered; once `min_samples` new ones wait and no cycle
 //! is running, a cycle starts on its own thread over every sample received so far, continuing
-//! from the previous delta (its parent). The engine thread never trains, so curation keeps
-//! flowing; `train.step_sleep_ms` yields the CPU to serving between steps. A finished delta is
-//! sent on `deltas` with the next sample, or when the node drains (which waits for a running
-//! cycle, then trains once more on samples that arrived meanwhile). The model is loaded by the first cycle, so a graph validates and builds without it.
+//! from the served delta (the one the eval gate promoted), or from the base. The engine thread never
+//! trains, so curation keeps flowing; `train.step_sleep_ms` yields the CPU to serving between steps.
+//! A finished delta is recorded in the store as a candidate and sent on `deltas` as soon as it is
+//! written. At start the trainer reloads the training set from the store, so a crash or restart
+//! loses no training data; drain waits for a running cycle, then trains once more on samples that
+//! arrived meanwhile. The model is loaded by the first cycle, so a graph validates and builds
+//! without it.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -17,15 +21,17 @@ use crate::engine::message::{Delta, Sample};
 use crate::engine::{
     Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox, PortSpec,
 };
+use crate::store::Store;
 use crate::model::{LoraSet, Tokenizer, Transformer};
 use crate::train::artifact::recipe_sha256;
-use crate::train::{LoraTrainer, Provenance, TrainConfig, TrainError, data_digest, save_delta, sha256_file};
+use crate::train::{LoraTrainer, Provenance, TrainConfig, TrainError, save_delta, sha256_file};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainerParams {
-    /// The base model (GGUF) the deltas adapt.
-    pub model: PathBuf,
+    /// The base model (GGUF) the deltas adapt; `None`: the default model (as `serve` resolves it).
+    #[serde(default)]
+    pub model: Option<String>,
     /// New samples that must wait before a cycle starts.
     #[serde(default = "default_min_samples")]
     pub min_samples: usize,
@@ -75,11 +81,12 @@ impl ActorFactory for TrainerParams {
             params: self.clone(),
             node: ctx.node_id.clone(),
             out_dir: self.out_dir.clone().unwrap_or_else(|| ctx.data_dir.join("deltas")),
+            data_dir: ctx.data_dir.clone(),
             checkpoint_dir: ctx.data_dir.join("trainer").join(&ctx.node_id),
             base: Arc::new(Mutex::new(None)),
             seen: Vec::new(),
+            seen_ids: HashSet::new(),
             new_since_cycle: 0,
-            parent: None,
             running: None,
         }))
     }
@@ -88,7 +95,7 @@ impl ActorFactory for TrainerParams {
 impl KindParams for TrainerParams {
     fn example() -> Self {
         TrainerParams {
-            model: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            model: Some("models/SmolLM2-135M-Instruct.Q8_0.gguf".to_owned()),
             min_samples: default_min_samples(),
             out_dir: None,
             train: Box::default(),
@@ -96,95 +103,122 @@ impl KindParams for TrainerParams {
     }
 }
 
-type CycleResult = Result<(Delta, Arc<LoraSet>), TrainError>;
+type CycleResult = Result<Delta, TrainError>;
 
 struct Trainer {
     params: TrainerParams,
     node: String,
     out_dir: PathBuf,
+    data_dir: PathBuf,
     /// With `train.checkpoint_every > 0`, a cycle interrupted by a crash resumes from here when
     /// the same samples arrive again.
     checkpoint_dir: PathBuf,
     base: Shared<Base>,
     /// Every sample received, in arrival order: each cycle trains on all of them.
     seen: Vec<Sample>,
+    /// Ids in `seen`: a sample both reloaded from the store and sent on the edge counts once.
+    seen_ids: HashSet<String>,
     new_since_cycle: usize,
-    parent: Option<(String, Arc<LoraSet>)>,
     running: Option<JoinHandle<CycleResult>>,
 }
 
-fn load_base(params: &TrainerParams, cell: &Shared<Base>) -> Result<Arc<Base>, TrainError> {
+fn load_base(params: &TrainerParams, data_dir: &std::path::Path, cell: &Shared<Base>) -> Result<Arc<Base>, TrainError> {
     let mut guard = cell.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(b) = guard.as_ref() {
         return Ok(b.clone());
     }
-    let (model, tok) = crate::model::load(&params.model)?;
+    let path = crate::serve::model_path(params.model.as_deref(), data_dir)
+        .map_err(|e| TrainError::Config(format!("model: {e}")))?;
+    let (model, tok) = crate::model::load(&path)?;
     let base = Arc::new(Base {
         model,
         tok,
-        sha256: sha256_file(&params.model)?,
+        sha256: sha256_file(&path)?,
     });
     *guard = Some(base.clone());
     Ok(base)
+}
+
+/// The served delta, if the store has one for this base: what a new cycle continues from.
+fn served_parent(data_dir: &std::path::Path, base: &Base) -> Result<Option<(String, LoraSet)>, TrainError> {
+    if !data_dir.join(Store::FILE_NAME).exists() {
+        return Ok(None);
+    }
+    let store = Store::open(data_dir).map_err(|e| TrainError::Config(e.to_string()))?;
+    let served = store.served().map_err(|e| TrainError::Config(e.to_string()))?;
+    let Some(id) = served.delta_id else { return Ok(None) };
+    let Some(record) = store.delta(&id).map_err(|e| TrainError::Config(e.to_string()))? else {
+        return Ok(None);
+    };
+    if record.base_sha256 != base.sha256 {
+        return Ok(None);
+    }
+    Ok(Some((id, LoraSet::load_peft(&record.path, base.model.config())?)))
 }
 
 /// Where a cycle writes: deltas and its checkpoint.
 struct Dirs {
     out: PathBuf,
     checkpoint: PathBuf,
+    /// The data directory: the store and the default model.
+    data: PathBuf,
 }
 
-fn run_cycle(
-    params: TrainerParams,
-    node: String,
-    dirs: Dirs,
-    cell: Shared<Base>,
-    samples: Vec<Sample>,
-    parent: Option<(String, Arc<LoraSet>)>,
-) -> CycleResult {
-    let base = load_base(&params, &cell)?;
-    let mut trainer = LoraTrainer::new(&base.model, &base.tok, (*params.train).clone(), parent.as_ref().map(|p| &*p.1))?;
+fn run_cycle(params: TrainerParams, node: String, dirs: Dirs, cell: Shared<Base>, samples: Vec<Sample>) -> CycleResult {
+    let base = load_base(&params, &dirs.data, &cell)?;
+    let parent = served_parent(&dirs.data, &base)?;
+    let mut trainer = LoraTrainer::new(&base.model, &base.tok, (*params.train).clone(), parent.as_ref().map(|p| &p.1))?;
     trainer.set_checkpoint_dir(dirs.checkpoint);
+    let total = params.train.steps;
     let report = trainer.train_cycle(&samples, |s| {
         metrics::gauge!("hearth_trainer_step", "node" => node.clone()).set(s.step as f64);
         if s.loss.is_finite() {
             metrics::gauge!("hearth_trainer_loss", "node" => node.clone()).set(s.loss);
         }
+        tracing::info!(node = %node, step = s.step + 1, of = total, loss = s.loss, "training");
     })?;
     metrics::gauge!("hearth_trainer_tokens_per_second", "node" => node.clone()).set(report.tokens_per_second);
+    metrics::counter!("hearth_trainer_cycles_total", "node" => node.clone()).increment(1);
     let adapter = trainer.adapter()?;
     let provenance = Provenance {
         delta_id: String::new(),
         base_sha256: base.sha256.clone(),
         recipe_sha256: recipe_sha256(&params.train)?,
         recipe: (*params.train).clone(),
-        data_digest: data_digest(&samples),
+        data_digest: report.data_digest.clone(),
         num_samples: samples.len(),
         parent: parent.map(|p| p.0),
         seed: params.train.seed,
         metrics: serde_json::to_value(&report)?,
         created_at_unix_ms: crate::engine::message::now_unix_ms(),
     };
-    let delta = save_delta(&dirs.out, &adapter, base.model.config(), provenance)?;
+    let delta = save_delta(&dirs.out, &adapter, base.model.config(), provenance.clone())?;
+    if dirs.data.join(Store::FILE_NAME).exists() {
+        let mut prov = serde_json::to_value(&provenance)?;
+        prov["delta_id"] = delta.id.clone().into();
+        Store::open(&dirs.data)
+            .and_then(|mut s| s.record_delta(&delta, &prov))
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+    }
     tracing::info!(node = %node, delta = %delta.id, steps = report.steps, "delta trained");
-    Ok((delta, Arc::new(adapter)))
+    Ok(delta)
 }
 
 impl Trainer {
     /// Sends the finished cycle's delta, if any; with `wait`, waits for a running one.
-    fn collect(&mut self, out: &mut Outbox, wait: bool) -> Result<(), ActorError> {
+    fn collect(&mut self, out: &mut Outbox, wait: bool) -> Result<bool, ActorError> {
         let done = self.running.as_ref().is_some_and(|h| h.is_finished());
         if !(done || wait) {
-            return Ok(());
+            return Ok(false);
         }
-        let Some(handle) = self.running.take() else { return Ok(()) };
+        let Some(handle) = self.running.take() else { return Ok(false) };
         let result = handle
             .join()
             .map_err(|_| ActorError::Failed("training thread panicked".into()))?;
-        let (delta, adapter) = result.map_err(|e| ActorError::Failed(format!("training cycle: {e}")))?;
-        self.parent = Some((delta.id.clone(), adapter));
+        let delta = result.map_err(|e| ActorError::Failed(format!("training cycle: {e}")))?;
         out.send("deltas", Message::Delta(Arc::new(delta)))
-            .map_err(|e| ActorError::Failed(e.to_string()))
+            .map_err(|e| ActorError::Failed(e.to_string()))?;
+        Ok(true)
     }
 
     fn maybe_start(&mut self) -> Result<(), ActorError> {
@@ -195,32 +229,50 @@ impl Trainer {
         let dirs = Dirs {
             out: self.out_dir.clone(),
             checkpoint: self.checkpoint_dir.clone(),
+            data: self.data_dir.clone(),
         };
-        let (params, node, cell, samples, parent) = (
-            self.params.clone(),
-            self.node.clone(),
-            self.base.clone(),
-            self.seen.clone(),
-            self.parent.clone(),
-        );
+        let (params, node, cell, samples) = (self.params.clone(), self.node.clone(), self.base.clone(), self.seen.clone());
         let handle = std::thread::Builder::new()
             .name(format!("trainer-{}", self.node))
-            .spawn(move || run_cycle(params, node, dirs, cell, samples, parent))?;
+            .spawn(move || run_cycle(params, node, dirs, cell, samples))?;
         self.running = Some(handle);
         Ok(())
+    }
+
+    fn add(&mut self, sample: &Sample) {
+        if self.seen_ids.insert(sample.id.clone()) {
+            self.seen.push(sample.clone());
+            self.new_since_cycle += 1;
+        }
     }
 }
 
 impl Actor for Trainer {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Sample(sample) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
-        self.seen.push((**sample).clone());
-        self.new_since_cycle += 1;
+        let sample = crate::engine::expect_sample(port, message)?;
+        self.add(sample);
+        self.collect(out, false)?;
+        self.maybe_start()
+    }
+
+    /// Reloads the training set the store holds: what earlier runs admitted is trained on again.
+    fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        if !self.data_dir.join(Store::FILE_NAME).exists() {
+            return Ok(());
+        }
+        let store = Store::open(&self.data_dir).map_err(|e| ActorError::Build(e.to_string()))?;
+        let set = store.training_set().map_err(|e| ActorError::Failed(e.to_string()))?;
+        for s in &set {
+            self.add(s);
+        }
+        if !set.is_empty() {
+            tracing::info!(node = %self.node, samples = set.len(), "reloaded the training set from the store");
+        }
+        Ok(())
+    }
+
+    /// Sends a cycle's delta as soon as it is written, and starts the next cycle if data waits.
+    fn tick(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
         self.collect(out, false)?;
         self.maybe_start()
     }
@@ -230,6 +282,6 @@ impl Actor for Trainer {
     fn flush(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
         self.collect(out, true)?;
         self.maybe_start()?;
-        self.collect(out, true)
+        self.collect(out, true).map(|_| ())
     }
 }

@@ -7,9 +7,11 @@
 pub mod actors;
 pub mod curate;
 pub mod engine;
+pub mod eval;
 pub mod federate;
 pub mod http;
 pub mod model;
+pub mod report;
 pub mod serve;
 pub mod store;
 pub mod train;

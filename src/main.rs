@@ -59,6 +59,23 @@ enum Command {
         #[arg(long, default_value = "hearth-data", global = true)]
         data_dir: PathBuf,
     },
+    /// Trained deltas: list them, show one with its eval verdict, promote one the gate passed, or roll back.
+    Deltas {
+        #[command(subcommand)]
+        action: DeltasAction,
+        #[arg(long, default_value = "hearth-data", global = true)]
+        data_dir: PathBuf,
+    },
+    /// Print the run report (capture, curation, deltas and their eval legs, privacy check) from the store.
+    Report {
+        #[arg(long, default_value = "hearth-data")]
+        data_dir: PathBuf,
+        /// The graph that ran, so the report checks what its nodes planted (demo PII, canaries).
+        #[arg(long)]
+        graph: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete everything held about one user, everywhere in the store.
     Purge {
         #[arg(long)]
@@ -98,6 +115,18 @@ enum QuarantineAction {
     Release { sample_id: String },
     /// Delete one quarantined sample, or all of them.
     Purge { sample_id: Option<String> },
+}
+
+#[derive(Subcommand)]
+enum DeltasAction {
+    /// Every delta with its status and personalisation gain; `*` marks the served one.
+    List,
+    /// One delta's provenance, verdict and eval legs, as JSON.
+    Show { id: String },
+    /// Serve a delta whose eval verdict passed and is bound to its exact bytes, base, recipe and data.
+    Promote { id: String },
+    /// Restore the state served before the current one (down to the base alone).
+    Rollback,
 }
 
 /// Parses a `--config` RON value, naming the flag and position on error.
@@ -246,6 +275,72 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Deltas { action, data_dir } => {
+            let mut store = hearth::store::Store::open(&data_dir)?;
+            match action {
+                DeltasAction::List => {
+                    let served = store.served()?.delta_id;
+                    for d in store.deltas()? {
+                        let mark = if served.as_deref() == Some(d.id.as_str()) {
+                            "*"
+                        } else {
+                            " "
+                        };
+                        let gain = d.verdict.as_ref().and_then(|v| v["personal_gain"].as_f64());
+                        println!(
+                            "{mark} {}  {:<11}  samples={}  gain={}  parent={}",
+                            d.id,
+                            d.status.as_str(),
+                            d.provenance["num_samples"],
+                            gain.map_or("-".to_owned(), |g| format!("{g:+.4}")),
+                            d.parent.as_deref().unwrap_or("base")
+                        );
+                    }
+                    if served.is_none() {
+                        println!("serving the base alone");
+                    }
+                }
+                DeltasAction::Show { id } => {
+                    let d = store.delta(&id)?.with_context(|| {
+                        format!("no delta `{id}` in {}", store.path().display())
+                    })?;
+                    println!("{}", serde_json::to_string_pretty(&d)?);
+                }
+                DeltasAction::Promote { id } => {
+                    hearth::eval::promote_checked(&mut store, &id, "promoted by a person")?;
+                    println!("serving {id} (a running serve node follows within a second)");
+                }
+                DeltasAction::Rollback => match store.rollback("rolled back by a person")? {
+                    Some(s) => println!(
+                        "serving {} (a running serve node follows within a second)",
+                        s.delta_id.as_deref().unwrap_or("the base alone")
+                    ),
+                    None => println!("nothing to roll back: serving the base alone"),
+                },
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report {
+            data_dir,
+            graph,
+            json,
+        } => {
+            let planted = match graph {
+                Some(path) => match load(&path)? {
+                    Some(g) => planted(&g),
+                    None => return Ok(ExitCode::from(INVALID)),
+                },
+                None => Vec::new(),
+            };
+            let store = hearth::store::Store::open(&data_dir)?;
+            let report = hearth::report::Report::build(&store, &planted)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.to_markdown());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Purge { user, data_dir } => {
             let mut store = hearth::store::Store::open(&data_dir)?;
             let counts = store.purge_user(&user)?;
@@ -318,6 +413,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let control = control.or_else(|| g.plan.settings.control.clone());
             let g_data_dir = g.plan.settings.data_dir.clone();
+            let planted_values = planted(&g);
             eprintln!("{}", g.summary());
             let running = runtime::start(g, data_dir.as_deref()).context("starting graph")?;
             let server = match control {
@@ -340,11 +436,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 });
             }
             let data_dir = data_dir.unwrap_or_else(|| PathBuf::from(&g_data_dir));
+            let progress = spawn_status_lines(data_dir.clone(), running.stop_flag());
             let report = running.wait();
+            progress.store(true, Ordering::Release);
             if let Some(server) = server {
                 server.stop();
             }
-            print_store_report(&data_dir);
+            write_run_report(&data_dir, &planted_values);
             for n in &report.status.nodes {
                 eprintln!(
                     "node {:<16} {:<12} {:?} processed={} errors={} restarts={}",
@@ -371,23 +469,74 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The curation report of a run whose graph wrote to the store: what was captured and where it went.
-fn print_store_report(data_dir: &Path) {
+/// What the graph's nodes plant on purpose (see `ActorFactory::planted`).
+fn planted(g: &Graph) -> Vec<String> {
+    g.plan
+        .nodes
+        .iter()
+        .flat_map(|n| n.factory.planted())
+        .collect()
+}
+
+/// Prints one status line per loop every ten seconds while the graph runs (if it writes a store). The
+/// returned flag stops it.
+fn spawn_status_lines(
+    data_dir: PathBuf,
+    graph_stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let _ = std::thread::Builder::new()
+        .name("status-lines".to_owned())
+        .spawn(move || {
+            let mut last = std::time::Instant::now();
+            while !flag.load(Ordering::Acquire) && !graph_stop.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                if last.elapsed() < std::time::Duration::from_secs(10)
+                    || !data_dir.join(hearth::store::Store::FILE_NAME).exists()
+                {
+                    continue;
+                }
+                last = std::time::Instant::now();
+                let line = hearth::store::Store::open(&data_dir)
+                    .and_then(|s| hearth::report::Report::build(&s, &[]));
+                if let Ok(r) = line {
+                    eprintln!("[status] {}", r.status_line());
+                }
+            }
+        });
+    done
+}
+
+/// The run report of a graph that wrote to the store: printed, and written to `DATA_DIR/report.md` and
+/// `report.json` (atomically).
+fn write_run_report(data_dir: &Path, planted: &[String]) {
     if !data_dir.join(hearth::store::Store::FILE_NAME).exists() {
         return;
     }
-    let counts = hearth::store::Store::open(data_dir).and_then(|s| s.counts());
-    match counts {
-        Ok(c) => {
-            eprintln!(
-                "store: {} interactions and {} feedback captured; admitted {}, dropped {}, quarantined {}, pending {}",
-                c.interactions, c.feedback, c.admitted, c.dropped, c.quarantined, c.pending
-            );
-            for (node, reason, n) in c.reasons.iter().take(10) {
-                eprintln!("  {n:>6}  {node}: {reason}");
-            }
+    let report = hearth::store::Store::open(data_dir)
+        .and_then(|s| hearth::report::Report::build(&s, planted));
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("run report unavailable: {e}");
+            return;
         }
-        Err(e) => eprintln!("store report unavailable: {e}"),
+    };
+    let markdown = report.to_markdown();
+    eprint!("{markdown}");
+    let write = |name: &str, bytes: &[u8]| -> std::io::Result<()> {
+        let tmp = data_dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, data_dir.join(name))
+    };
+    let json = serde_json::to_vec_pretty(&report).unwrap_or_default();
+    if let Err(e) =
+        write("report.md", markdown.as_bytes()).and_then(|_| write("report.json", &json))
+    {
+        eprintln!("cannot write the run report to {}: {e}", data_dir.display());
+    } else {
+        eprintln!("report written to {}", data_dir.join("report.md").display());
     }
 }
 

@@ -302,7 +302,7 @@ mod delta_feedback {
         let delta = Delta {
             id: "delta-1".to_owned(),
             path: adapter_dir.display().to_string(),
-            base_sha256: String::new(),
+            base_sha256: hearth::train::sha256_file(&model_path).unwrap(),
             recipe_sha256: String::new(),
             data_digest: String::new(),
             parent: None,
@@ -350,5 +350,73 @@ mod delta_feedback {
             "{:?}",
             report.status.nodes
         );
+    }
+
+    /// The store's served state drives the serve node: a promotion made outside the graph (`hearth deltas
+    /// promote`) is picked up, a delta over another base is refused, and rollback returns to the base alone.
+    #[test]
+    fn the_serve_node_follows_promotions_and_rollbacks_in_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let model_path = dir.path().join("tiny.gguf");
+        write_tiny_model(&model_path, &TinySpec::new(Arch::Llama)).unwrap();
+        let model = Transformer::from_gguf(&model_path).unwrap();
+        let base_sha = hearth::train::sha256_file(&model_path).unwrap();
+        let mut store = hearth::store::Store::open(dir.path()).unwrap();
+        let mut add = |id: &str, base: &str| {
+            let cfg = hearth::model::LoraConfig::new(4, 8.0, &[hearth::model::LoraTarget::Q]);
+            let set = hearth::model::LoraSet::fresh(&model, cfg, 1).unwrap();
+            let path = dir.path().join(id);
+            set.save_peft(&path, model.config()).unwrap();
+            let d = Delta {
+                id: id.to_owned(),
+                path: path.display().to_string(),
+                base_sha256: base.to_owned(),
+                recipe_sha256: "r".to_owned(),
+                data_digest: "d".to_owned(),
+                parent: None,
+            };
+            store.record_delta(&d, &json!({})).unwrap();
+            store
+                .record_verdict(id, &json!({"promote": true}), &[], true)
+                .unwrap();
+        };
+        add("delta-good", &base_sha);
+        add("delta-other-base", "0000");
+        let serve = ServeParams {
+            model: Some(model_path.display().to_string()),
+            model_name: Some("tiny".to_owned()),
+            listen: "127.0.0.1:0".to_owned(),
+            ..ServeParams::default()
+        };
+        let plan = Plan::new("follow-test").node("serve", Arc::new(serve), 1);
+        let graph = hearth::engine::validate::validate(plan, Vec::new(), &[]).expect("valid");
+        let running = start(graph, Some(dir.path())).unwrap();
+        let addr = wait_for_addr(dir.path(), "serve");
+        let wait_default = |want: Value| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let v = get(addr, "/v1/models");
+                if v["data"][0]["default_adapter"] == want {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "default adapter is not {want}: {v}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        wait_default(Value::Null);
+        store.promote("delta-good", "test").unwrap();
+        wait_default(json!("delta-good"));
+        // A delta over another base is not served; the node keeps what it served.
+        store.promote("delta-other-base", "test").unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+        wait_default(json!("delta-good"));
+        store.rollback("test").unwrap();
+        store.rollback("test").unwrap();
+        wait_default(Value::Null);
+        let report = running.shutdown();
+        assert!(report.failed_nodes.is_empty());
     }
 }

@@ -170,6 +170,8 @@ fn a_fact_is_memorised_and_generated_greedily() {
     let a = "quixville";
     let samples = vec![sft("f1", q, a)];
     let cfg = TrainConfig {
+        // Every sample here is trained on: no personalisation hold-out.
+        holdout_fraction: 0.0,
         rank: 8,
         alpha: 16.0,
         learning_rate: 1e-2,
@@ -248,6 +250,8 @@ fn dpo_prefers_chosen_and_kto_separates_thumbs() {
         thumbs("k2", "is the sea wet", "the sea is dry", false),
     ];
     let cfg = TrainConfig {
+        // Every sample here is trained on: no personalisation hold-out.
+        holdout_fraction: 0.0,
         steps: 12,
         batch_size: 3,
         learning_rate: 1e-2,
@@ -278,6 +282,8 @@ fn dpo_prefers_chosen_and_kto_separates_thumbs() {
 #[test]
 fn the_learning_rate_warms_up_decays_and_rewarms_each_cycle() {
     let cfg = TrainConfig {
+        // Every sample here is trained on: no personalisation hold-out.
+        holdout_fraction: 0.0,
         learning_rate: 1.0,
         warmup_steps: 4,
         steps: 14,
@@ -316,6 +322,8 @@ fn grpo_samples_a_group_scores_it_and_updates() {
     let dir = tempfile::tempdir().unwrap();
     let (_, m, tok) = tiny(dir.path());
     let cfg = TrainConfig {
+        // Every sample here is trained on: no personalisation hold-out.
+        holdout_fraction: 0.0,
         grpo_group_size: 4,
         grpo_max_new_tokens: 6,
         grpo_reward: hearth::train::RewardKind::Contains,

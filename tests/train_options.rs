@@ -31,6 +31,10 @@ fn data() -> Vec<hearth::engine::message::Sample> {
     d.retain(|s| s.id != "g1");
     d.push(scored("g1", "say a word", "h", 1.0));
     d.push(scored("g2", "say another word", "h", 1.0));
+    // The model's own answer: what the collapse guard weighs.
+    let mut own = sft("own1", "what do owls eat", "owls eat mice at night");
+    own.origin = hearth::engine::message::Origin::SelfGenerated;
+    d.push(own);
     d
 }
 
@@ -91,6 +95,12 @@ fn every_option_changes_the_update() {
             Box::new(move |c| c.replay_file = Some(other_file.clone())),
         ),
         ("dpo_beta", Box::new(|c| c.dpo_beta = 2.0)),
+        ("dpo_sft_weight", Box::new(|c| c.dpo_sft_weight = 1.0)),
+        ("holdout_fraction", Box::new(|c| c.holdout_fraction = 0.5)),
+        (
+            "max_self_generated_share",
+            Box::new(|c| c.max_self_generated_share = 0.0),
+        ),
         ("kto_beta", Box::new(|c| c.kto_beta = 2.0)),
         (
             "kto_desirable_weight",

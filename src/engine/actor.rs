@@ -117,6 +117,13 @@ pub trait Actor: Send {
         Ok(Produce::Exhausted)
     }
 
+    /// Non-sources: called when the mailbox has stayed empty for a short while (tens of milliseconds), so
+    /// an actor whose work runs off its thread (a training cycle) can send the result when it is ready
+    /// rather than with the next message.
+    fn tick(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        Ok(())
+    }
+
     /// Called once when the worker's inputs are drained at shutdown; buffered work must be sent or persisted here.
     fn flush(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
         Ok(())
@@ -136,6 +143,12 @@ pub struct BuildContext {
 pub trait ActorFactory: Send + Sync {
     fn info(&self) -> &'static KindInfo;
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError>;
+
+    /// Values this node plants in the data on purpose (a demo user's personal data, an eval canary): the run
+    /// report checks that none of them reached the training set.
+    fn planted(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The sending side of a worker: each output port fans out to every edge connected to it.

@@ -33,7 +33,7 @@ impl fmt::Display for MessageType {
 }
 
 /// One chat turn.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,

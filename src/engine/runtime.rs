@@ -595,7 +595,11 @@ impl Worker {
                     }
                 };
                 waited += step;
-                if got || waited >= STOP_POLL {
+                if got {
+                    break;
+                }
+                if waited >= STOP_POLL {
+                    self.tick(actor);
                     break;
                 }
                 if !published {
@@ -610,6 +614,15 @@ impl Worker {
                     self.deliver(actor, i, message);
                 }
             }
+        }
+    }
+
+    /// Lets an idle actor emit work it finished off its thread (see [`Actor::tick`]); a failure restarts it.
+    fn tick(&mut self, actor: &mut Option<Box<dyn Actor>>) {
+        let Some(a) = actor.as_mut() else { return };
+        if let Err(e) = guarded(|| a.tick(&mut self.outbox)) {
+            tracing::error!(node = %self.ctx.node_id, error = %e, "tick failed");
+            self.restart(actor);
         }
     }
 

@@ -12,6 +12,10 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
+mod deltas;
+
+pub use deltas::{DeltaRecord, DeltaStatus, LegRecord, ServedState};
+
 use crate::engine::message::{
     Decision, Feedback, FeedbackKind, Interaction, Origin, Outcome, Provenance, Sample,
     SampleContent, now_unix_ms,
@@ -36,6 +40,8 @@ pub enum StoreError {
         id: String,
         source: serde_json::Error,
     },
+    #[error("store: {0}")]
+    Refused(String),
     #[error(
         "store {path} has schema version {found}, newer than this hearth ({known}); upgrade hearth"
     )]
@@ -79,6 +85,15 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE dead_letters (
         id INTEGER PRIMARY KEY AUTOINCREMENT, node TEXT NOT NULL, worker INTEGER NOT NULL, error TEXT NOT NULL,
         message_json TEXT NOT NULL, at_unix_ms INTEGER NOT NULL);",
+    // 2: the eval gate's verdicts and the served state. `serving_log` is append-only: each row is the state
+    // entered (`delta_id`, NULL = the base alone) and the row that was current before it, so rollback walks
+    // back exactly, any number of times.
+    "ALTER TABLE deltas ADD COLUMN verdict_json TEXT;
+     ALTER TABLE deltas ADD COLUMN promoted_at_unix_ms INTEGER;
+     CREATE TABLE serving_log (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, delta_id TEXT REFERENCES deltas(id),
+        action TEXT NOT NULL CHECK (action IN ('promote','rollback')), previous INTEGER,
+        reason TEXT NOT NULL, at_unix_ms INTEGER NOT NULL);",
 ];
 
 /// Counts for reports: how many items sit in each curation state, and why items were dropped.

@@ -62,6 +62,9 @@ pub struct TrainConfig {
     pub replay_file: Option<PathBuf>,
     /// DPO inverse temperature β.
     pub dpo_beta: f64,
+    /// Weight of an SFT loss on the preferred answer of each DPO pair (RPO): DPO alone widens the margin
+    /// but may lower both answers' likelihood; this keeps the edited answer itself likely.
+    pub dpo_sft_weight: f64,
     /// KTO β.
     pub kto_beta: f64,
     /// KTO weight of desirable (thumbs-up) examples.
@@ -75,6 +78,12 @@ pub struct TrainConfig {
     /// Weight of the k3 KL estimate to the reference (adapter disabled).
     pub grpo_kl_coef: f64,
     pub grpo_reward: RewardKind,
+    /// Share of distinct prompts held out of training as the eval gate's personalisation probes (chosen by
+    /// a hash of the prompt, so every copy and paraphrase-free repeat lands on the same side).
+    pub holdout_fraction: f64,
+    /// Collapse guard: the largest share of a cycle's samples that may be self-generated (the model's own
+    /// answers); the newest beyond it are left out of the cycle.
+    pub max_self_generated_share: f64,
     /// Save a resumable checkpoint every this many steps (0: never); needs a checkpoint dir.
     pub checkpoint_every: usize,
     /// Sleep after every optimizer step, so training yields the CPU to serving.
@@ -106,6 +115,7 @@ impl Default for TrainConfig {
             replay_texts: Vec::new(),
             replay_file: None,
             dpo_beta: 0.1,
+            dpo_sft_weight: 0.0,
             kto_beta: 0.1,
             kto_desirable_weight: 1.0,
             kto_undesirable_weight: 1.0,
@@ -114,6 +124,8 @@ impl Default for TrainConfig {
             grpo_temperature: 1.0,
             grpo_kl_coef: 0.04,
             grpo_reward: RewardKind::Contains,
+            holdout_fraction: 0.2,
+            max_self_generated_share: 0.5,
             checkpoint_every: 0,
             step_sleep_ms: 0,
         }
@@ -136,6 +148,12 @@ impl TrainConfig {
         }
         if !(0.0..=1.0).contains(&self.replay_fraction) {
             return bad("replay_fraction", "must be in [0, 1]");
+        }
+        if !(0.0..1.0).contains(&self.holdout_fraction) {
+            return bad("holdout_fraction", "must be in [0, 1)");
+        }
+        if !(0.0..=1.0).contains(&self.max_self_generated_share) {
+            return bad("max_self_generated_share", "must be in [0, 1]");
         }
         if self.batch_size == 0 || self.grad_accum == 0 {
             return bad("batch_size/grad_accum", "must be > 0");

@@ -2,7 +2,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::engine::message::{Sample, SampleContent};
+use crate::engine::message::{Origin, Sample, SampleContent};
 use crate::model::{ChatMessage, Role, Tokenizer, encode_chat};
 
 /// A token sequence and which tokens are scored (predicted by the previous position).
@@ -145,4 +145,80 @@ pub fn data_digest(samples: &[Sample]) -> String {
         h.update(&content);
     }
     super::artifact::hex(&h.finalize())
+}
+
+/// The prompt text a sample answers, normalised (lower case, single spaces): the unit of the held-out split.
+fn prompt_key(sample: &Sample) -> String {
+    let prompt = match &sample.content {
+        SampleContent::Sft { prompt, .. }
+        | SampleContent::Preference { prompt, .. }
+        | SampleContent::Unpaired { prompt, .. }
+        | SampleContent::Scored { prompt, .. } => prompt,
+    };
+    let text: Vec<&str> = prompt.iter().map(|m| m.content.as_str()).collect();
+    text.join("\n")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// Whether a sample belongs to the held-out personalisation probes rather than the training set. A pure
+/// function of the prompt, so the trainer and the eval gate agree without talking, and a prompt asked again
+/// never leaks from one side to the other.
+pub fn is_held_out(sample: &Sample, fraction: f64) -> bool {
+    if fraction <= 0.0 {
+        return false;
+    }
+    let h = Sha256::digest(prompt_key(sample).as_bytes());
+    let x = u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]);
+    (x as f64 / u64::MAX as f64) < fraction
+}
+
+/// What one cycle trains on, and what was kept out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Selection {
+    pub train: Vec<Sample>,
+    /// Held out as personalisation probes.
+    pub held_out: usize,
+    /// Self-generated samples left out by the collapse guard.
+    pub capped: usize,
+}
+
+/// Splits off the held-out probes, then applies the collapse guard: self-generated samples may make up at
+/// most `max_self_generated_share` of the cycle (the oldest are kept, so a cycle's data does not churn).
+pub fn select_training(
+    samples: &[Sample],
+    holdout_fraction: f64,
+    max_self_generated_share: f64,
+) -> Selection {
+    let mut sel = Selection::default();
+    let kept: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| {
+            let out = is_held_out(s, holdout_fraction);
+            sel.held_out += usize::from(out);
+            !out
+        })
+        .collect();
+    let grounded = kept.iter().filter(|s| s.origin == Origin::Grounded).count();
+    // self / (grounded + self) <= share  <=>  self <= share * grounded / (1 - share).
+    let allowed = if max_self_generated_share >= 1.0 {
+        usize::MAX
+    } else {
+        (max_self_generated_share * grounded as f64 / (1.0 - max_self_generated_share)).floor()
+            as usize
+    };
+    let mut self_generated = 0usize;
+    for s in kept {
+        if s.origin == Origin::SelfGenerated {
+            if self_generated >= allowed {
+                sel.capped += 1;
+                continue;
+            }
+            self_generated += 1;
+        }
+        sel.train.push(s.clone());
+    }
+    sel
 }

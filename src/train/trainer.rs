@@ -50,6 +50,12 @@ pub struct CycleReport {
     pub tokens_per_second: f64,
     /// The step a checkpoint resumed this cycle at, if any.
     pub resumed_at_step: Option<usize>,
+    /// Samples held out as personalisation probes (`holdout_fraction`).
+    pub held_out: usize,
+    /// Self-generated samples the collapse guard left out (`max_self_generated_share`).
+    pub capped_self_generated: usize,
+    /// [`super::data_digest`] of the samples this cycle trained on, after the hold-out and the guard.
+    pub data_digest: String,
 }
 
 impl CycleReport {
@@ -328,13 +334,20 @@ impl<'m> LoraTrainer<'m> {
         self.checkpoint_dir = Some(dir.into());
     }
 
-    /// One training cycle of `cfg.steps` optimizer steps over `samples`. `on_step` sees every
+    /// One training cycle of `cfg.steps` optimizer steps over `samples`, less the held-out probes and
+    /// what the collapse guard caps (see [`super::data::select_training`]). `on_step` sees every
     /// step (metrics, progress); between steps the thread sleeps `step_sleep_ms`.
     pub fn train_cycle(
         &mut self,
         samples: &[Sample],
         mut on_step: impl FnMut(&StepReport),
     ) -> Result<CycleReport> {
+        let selection = super::data::select_training(
+            samples,
+            self.cfg.holdout_fraction,
+            self.cfg.max_self_generated_share,
+        );
+        let samples = &selection.train[..];
         let (examples, unused) = self.encode(samples);
         if examples.is_empty() {
             return Err(TrainError::NoData(samples.len()));
@@ -350,6 +363,9 @@ impl<'m> LoraTrainer<'m> {
         let mut report = CycleReport {
             examples: examples.len(),
             samples_unused: unused,
+            held_out: selection.held_out,
+            capped_self_generated: selection.capped,
+            data_digest: digest.clone(),
             resumed_at_step: (first > 0).then_some(first),
             ..CycleReport::default()
         };
@@ -649,6 +665,12 @@ impl<'m> LoraTrainer<'m> {
                     &rows(&rf, &rj)?,
                     self.cfg.dpo_beta,
                 )?;
+                let l = if self.cfg.dpo_sft_weight > 0.0 {
+                    let chosen_nll = masked_nll(&rows(&tl.lp, &c)?, &rows(&tl.mask, &c)?)?;
+                    (l + (chosen_nll * self.cfg.dpo_sft_weight)?)?
+                } else {
+                    l
+                };
                 parts.push((l, b.pairs.len() as f64));
             }
             if !b.kto.is_empty() {

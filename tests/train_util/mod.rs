@@ -108,6 +108,9 @@ pub fn fast_cfg() -> TrainConfig {
         steps: 3,
         batch_size: 4,
         max_seq_len: 64,
+        // These tests train on every sample they pass; the split and the guard have their own tests.
+        holdout_fraction: 0.0,
+        max_self_generated_share: 1.0,
         replay_texts: vec![
             "the end of the story is near".into(),
             "an owl in the barn".into(),

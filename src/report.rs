@@ -1,0 +1,204 @@
+//! The run report: what was captured, where curation sent it and why, which deltas were trained, promoted
+//! or rejected with their eval legs, and the privacy check (planted personal values and secrets found in the
+//! training set; canary exposure). Built from the store alone, so it is the same during a run, after it, and
+//! after a crash.
+
+use serde::Serialize;
+
+use crate::store::{CurationCounts, DeltaRecord, DeltaStatus, ServedState, Store, StoreError};
+
+/// A delta line of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeltaLine {
+    pub id: String,
+    pub status: DeltaStatus,
+    pub num_samples: u64,
+    pub personal_gain: Option<f64>,
+    pub reason: Option<String>,
+    pub legs: Vec<crate::store::LegRecord>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub curation: CurationCounts,
+    pub training_set: usize,
+    pub deltas: Vec<DeltaLine>,
+    pub served: ServedState,
+    /// Planted values (personal data, secrets) checked for.
+    pub planted_checked: usize,
+    /// Planted values found anywhere in the training set: must be 0.
+    pub planted_in_training_set: usize,
+    /// Their first characters, to find them without the report repeating a secret.
+    pub planted_found_prefixes: Vec<String>,
+    /// The largest canary exposure (bits) of any promoted delta, and sampled leaks.
+    pub max_promoted_canary_exposure_bits: Option<f64>,
+    pub promoted_canary_leaks: u64,
+}
+
+fn line(d: &DeltaRecord) -> DeltaLine {
+    let verdict = d.verdict.as_ref();
+    DeltaLine {
+        id: d.id.clone(),
+        status: d.status,
+        num_samples: d.provenance["num_samples"].as_u64().unwrap_or(0),
+        personal_gain: verdict.and_then(|v| v["personal_gain"].as_f64()),
+        reason: verdict
+            .and_then(|v| v["reason"].as_str())
+            .map(str::to_owned),
+        legs: d.legs.clone(),
+    }
+}
+
+impl Report {
+    /// Reads the report from the store; `planted` are values that must never reach the training set.
+    pub fn build(store: &Store, planted: &[String]) -> Result<Report, StoreError> {
+        let training = store.training_set()?;
+        let texts: Vec<String> = training
+            .iter()
+            .map(|s| s.content.texts().join("\n"))
+            .collect();
+        let mut found: Vec<String> = planted
+            .iter()
+            .filter(|p| !p.is_empty() && texts.iter().any(|t| t.contains(p.as_str())))
+            .cloned()
+            .collect();
+        found.sort();
+        found.dedup();
+        let deltas = store.deltas()?;
+        let promoted: Vec<&DeltaRecord> = deltas
+            .iter()
+            .filter(|d| d.promoted_at_unix_ms.is_some())
+            .collect();
+        let exposure = |d: &&DeltaRecord| {
+            d.verdict
+                .as_ref()
+                .and_then(|v| v["candidate"]["canary_exposure_bits"].as_f64())
+        };
+        Ok(Report {
+            curation: store.counts()?,
+            training_set: training.len(),
+            served: store.served()?,
+            planted_checked: planted.len(),
+            planted_in_training_set: found.len(),
+            planted_found_prefixes: found
+                .iter()
+                .map(|f| f.chars().take(4).chain("…".chars()).collect())
+                .collect(),
+            max_promoted_canary_exposure_bits: promoted
+                .iter()
+                .filter_map(exposure)
+                .reduce(f64::max),
+            promoted_canary_leaks: promoted
+                .iter()
+                .filter_map(|d| {
+                    d.verdict
+                        .as_ref()
+                        .and_then(|v| v["candidate"]["canary_leaks"].as_u64())
+                })
+                .sum(),
+            deltas: deltas.iter().map(line).collect(),
+        })
+    }
+
+    /// One line per loop, for a long-running process's progress output.
+    pub fn status_line(&self) -> String {
+        let c = &self.curation;
+        let count = |s: DeltaStatus| self.deltas.iter().filter(|d| d.status == s).count();
+        format!(
+            "capture: {} interactions, {} feedback | curate: admitted {}, dropped {}, quarantined {}, pending {} | \
+             train: {} deltas ({} promoted, {} rejected, {} awaiting eval) | serving {}",
+            c.interactions,
+            c.feedback,
+            c.admitted,
+            c.dropped,
+            c.quarantined,
+            c.pending,
+            self.deltas.len(),
+            count(DeltaStatus::Promoted),
+            count(DeltaStatus::Rejected),
+            self.deltas.iter().filter(|d| d.reason.is_none()).count(),
+            self.served.delta_id.as_deref().unwrap_or("the base"),
+        )
+    }
+
+    pub fn to_markdown(&self) -> String {
+        let c = &self.curation;
+        let mut s = String::from("# hearth run report\n\n## Capture and curation\n");
+        s += &format!(
+            "- captured: {} interactions, {} feedback events\n- admitted {}, dropped {}, quarantined {}, pending {} \
+             (training set: {} samples)\n",
+            c.interactions,
+            c.feedback,
+            c.admitted,
+            c.dropped,
+            c.quarantined,
+            c.pending,
+            self.training_set
+        );
+        if !c.reasons.is_empty() {
+            // Reasons name the sample they point at ("exact duplicate of #11"); the table counts by kind.
+            let mut by_kind: Vec<(String, String, u64)> = Vec::new();
+            for (node, reason, n) in &c.reasons {
+                let kind = reason.split(" of #").next().unwrap_or(reason).to_owned();
+                match by_kind
+                    .iter_mut()
+                    .find(|(nd, k, _)| nd == node && *k == kind)
+                {
+                    Some(row) => row.2 += n,
+                    None => by_kind.push((node.clone(), kind, *n)),
+                }
+            }
+            by_kind.sort_by_key(|row| std::cmp::Reverse(row.2));
+            s += "\n| count | node | reason |\n|---:|---|---|\n";
+            for (node, reason, n) in &by_kind {
+                s += &format!("| {n} | {node} | {reason} |\n");
+            }
+        }
+        s += "\n## Deltas\n";
+        if self.deltas.is_empty() {
+            s += "- none trained yet\n";
+        }
+        for d in &self.deltas {
+            s += &format!(
+                "- `{}` {} on {} samples; personalisation gain {}; {}\n",
+                d.id,
+                d.status.as_str(),
+                d.num_samples,
+                d.personal_gain
+                    .map_or("-".to_owned(), |g| format!("{g:+.4} nats/token")),
+                d.reason.as_deref().unwrap_or("awaiting eval")
+            );
+            for l in &d.legs {
+                s += &format!(
+                    "  - {}: served {:.4} -> candidate {:.4} (tolerance {}) {}\n",
+                    l.leg,
+                    l.baseline,
+                    l.candidate,
+                    l.tolerance,
+                    if l.passed { "pass" } else { "FAIL" }
+                );
+            }
+        }
+        s += &format!(
+            "\nServing: {}\n\n## Privacy check\n- planted values checked: {}; found in the training set: {}{}\n",
+            self.served.delta_id.as_deref().unwrap_or("the base alone"),
+            self.planted_checked,
+            self.planted_in_training_set,
+            if self.planted_in_training_set == 0 {
+                String::new()
+            } else {
+                format!(
+                    " ({}: a privacy failure)",
+                    self.planted_found_prefixes.join(", ")
+                )
+            }
+        );
+        s += &format!(
+            "- canary exposure of promoted deltas: {} bits max; sampled leaks {}\n",
+            self.max_promoted_canary_exposure_bits
+                .map_or("-".to_owned(), |e| format!("{e:.2}")),
+            self.promoted_canary_leaks
+        );
+        s
+    }
+}

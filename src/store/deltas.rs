@@ -1,0 +1,373 @@
+//! Deltas, the eval gate's verdicts, and the served state.
+//!
+//! A delta enters as a `candidate`, becomes `rejected` or stays a candidate with a passing verdict, and is
+//! `promoted` (served) or `rolled_back`. What is served is the last row of the append-only `serving_log`;
+//! each row remembers the row that was current before it, so `rollback` restores the previous served state
+//! exactly, however many times it is repeated, down to the base alone.
+
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+use super::{Store, StoreError, json, sq_err};
+use crate::engine::message::{Delta, now_unix_ms};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeltaStatus {
+    Candidate,
+    Promoted,
+    Rejected,
+    RolledBack,
+}
+
+impl DeltaStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeltaStatus::Candidate => "candidate",
+            DeltaStatus::Promoted => "promoted",
+            DeltaStatus::Rejected => "rejected",
+            DeltaStatus::RolledBack => "rolled_back",
+        }
+    }
+
+    fn parse(s: &str) -> DeltaStatus {
+        match s {
+            "promoted" => DeltaStatus::Promoted,
+            "rejected" => DeltaStatus::Rejected,
+            "rolled_back" => DeltaStatus::RolledBack,
+            // The table's CHECK constraint admits nothing else.
+            _ => DeltaStatus::Candidate,
+        }
+    }
+}
+
+/// One probe leg of a verdict as stored in `eval_results`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LegRecord {
+    pub leg: String,
+    /// The score of the state served when the verdict was computed.
+    pub baseline: f64,
+    pub candidate: f64,
+    pub tolerance: f64,
+    pub passed: bool,
+}
+
+/// A delta as `hearth deltas list|show` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeltaRecord {
+    pub id: String,
+    pub path: String,
+    pub base_sha256: String,
+    pub recipe_sha256: String,
+    pub data_digest: String,
+    pub parent: Option<String>,
+    pub status: DeltaStatus,
+    pub provenance: serde_json::Value,
+    /// The eval gate's verdict, bound to this delta's bytes, base, recipe and data.
+    pub verdict: Option<serde_json::Value>,
+    pub legs: Vec<LegRecord>,
+    pub created_at_unix_ms: u64,
+    pub promoted_at_unix_ms: Option<u64>,
+}
+
+/// What is served now: a delta over the base, or the base alone (`delta_id: None`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServedState {
+    /// The `serving_log` row that entered this state; `None` before any promotion.
+    pub seq: Option<i64>,
+    pub delta_id: Option<String>,
+}
+
+impl Store {
+    /// Records a trained delta as a candidate. Returns false if it was recorded before (a replay).
+    pub fn record_delta(
+        &mut self,
+        delta: &Delta,
+        provenance: &serde_json::Value,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO deltas (id, path, base_sha256, recipe_sha256, data_digest, parent, status,
+                 provenance_json, created_at_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'candidate', ?7, ?8)",
+                params![
+                    delta.id,
+                    delta.path,
+                    delta.base_sha256,
+                    delta.recipe_sha256,
+                    delta.data_digest,
+                    delta.parent,
+                    json(provenance),
+                    now_unix_ms() as i64
+                ],
+            )
+            .map_err(self.sq())?;
+        Ok(n == 1)
+    }
+
+    /// Stores the eval gate's verdict and its legs in one transaction; a failed verdict rejects the delta.
+    pub fn record_verdict(
+        &mut self,
+        delta_id: &str,
+        verdict: &serde_json::Value,
+        legs: &[LegRecord],
+        passed: bool,
+    ) -> Result<(), StoreError> {
+        let sq = sq_err(&self.path);
+        let now = now_unix_ms() as i64;
+        let tx = self.conn.transaction().map_err(&sq)?;
+        let n = tx
+            .execute(
+                "UPDATE deltas SET verdict_json = ?2,
+                 status = CASE WHEN ?3 THEN status ELSE 'rejected' END WHERE id = ?1",
+                params![delta_id, json(verdict), passed],
+            )
+            .map_err(&sq)?;
+        if n == 0 {
+            return Err(StoreError::Refused(format!(
+                "no delta `{delta_id}` to attach a verdict to"
+            )));
+        }
+        tx.execute("DELETE FROM eval_results WHERE delta_id = ?1", [delta_id])
+            .map_err(&sq)?;
+        for l in legs {
+            tx.execute(
+                "INSERT INTO eval_results (delta_id, leg, base_score, candidate_score, tolerance, passed,
+                 created_at_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![delta_id, l.leg, l.baseline, l.candidate, l.tolerance, l.passed, now],
+            )
+            .map_err(&sq)?;
+        }
+        tx.commit().map_err(&sq)
+    }
+
+    /// Makes `delta_id` the served delta. Refuses a delta without a verdict or with a failing one; the caller
+    /// (the eval gate) has checked that the verdict is bound to this delta's bytes and to the served base.
+    pub fn promote(&mut self, delta_id: &str, reason: &str) -> Result<ServedState, StoreError> {
+        let record = self
+            .delta(delta_id)?
+            .ok_or_else(|| StoreError::Refused(format!("no delta `{delta_id}`")))?;
+        if record.verdict.is_none() {
+            return Err(StoreError::Refused(format!(
+                "delta `{delta_id}` has no eval verdict"
+            )));
+        }
+        if record.status == DeltaStatus::Rejected {
+            return Err(StoreError::Refused(format!(
+                "delta `{delta_id}` was rejected by the eval gate"
+            )));
+        }
+        let sq = sq_err(&self.path);
+        let now = now_unix_ms() as i64;
+        let tx = self.conn.transaction().map_err(&sq)?;
+        let current: Option<i64> = tx
+            .query_row("SELECT MAX(seq) FROM serving_log", [], |r| r.get(0))
+            .map_err(&sq)?;
+        tx.execute(
+            "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms) VALUES (?1, 'promote', ?2, ?3, ?4)",
+            params![delta_id, current, reason, now],
+        )
+        .map_err(&sq)?;
+        let seq = tx.last_insert_rowid();
+        tx.execute(
+            "UPDATE deltas SET status = 'promoted', promoted_at_unix_ms = ?2 WHERE id = ?1",
+            params![delta_id, now],
+        )
+        .map_err(&sq)?;
+        tx.commit().map_err(&sq)?;
+        Ok(ServedState {
+            seq: Some(seq),
+            delta_id: Some(delta_id.to_owned()),
+        })
+    }
+
+    /// Restores the state served before the current one. The delta left is marked `rolled_back`. Returns
+    /// `None` when nothing was ever promoted (the base alone is already served).
+    pub fn rollback(&mut self, reason: &str) -> Result<Option<ServedState>, StoreError> {
+        let sq = sq_err(&self.path);
+        let now = now_unix_ms() as i64;
+        let tx = self.conn.transaction().map_err(&sq)?;
+        let current: Option<(i64, Option<String>, Option<i64>)> = tx
+            .query_row(
+                "SELECT seq, delta_id, previous FROM serving_log ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(&sq)?;
+        let Some((_, left, previous)) = current else {
+            return Ok(None);
+        };
+        if left.is_none() && previous.is_none() {
+            // Already back at the base with nothing before it.
+            return Ok(None);
+        }
+        // The state to restore is the one `previous` entered, with that row's own predecessor.
+        let (restored, before): (Option<String>, Option<i64>) = match previous {
+            Some(p) => tx
+                .query_row(
+                    "SELECT delta_id, previous FROM serving_log WHERE seq = ?1",
+                    [p],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(&sq)?,
+            None => (None, None),
+        };
+        tx.execute(
+            "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms) VALUES (?1, 'rollback', ?2, ?3, ?4)",
+            params![restored, before, reason, now],
+        )
+        .map_err(&sq)?;
+        let seq = tx.last_insert_rowid();
+        if let Some(left) = &left
+            && restored.as_deref() != Some(left.as_str())
+        {
+            tx.execute(
+                "UPDATE deltas SET status = 'rolled_back' WHERE id = ?1",
+                [left],
+            )
+            .map_err(&sq)?;
+        }
+        if let Some(r) = &restored {
+            tx.execute("UPDATE deltas SET status = 'promoted' WHERE id = ?1", [r])
+                .map_err(&sq)?;
+        }
+        tx.commit().map_err(&sq)?;
+        Ok(Some(ServedState {
+            seq: Some(seq),
+            delta_id: restored,
+        }))
+    }
+
+    /// The served state: the last `serving_log` row.
+    pub fn served(&self) -> Result<ServedState, StoreError> {
+        let row: Option<(i64, Option<String>)> = self
+            .conn
+            .query_row(
+                "SELECT seq, delta_id FROM serving_log ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(self.sq())?;
+        Ok(match row {
+            Some((seq, delta_id)) => ServedState {
+                seq: Some(seq),
+                delta_id,
+            },
+            None => ServedState {
+                seq: None,
+                delta_id: None,
+            },
+        })
+    }
+
+    /// Every delta, oldest first.
+    pub fn deltas(&self) -> Result<Vec<DeltaRecord>, StoreError> {
+        let ids: Vec<String> = self
+            .conn
+            .prepare("SELECT id FROM deltas ORDER BY created_at_unix_ms, rowid")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .map_err(self.sq())?;
+        ids.iter()
+            .filter_map(|id| self.delta(id).transpose())
+            .collect()
+    }
+
+    pub fn delta(&self, id: &str) -> Result<Option<DeltaRecord>, StoreError> {
+        type Row = (
+            String,
+            String,
+            String,
+            String,
+            Option<String>,
+            String,
+            String,
+            Option<String>,
+            i64,
+            Option<i64>,
+        );
+        let row: Option<Row> = self
+            .conn
+            .query_row(
+                "SELECT path, base_sha256, recipe_sha256, data_digest, parent, status, provenance_json, verdict_json,
+                 created_at_unix_ms, promoted_at_unix_ms FROM deltas WHERE id = ?1",
+                [id],
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                        r.get(8)?,
+                        r.get(9)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(self.sq())?;
+        let Some((
+            path,
+            base,
+            recipe,
+            data,
+            parent,
+            status,
+            provenance,
+            verdict,
+            created,
+            promoted,
+        )) = row
+        else {
+            return Ok(None);
+        };
+        let parse = |column: &'static str, text: &str| {
+            serde_json::from_str(text).map_err(|source| StoreError::Json {
+                table: "deltas",
+                column,
+                id: id.to_owned(),
+                source,
+            })
+        };
+        let legs = self
+            .conn
+            .prepare(
+                "SELECT leg, base_score, candidate_score, tolerance, passed FROM eval_results
+                 WHERE delta_id = ?1 ORDER BY rowid",
+            )
+            .and_then(|mut s| {
+                s.query_map([id], |r| {
+                    Ok(LegRecord {
+                        leg: r.get(0)?,
+                        baseline: r.get::<_, Option<f64>>(1)?.unwrap_or(f64::NAN),
+                        candidate: r.get::<_, Option<f64>>(2)?.unwrap_or(f64::NAN),
+                        tolerance: r.get::<_, Option<f64>>(3)?.unwrap_or(f64::NAN),
+                        passed: r.get(4)?,
+                    })
+                })?
+                .collect()
+            })
+            .map_err(self.sq())?;
+        Ok(Some(DeltaRecord {
+            id: id.to_owned(),
+            path,
+            base_sha256: base,
+            recipe_sha256: recipe,
+            data_digest: data,
+            parent,
+            status: DeltaStatus::parse(&status),
+            provenance: parse("provenance_json", &provenance)?,
+            verdict: verdict
+                .as_deref()
+                .map(|v| parse("verdict_json", v))
+                .transpose()?,
+            legs,
+            created_at_unix_ms: created as u64,
+            promoted_at_unix_ms: promoted.map(|p| p as u64),
+        }))
+    }
+}
