@@ -35,6 +35,10 @@ pub struct TrainerParams {
     /// New samples that must wait before a cycle starts.
     #[serde(default = "default_min_samples")]
     pub min_samples: usize,
+    /// Start a new cycle only once the eval gate has judged the last delta, so the next cycle continues from
+    /// it if it was promoted (rather than racing it from the same parent). Turn off in a graph without a gate.
+    #[serde(default = "default_await_verdict")]
+    pub await_verdict: bool,
     /// Where deltas are written; `DATA_DIR/deltas` by default.
     #[serde(default)]
     pub out_dir: Option<PathBuf>,
@@ -46,6 +50,13 @@ pub struct TrainerParams {
 fn default_min_samples() -> usize {
     32
 }
+
+fn default_await_verdict() -> bool {
+    true
+}
+
+/// How often a trainer waiting for a verdict looks in the store.
+const VERDICT_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 
 static INFO: KindInfo = KindInfo {
     name: "trainer",
@@ -88,6 +99,7 @@ impl ActorFactory for TrainerParams {
             seen_ids: HashSet::new(),
             new_since_cycle: 0,
             running: None,
+            awaiting: None,
         }))
     }
 }
@@ -97,6 +109,7 @@ impl KindParams for TrainerParams {
         TrainerParams {
             model: Some("models/SmolLM2-135M-Instruct.Q8_0.gguf".to_owned()),
             min_samples: default_min_samples(),
+            await_verdict: default_await_verdict(),
             out_dir: None,
             train: Box::default(),
         }
@@ -120,6 +133,8 @@ struct Trainer {
     seen_ids: HashSet<String>,
     new_since_cycle: usize,
     running: Option<JoinHandle<CycleResult>>,
+    /// The last delta sent while `await_verdict` is on, and when the store was last asked about it.
+    awaiting: Option<(String, std::time::Instant)>,
 }
 
 fn load_base(params: &TrainerParams, data_dir: &std::path::Path, cell: &Shared<Base>) -> Result<Arc<Base>, TrainError> {
@@ -216,13 +231,34 @@ impl Trainer {
             .join()
             .map_err(|_| ActorError::Failed("training thread panicked".into()))?;
         let delta = result.map_err(|e| ActorError::Failed(format!("training cycle: {e}")))?;
+        if self.params.await_verdict {
+            self.awaiting = Some((delta.id.clone(), std::time::Instant::now()));
+        }
         out.send("deltas", Message::Delta(Arc::new(delta)))
             .map_err(|e| ActorError::Failed(e.to_string()))?;
         Ok(true)
     }
 
+    /// Whether the gate has judged the last delta (always true with `await_verdict` off).
+    fn verdict_known(&mut self) -> Result<bool, ActorError> {
+        let Some((id, checked)) = &mut self.awaiting else { return Ok(true) };
+        if checked.elapsed() < VERDICT_POLL {
+            return Ok(false);
+        }
+        *checked = std::time::Instant::now();
+        let store = Store::open(&self.data_dir).map_err(|e| ActorError::Failed(e.to_string()))?;
+        let judged = store
+            .delta(id)
+            .map_err(|e| ActorError::Failed(e.to_string()))?
+            .is_some_and(|d| d.verdict.is_some());
+        if judged {
+            self.awaiting = None;
+        }
+        Ok(judged)
+    }
+
     fn maybe_start(&mut self) -> Result<(), ActorError> {
-        if self.running.is_some() || self.new_since_cycle < self.params.min_samples.max(1) {
+        if self.running.is_some() || self.new_since_cycle < self.params.min_samples.max(1) || !self.verdict_known()? {
             return Ok(());
         }
         self.new_since_cycle = 0;

@@ -15,6 +15,8 @@ use candle_core::Tensor;
 use hearth::engine::{Graph, start};
 use hearth::report::Report;
 use hearth::store::{DeltaStatus, Store};
+use hearth::train::data::{is_held_out, select_training};
+use hearth::train::data_digest;
 
 const ROUNDS: usize = 12;
 
@@ -171,14 +173,18 @@ fn the_main_graph_learns_from_simulated_users_and_promotes_a_delta() {
     );
     assert_eq!(verdict["base_sha256"], base_sha.as_str());
     assert_eq!(verdict["data_digest"], promoted.data_digest.as_str());
-    // The personalisation probes are held out of training: some cycle held samples out.
-    let held_out: u64 = store
-        .deltas()
-        .unwrap()
-        .iter()
-        .map(|d| d.provenance["metrics"]["held_out"].as_u64().unwrap())
-        .sum();
-    assert!(held_out > 0);
+    // What the delta trained on is exactly the first samples the store admitted, less the held-out prompts
+    // (the personalisation probes) and the self-generated samples over the collapse guard's share.
+    let recipe = &promoted.provenance["recipe"];
+    let given = promoted.provenance["num_samples"].as_u64().unwrap() as usize;
+    let admitted = store.training_set().unwrap();
+    let selection = select_training(
+        &admitted[..given],
+        recipe["holdout_fraction"].as_f64().unwrap(),
+        recipe["max_self_generated_share"].as_f64().unwrap(),
+    );
+    assert_eq!(data_digest(&selection.train), promoted.data_digest);
+    assert!(selection.train.iter().all(|s| !is_held_out(s, recipe["holdout_fraction"].as_f64().unwrap())));
 
     // Bounded forgetting: the base file is byte-identical and its logits unchanged with the adapter off.
     assert_eq!(hearth::train::sha256_file(&model_path).unwrap(), base_sha);

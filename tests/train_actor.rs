@@ -15,7 +15,7 @@ fn a_graph_trains_a_delta_from_the_sample_stream() {
     let src = format!(
         r#"Graph(name: "train", nodes: [
             (id: "gen", kind: Generate(count: 12)),
-            (id: "trainer", kind: Trainer(model: "{}", min_samples: 6,
+            (id: "trainer", kind: Trainer(model: "{}", min_samples: 6, await_verdict: false,
                 train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, seed: 3))),
         ], edges: [
             (from: "gen.out", to: "trainer.samples", capacity: 8),
@@ -55,4 +55,91 @@ fn a_graph_trains_a_delta_from_the_sample_stream() {
         assert_eq!(p.metrics["steps"], 2);
         assert_eq!(p.base_sha256, hearth::train::sha256_file(&base).unwrap());
     }
+}
+
+/// A restarted trainer (after a crash, or a new run) reloads the training set the store holds, so no admitted
+/// sample is lost to training, and records the delta it trains as a candidate.
+#[test]
+fn a_restarted_trainer_trains_on_the_training_set_in_the_store() {
+    use hearth::engine::message::{ChatMessage, Feedback, FeedbackKind, Interaction};
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _, _) = train_util::tiny(dir.path());
+    let data = dir.path().join("data");
+    {
+        let mut store = hearth::store::Store::open(&data).unwrap();
+        for i in 0..5 {
+            let id = format!("i{i}");
+            let interaction = Interaction {
+                id: id.clone(),
+                user: "u".to_owned(),
+                adapter: None,
+                prompt: vec![ChatMessage {
+                    role: "user".to_owned(),
+                    content: format!("what is fact {i}"),
+                }],
+                response: format!("fact {i} is about owls"),
+                sampling: serde_json::json!({}),
+                created_at_unix_ms: 1,
+                latency_ms: 1,
+            };
+            for s in store.capture_interaction(&interaction).unwrap() {
+                assert!(store.admit(&s).unwrap());
+            }
+            let feedback = Feedback {
+                id: format!("f{i}"),
+                response_id: id,
+                user: "u".to_owned(),
+                kind: FeedbackKind::Accepted,
+                created_at_unix_ms: 2,
+            };
+            for s in store.capture_feedback(&feedback).unwrap() {
+                assert!(store.admit(&s).unwrap());
+            }
+        }
+        assert_eq!(store.training_set().unwrap().len(), 10);
+    }
+    // Nothing new arrives on the edge: everything comes from the store.
+    let src = format!(
+        r#"Graph(name: "restart", nodes: [
+            (id: "gen", kind: Generate(count: 0)),
+            (id: "trainer", kind: Trainer(model: "{}", min_samples: 10,
+                train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, holdout_fraction: 0.0,
+                        max_self_generated_share: 1.0))),
+        ], edges: [
+            (from: "gen.out", to: "trainer.samples", capacity: 8),
+        ])"#,
+        base.display()
+    );
+    let graph = Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
+    let report = start(graph, Some(&data)).expect("start").wait();
+    assert!(report.failed_nodes.is_empty(), "{report:#?}");
+    let store = hearth::store::Store::open(&data).unwrap();
+    let deltas = store.deltas().unwrap();
+    assert_eq!(deltas.len(), 1, "{deltas:?}");
+    assert_eq!(deltas[0].provenance["num_samples"], 10);
+    assert_eq!(deltas[0].status, hearth::store::DeltaStatus::Candidate);
+}
+
+/// `await_verdict` (the default) holds the next cycle until the gate has judged the last delta: with no gate
+/// in the graph, the same stream as above trains one delta, not two.
+#[test]
+fn the_next_cycle_waits_for_the_gates_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _, _) = train_util::tiny(dir.path());
+    let data = dir.path().join("data");
+    let src = format!(
+        r#"Graph(name: "train", nodes: [
+            (id: "gen", kind: Generate(count: 12)),
+            (id: "trainer", kind: Trainer(model: "{}", min_samples: 6,
+                train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, seed: 3))),
+        ], edges: [
+            (from: "gen.out", to: "trainer.samples", capacity: 8),
+        ])"#,
+        base.display()
+    );
+    let graph = Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
+    let report = start(graph, Some(&data)).expect("start").wait();
+    assert!(report.failed_nodes.is_empty(), "{report:#?}");
+    let deltas = std::fs::read_dir(data.join("deltas")).unwrap().count();
+    assert_eq!(deltas, 1);
 }

