@@ -11,6 +11,7 @@
 //! without it.
 
 use std::collections::HashSet;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -35,6 +36,9 @@ pub struct TrainerParams {
     /// New samples that must wait before a cycle starts.
     #[serde(default = "default_min_samples")]
     pub min_samples: usize,
+    /// CPU threads a cycle may use (its own pool, at a lower priority than serving).
+    #[serde(default = "default_threads")]
+    pub threads: usize,
     /// Start a new cycle only once the eval gate has judged the last delta, so the next cycle continues from
     /// it if it was promoted (rather than racing it from the same parent). Turn off in a graph without a gate.
     #[serde(default = "default_await_verdict")]
@@ -49,6 +53,10 @@ pub struct TrainerParams {
 
 fn default_min_samples() -> usize {
     32
+}
+
+fn default_threads() -> usize {
+    1
 }
 
 fn default_await_verdict() -> bool {
@@ -110,6 +118,7 @@ impl KindParams for TrainerParams {
             model: Some("models/SmolLM2-135M-Instruct.Q8_0.gguf".to_owned()),
             min_samples: default_min_samples(),
             await_verdict: default_await_verdict(),
+            threads: default_threads(),
             out_dir: None,
             train: Box::default(),
         }
@@ -185,13 +194,32 @@ fn run_cycle(params: TrainerParams, node: String, dirs: Dirs, cell: Shared<Base>
     let mut trainer = LoraTrainer::new(&base.model, &base.tok, (*params.train).clone(), parent.as_ref().map(|p| &p.1))?;
     trainer.set_checkpoint_dir(dirs.checkpoint);
     let total = params.train.steps;
+    // A progress bar on a terminal; otherwise one log line per step.
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(total as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} steps {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_prefix(format!("training {node}"));
+        bar
+    });
     let report = trainer.train_cycle(&samples, |s| {
         metrics::gauge!("hearth_trainer_step", "node" => node.clone()).set(s.step as f64);
         if s.loss.is_finite() {
             metrics::gauge!("hearth_trainer_loss", "node" => node.clone()).set(s.loss);
         }
-        tracing::info!(node = %node, step = s.step + 1, of = total, loss = s.loss, "training");
+        match &bar {
+            Some(bar) => {
+                bar.set_position(s.step as u64 + 1);
+                bar.set_message(format!("loss {:.4}", s.loss));
+            }
+            None => tracing::info!(node = %node, step = s.step + 1, of = total, loss = s.loss, "training"),
+        }
     })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     metrics::gauge!("hearth_trainer_tokens_per_second", "node" => node.clone()).set(report.tokens_per_second);
     metrics::counter!("hearth_trainer_cycles_total", "node" => node.clone()).increment(1);
     let adapter = trainer.adapter()?;
@@ -268,9 +296,10 @@ impl Trainer {
             data: self.data_dir.clone(),
         };
         let (params, node, cell, samples) = (self.params.clone(), self.node.clone(), self.base.clone(), self.seen.clone());
+        let pool = crate::train::background_pool(self.params.threads).map_err(|e| ActorError::Failed(e.to_string()))?;
         let handle = std::thread::Builder::new()
             .name(format!("trainer-{}", self.node))
-            .spawn(move || run_cycle(params, node, dirs, cell, samples))?;
+            .spawn(move || pool.install(|| run_cycle(params, node, dirs, cell, samples)))?;
         self.running = Some(handle);
         Ok(())
     }

@@ -70,7 +70,9 @@ fn sample(i: usize) -> Sample {
                 role: "user".into(),
                 content: format!("Tell me fact number {i} about the garden."),
             }],
-            response: format!("Fact {i}: the garden has tomatoes, beans and a small pond with fish."),
+            response: format!(
+                "Fact {i}: the garden has tomatoes, beans and a small pond with fish."
+            ),
         },
         provenance: Provenance::default(),
         created_at_unix_ms: 0,
@@ -78,7 +80,8 @@ fn sample(i: usize) -> Sample {
 }
 
 fn run(smoke: bool) -> Res<()> {
-    let scratch = std::env::temp_dir().join(format!("hearth-serve-train-bench-{}", std::process::id()));
+    let scratch =
+        std::env::temp_dir().join(format!("hearth-serve-train-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let path: PathBuf = if smoke {
         let p = scratch.join("tiny.gguf");
@@ -111,6 +114,8 @@ fn run(smoke: bool) -> Res<()> {
     let steps = Arc::new(AtomicUsize::new(0));
     let trainer = {
         let (stop, steps, path) = (stop.clone(), steps.clone(), path.clone());
+        // As the trainer actor runs a cycle: in its own one-thread pool at a lower priority.
+        let pool = hearth::train::background_pool(1)?;
         std::thread::spawn(move || -> Result<(), String> {
             let (model, tok) = hearth::model::load(&path).map_err(|e| e.to_string())?;
             let cfg = TrainConfig {
@@ -128,13 +133,15 @@ fn run(smoke: bool) -> Res<()> {
             };
             let data: Vec<Sample> = (0..32).map(sample).collect();
             let mut tr = LoraTrainer::new(&model, &tok, cfg, None).map_err(|e| e.to_string())?;
-            while !stop.load(Ordering::Acquire) {
-                tr.train_cycle(&data, |_| {
-                    steps.fetch_add(1, Ordering::Relaxed);
-                })
-                .map_err(|e| e.to_string())?;
-            }
-            Ok(())
+            pool.install(|| {
+                while !stop.load(Ordering::Acquire) {
+                    tr.train_cycle(&data, |_| {
+                        steps.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            })
         })
     };
     // Measure once training is under way.
@@ -149,10 +156,26 @@ fn run(smoke: bool) -> Res<()> {
 
     let (p50_i, p99_i) = (percentile(&idle, 0.5), percentile(&idle, 0.99));
     let (p50_b, p99_b) = (percentile(&busy, 0.5), percentile(&busy, 0.99));
-    println!("{} requests of {max_tokens} tokens on {}", n, path.display());
-    println!("idle:            p50 {:.1} ms  p99 {:.1} ms", p50_i * 1e3, p99_i * 1e3);
-    println!("while training:  p50 {:.1} ms  p99 {:.1} ms  ({trained} optimizer steps meanwhile)", p50_b * 1e3, p99_b * 1e3);
-    println!("p99 ratio training/idle: {:.2} (goal <= 1.5); p50 ratio {:.2}", p99_b / p99_i, p50_b / p50_i);
+    println!(
+        "{} requests of {max_tokens} tokens on {}",
+        n,
+        path.display()
+    );
+    println!(
+        "idle:            p50 {:.1} ms  p99 {:.1} ms",
+        p50_i * 1e3,
+        p99_i * 1e3
+    );
+    println!(
+        "while training:  p50 {:.1} ms  p99 {:.1} ms  ({trained} optimizer steps meanwhile)",
+        p50_b * 1e3,
+        p99_b * 1e3
+    );
+    println!(
+        "p99 ratio training/idle: {:.2} (goal <= 1.5); p50 ratio {:.2}",
+        p99_b / p99_i,
+        p50_b / p50_i
+    );
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }

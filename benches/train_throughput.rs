@@ -44,6 +44,7 @@ fn bench(name: &str, path: &PathBuf, steps: usize) -> Result<(), Box<dyn std::er
             max_seq_len: 128,
             warmup_steps: 1,
             replay_fraction: 0.0,
+            holdout_fraction: 0.0,
             ..TrainConfig::default()
         };
         let mut tr = LoraTrainer::new(&model, &tok, cfg, None)?;
@@ -76,7 +77,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(SMOL));
     if smol.exists() {
-        bench("SmolLM2-135M Q4_1", &smol, 2)?;
+        let file = smol.file_name().and_then(|f| f.to_str()).unwrap_or("?");
+        bench(&format!("SmolLM2-135M ({file})"), &smol, 2)?;
     } else {
         println!("SmolLM2 not found at {}: skipped", smol.display());
     }

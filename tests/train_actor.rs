@@ -52,6 +52,14 @@ fn a_graph_trains_a_delta_from_the_sample_stream() {
     assert_eq!(provs[1].parent, None);
     for p in &provs {
         assert_eq!((p.seed, p.recipe.steps), (3, 2));
+        assert_eq!(p.metrics["threads"], 1);
+        let dir = data.join("deltas").join(&p.delta_id);
+        // The llama.cpp export beside the PEFT files holds the same adapter.
+        let (model, _) = hearth::model::load(&base).unwrap();
+        let peft = hearth::model::LoraSet::load_peft(&dir, model.config()).unwrap();
+        let gguf =
+            hearth::model::LoraSet::load_gguf(dir.join("adapter.gguf"), model.config()).unwrap();
+        assert_eq!(peft.len(), gguf.len());
         assert_eq!(p.metrics["steps"], 2);
         assert_eq!(p.base_sha256, hearth::train::sha256_file(&base).unwrap());
     }
@@ -102,7 +110,7 @@ fn a_restarted_trainer_trains_on_the_training_set_in_the_store() {
     let src = format!(
         r#"Graph(name: "restart", nodes: [
             (id: "gen", kind: Generate(count: 0)),
-            (id: "trainer", kind: Trainer(model: "{}", min_samples: 10,
+            (id: "trainer", kind: Trainer(model: "{}", min_samples: 10, threads: 2,
                 train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, holdout_fraction: 0.0,
                         max_self_generated_share: 1.0))),
         ], edges: [
@@ -117,6 +125,8 @@ fn a_restarted_trainer_trains_on_the_training_set_in_the_store() {
     let deltas = store.deltas().unwrap();
     assert_eq!(deltas.len(), 1, "{deltas:?}");
     assert_eq!(deltas[0].provenance["num_samples"], 10);
+    // The cycle ran in a pool of the configured size (the default is one thread).
+    assert_eq!(deltas[0].provenance["metrics"]["threads"], 2);
     assert_eq!(deltas[0].status, hearth::store::DeltaStatus::Candidate);
 }
 

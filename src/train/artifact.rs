@@ -28,6 +28,9 @@ pub struct Provenance {
     pub created_at_unix_ms: u64,
 }
 
+/// The llama.cpp GGUF LoRA export written beside the PEFT files of every delta.
+pub const GGUF_FILE: &str = "adapter.gguf";
+
 /// Lowercase hex.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -59,7 +62,7 @@ pub fn recipe_sha256(cfg: &TrainConfig) -> Result<String> {
 }
 
 /// Writes `adapter` under `root/<id>/` (id = `delta-` + the first 16 hex of the adapter bytes'
-/// SHA-256) with `provenance.json`, atomically, and returns the [`Delta`] message. The caller
+/// SHA-256) with its llama.cpp GGUF export and `provenance.json`, atomically, and returns the [`Delta`] message. The caller
 /// fills `provenance` except `delta_id`.
 pub fn save_delta(
     root: &Path,
@@ -79,12 +82,15 @@ pub fn save_delta(
     let bytes = std::fs::read(&st).map_err(|e| io_err(&st, e))?;
     let id = format!("delta-{}", &sha256_hex(&bytes)[..16]);
     provenance.delta_id = id.clone();
+    // The same adapter for llama.cpp (`--lora adapter.gguf`).
+    adapter.save_gguf(tmp.join(GGUF_FILE), model)?;
     let prov_path = tmp.join("provenance.json");
     std::fs::write(&prov_path, serde_json::to_vec_pretty(&provenance)?)
         .map_err(|e| io_err(&prov_path, e))?;
     for name in [
         "adapter_model.safetensors",
         "adapter_config.json",
+        GGUF_FILE,
         "provenance.json",
     ] {
         let p = tmp.join(name);

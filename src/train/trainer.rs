@@ -56,6 +56,8 @@ pub struct CycleReport {
     pub capped_self_generated: usize,
     /// [`super::data_digest`] of the samples this cycle trained on, after the hold-out and the guard.
     pub data_digest: String,
+    /// CPU threads the cycle's kernels ran on (the rayon pool it ran in).
+    pub threads: usize,
 }
 
 impl CycleReport {
@@ -366,6 +368,7 @@ impl<'m> LoraTrainer<'m> {
             held_out: selection.held_out,
             capped_self_generated: selection.capped,
             data_digest: digest.clone(),
+            threads: rayon::current_num_threads(),
             resumed_at_step: (first > 0).then_some(first),
             ..CycleReport::default()
         };
