@@ -184,7 +184,12 @@ fn the_main_graph_learns_from_simulated_users_and_promotes_a_delta() {
         recipe["max_self_generated_share"].as_f64().unwrap(),
     );
     assert_eq!(data_digest(&selection.train), promoted.data_digest);
-    assert!(selection.train.iter().all(|s| !is_held_out(s, recipe["holdout_fraction"].as_f64().unwrap())));
+    assert!(
+        selection
+            .train
+            .iter()
+            .all(|s| !is_held_out(s, recipe["holdout_fraction"].as_f64().unwrap()))
+    );
 
     // Bounded forgetting: the base file is byte-identical and its logits unchanged with the adapter off.
     assert_eq!(hearth::train::sha256_file(&model_path).unwrap(), base_sha);
