@@ -89,6 +89,7 @@ fn peft_delta_files_load_back_exactly_with_provenance() {
     assert_eq!(
         files,
         [
+            "adapter.gguf",
             "adapter_config.json",
             "adapter_model.safetensors",
             "provenance.json"
