@@ -55,6 +55,54 @@ impl CustomOp1 for QMatMulGrad {
     }
 }
 
+/// `x·Wᵀ` over a dense frozen `W` whose backward computes only the input's gradient. candle's matmul
+/// backward also computes the gradient of `W`, one more full-size matmul per layer that a frozen base
+/// throws away. The product is computed outside the graph and handed in whole (`y`).
+struct FrozenMatMul {
+    y: Tensor,
+    w: Tensor,
+}
+
+impl CustomOp1 for FrozenMatMul {
+    fn name(&self) -> &'static str {
+        "frozen-matmul"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (storage, layout) = self.y.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cpu(s)
+                if layout.is_contiguous() && layout.start_offset() == 0 =>
+            {
+                Ok((s.clone(), self.y.shape().clone()))
+            }
+            _ => candle_core::bail!("frozen-matmul: the product must be a contiguous CPU tensor"),
+        }
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad_res.matmul(&self.w)?))
+    }
+}
+
+/// `x·Wᵀ` for a dense frozen `w` (`[out, in]`); differentiable w.r.t. `x` only.
+fn frozen_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let y = x.detach().matmul(&w.t()?)?;
+    if !x.track_op() {
+        return Ok(y);
+    }
+    let op = FrozenMatMul {
+        y: y.contiguous()?,
+        w: w.clone(),
+    };
+    Ok(x.apply_op1(op)?)
+}
+
 /// A linear layer over a frozen weight, with an optional LoRA pair applied unmerged.
 #[derive(Clone, Debug)]
 pub struct QLinear {
@@ -123,10 +171,10 @@ impl QLinear {
         let x2 = x.reshape((n, self.in_features))?;
         let y = match &self.weight {
             Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS => {
-                x2.matmul(&q.dequantize(x2.device())?.t()?)?
+                frozen_matmul(&x2, &q.dequantize(x2.device())?)?
             }
             Weight::Quant(q) => x2.contiguous()?.apply_op1(QMatMulGrad(q.clone()))?,
-            Weight::Dense(w) => x2.matmul(&w.t()?)?,
+            Weight::Dense(w) => frozen_matmul(&x2, w)?,
         };
         let y = match lora {
             None => y,
