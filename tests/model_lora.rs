@@ -170,6 +170,21 @@ fn adapter_errors_are_clear() {
             .to_string()
             .contains("DoRA")
     );
+    // Activated LoRA (same tensors, applied only after its invocation tokens) refused too.
+    std::fs::write(
+        &cfg_path,
+        text.replace(
+            "\"use_dora\": false",
+            "\"use_dora\": false, \"alora_invocation_tokens\": [5, 6]",
+        ),
+    )
+    .unwrap();
+    assert!(
+        LoraSet::load_peft(&out, m.config())
+            .unwrap_err()
+            .to_string()
+            .contains("alora_invocation_tokens")
+    );
     std::fs::write(&cfg_path, &text).unwrap();
     // Unknown tensor names are named in the error.
     let bad = Tensor::zeros((4, 64), DType::F32, &Device::Cpu).unwrap();

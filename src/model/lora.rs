@@ -197,6 +197,17 @@ impl LoraConfig {
         if self.r == 0 {
             return Err(ModelError::Adapter("r must be > 0".into()));
         }
+        // PEFT's activated LoRA (aLoRA) has ordinary A/B tensors but applies them only from the
+        // invocation tokens on; applied everywhere, its logits differ at every position.
+        if self
+            .extra
+            .get("alora_invocation_tokens")
+            .is_some_and(|v| !v.is_null())
+        {
+            return Err(ModelError::Adapter(
+                "activated LoRA (alora_invocation_tokens) is not supported".into(),
+            ));
+        }
         Ok(())
     }
 
