@@ -249,20 +249,13 @@ impl Serve {
             return Ok(());
         }
         let delta = match &served.delta_id {
-            Some(id) => {
-                let r = store
+            Some(id) => Some(
+                store
                     .delta(id)
                     .map_err(failed)?
-                    .ok_or_else(|| failed(format!("served delta `{id}` is not in the store")))?;
-                Some(Delta {
-                    id: r.id,
-                    path: r.path,
-                    base_sha256: r.base_sha256,
-                    recipe_sha256: r.recipe_sha256,
-                    data_digest: r.data_digest,
-                    parent: r.parent,
-                })
-            }
+                    .ok_or_else(|| failed(format!("served delta `{id}` is not in the store")))?
+                    .to_delta(),
+            ),
             None => None,
         };
         // Recorded first: a delta this node cannot serve is reported once, not every second, and the

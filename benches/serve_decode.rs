@@ -7,15 +7,16 @@
 //! `HEARTH_GGUF=path` measures another model. Thread counts run as child processes (`RAYON_NUM_THREADS`),
 //! since candle's pool is sized once per process. `cargo test --benches` runs a tiny smoke version.
 
-use std::path::PathBuf;
+mod bench_util;
+
+use bench_util::{bench_model, fixed_length_request};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
-use hearth::model::{Arch, LoraConfig, LoraPair, LoraSet, LoraTarget, TinySpec, write_tiny_model};
-use hearth::serve::{
-    GenerateRequest, PromptInput, ServeConfig, Server, StreamEvent, default_model,
-};
+use hearth::model::{LoraConfig, LoraPair, LoraSet, LoraTarget};
+use hearth::serve::{ServeConfig, Server, StreamEvent};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -44,18 +45,7 @@ fn measure(
     prompt: &str,
     max_tokens: usize,
 ) -> Res<(f64, f64, usize)> {
-    let req = GenerateRequest {
-        model: Some(model.to_owned()),
-        prompt: PromptInput::Text(prompt.to_owned()),
-        user: "bench".to_owned(),
-        max_tokens: Some(max_tokens),
-        temperature: None,
-        top_p: None,
-        top_k: None,
-        seed: None,
-        stop: Vec::new(),
-        ignore_eos: true,
-    };
+    let req = fixed_length_request(Some(model), prompt, max_tokens);
     let t0 = Instant::now();
     let admitted = server.engine().submit(req, "bench")?;
     let mut first = None;
@@ -83,18 +73,7 @@ fn measure(
 fn run(smoke: bool) -> Res<()> {
     let scratch = std::env::temp_dir().join(format!("hearth-serve-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let path: PathBuf = if smoke {
-        let p = scratch.join("tiny.gguf");
-        write_tiny_model(&p, &TinySpec::new(Arch::Llama))?;
-        p
-    } else if let Ok(p) = std::env::var("HEARTH_GGUF") {
-        p.into()
-    } else {
-        let data = std::env::var("HEARTH_DATA_DIR").unwrap_or_else(|_| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/target/hearth-bench-data").to_owned()
-        });
-        default_model::ensure(std::path::Path::new(&data))?
-    };
+    let path = bench_model(smoke, &scratch)?;
     let config = ServeConfig {
         model_name: "base".to_owned(),
         max_tokens_limit: 4096,

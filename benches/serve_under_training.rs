@@ -8,33 +8,22 @@
 //! `HEARTH_DATA_DIR`, default `target/hearth-bench-data`; `HEARTH_GGUF=path` for another);
 //! `cargo test --benches` runs a tiny smoke version.
 
-use std::path::PathBuf;
+mod bench_util;
+
+use bench_util::{bench_model, fixed_length_request};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use hearth::engine::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
-use hearth::model::{Arch, TinySpec, write_tiny_model};
-use hearth::serve::{
-    GenerateRequest, PromptInput, ServeConfig, Server, StreamEvent, default_model,
-};
+use hearth::serve::{ServeConfig, Server, StreamEvent};
 use hearth::train::{LoraTrainer, TrainConfig};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn request(server: &Server, prompt: &str, max_tokens: usize) -> Res<f64> {
-    let req = GenerateRequest {
-        model: None,
-        prompt: PromptInput::Text(prompt.to_owned()),
-        user: "bench".to_owned(),
-        max_tokens: Some(max_tokens),
-        temperature: None,
-        top_p: None,
-        top_k: None,
-        seed: None,
-        stop: Vec::new(),
-        ignore_eos: true,
-    };
+    let req = fixed_length_request(None, prompt, max_tokens);
     let t0 = Instant::now();
     let admitted = server.engine().submit(req, "bench")?;
     loop {
@@ -83,18 +72,7 @@ fn run(smoke: bool) -> Res<()> {
     let scratch =
         std::env::temp_dir().join(format!("hearth-serve-train-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let path: PathBuf = if smoke {
-        let p = scratch.join("tiny.gguf");
-        write_tiny_model(&p, &TinySpec::new(Arch::Llama))?;
-        p
-    } else if let Ok(p) = std::env::var("HEARTH_GGUF") {
-        p.into()
-    } else {
-        let data = std::env::var("HEARTH_DATA_DIR").unwrap_or_else(|_| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/target/hearth-bench-data").to_owned()
-        });
-        default_model::ensure(std::path::Path::new(&data))?
-    };
+    let path = bench_model(smoke, &scratch)?;
     let config = ServeConfig {
         model_name: "base".to_owned(),
         threads: 1,

@@ -22,16 +22,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-venv=${HEARTH_BENCH_VENV:-$HOME/.cache/hearth-bench-venv}
-py=$venv/bin/python
-
-if ! "$py" -c 'import torch, transformers, peft, gguf' 2>/dev/null; then
-    echo "== installing the PEFT peer into $venv" >&2
-    python3 -m venv "$venv"
-    "$py" -m pip install --upgrade pip
-    "$py" -m pip install torch==2.15.0 transformers==5.24.0 peft==0.21.2 gguf==0.19.0 \
-        numpy==2.4.6 safetensors==0.8.0
-fi
+# shellcheck source=scripts/peft_venv.sh
+. scripts/peft_venv.sh
 "$py" -c 'from importlib.metadata import version as v
 print("==", ", ".join(f"{p} {v(p)}" for p in ["torch", "transformers", "peft", "gguf"]))'
 

@@ -4,9 +4,9 @@
 //! edge, keep every planted value out of the training set, and leave the base byte-identical; rollback walks
 //! the served state back exactly, and a verdict cannot promote bytes it was not computed on.
 
+mod http_util;
 mod train_util;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,20 +17,9 @@ use hearth::report::Report;
 use hearth::store::{DeltaStatus, Store};
 use hearth::train::data::{is_held_out, select_training};
 use hearth::train::data_digest;
+use http_util::get;
 
 const ROUNDS: usize = 12;
-
-fn get(addr: SocketAddr, path: &str) -> serde_json::Value {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    serde_json::from_str(text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("")).unwrap()
-}
 
 /// The shipped main graph with the tiny model on every model node, an ephemeral port, no control server,
 /// and fewer, faster scripted rounds.

@@ -7,22 +7,30 @@ use hearth::engine::Graph;
 use hearth::engine::runtime::start;
 use hearth::train::Provenance;
 
-#[test]
-fn a_graph_trains_a_delta_from_the_sample_stream() {
-    let dir = tempfile::tempdir().unwrap();
-    let (base, _, _) = train_util::tiny(dir.path());
-    let data = dir.path().join("data");
+/// A graph of `Generate(count: N)` feeding a trainer with the given parameters (after `model`).
+fn trainer_graph(base: &std::path::Path, count: u64, trainer: &str) -> Graph {
     let src = format!(
         r#"Graph(name: "train", nodes: [
-            (id: "gen", kind: Generate(count: 12)),
-            (id: "trainer", kind: Trainer(model: "{}", min_samples: 6, await_verdict: false,
-                train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, seed: 3))),
+            (id: "gen", kind: Generate(count: {count})),
+            (id: "trainer", kind: Trainer(model: "{}", {trainer})),
         ], edges: [
             (from: "gen.out", to: "trainer.samples", capacity: 8),
         ])"#,
         base.display()
     );
-    let graph = Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
+    Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"))
+}
+
+#[test]
+fn a_graph_trains_a_delta_from_the_sample_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _, _) = train_util::tiny(dir.path());
+    let data = dir.path().join("data");
+    let graph = trainer_graph(
+        &base,
+        12,
+        "min_samples: 6, await_verdict: false, train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, seed: 3)",
+    );
     let report = start(graph, Some(&data)).expect("start").wait();
     let node = report
         .status
@@ -107,18 +115,11 @@ fn a_restarted_trainer_trains_on_the_training_set_in_the_store() {
         assert_eq!(store.training_set().unwrap().len(), 10);
     }
     // Nothing new arrives on the edge: everything comes from the store.
-    let src = format!(
-        r#"Graph(name: "restart", nodes: [
-            (id: "gen", kind: Generate(count: 0)),
-            (id: "trainer", kind: Trainer(model: "{}", min_samples: 10, threads: 2,
-                train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, holdout_fraction: 0.0,
-                        max_self_generated_share: 1.0))),
-        ], edges: [
-            (from: "gen.out", to: "trainer.samples", capacity: 8),
-        ])"#,
-        base.display()
+    let graph = trainer_graph(
+        &base,
+        0,
+        "min_samples: 10, threads: 2, train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, holdout_fraction: 0.0, max_self_generated_share: 1.0)",
     );
-    let graph = Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
     let report = start(graph, Some(&data)).expect("start").wait();
     assert!(report.failed_nodes.is_empty(), "{report:#?}");
     let store = hearth::store::Store::open(&data).unwrap();
@@ -137,17 +138,11 @@ fn the_next_cycle_waits_for_the_gates_verdict() {
     let dir = tempfile::tempdir().unwrap();
     let (base, _, _) = train_util::tiny(dir.path());
     let data = dir.path().join("data");
-    let src = format!(
-        r#"Graph(name: "train", nodes: [
-            (id: "gen", kind: Generate(count: 12)),
-            (id: "trainer", kind: Trainer(model: "{}", min_samples: 6,
-                train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, seed: 3))),
-        ], edges: [
-            (from: "gen.out", to: "trainer.samples", capacity: 8),
-        ])"#,
-        base.display()
+    let graph = trainer_graph(
+        &base,
+        12,
+        "min_samples: 6, train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, seed: 3)",
     );
-    let graph = Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
     let report = start(graph, Some(&data)).expect("start").wait();
     assert!(report.failed_nodes.is_empty(), "{report:#?}");
     let deltas = std::fs::read_dir(data.join("deltas")).unwrap().count();

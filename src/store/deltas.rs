@@ -70,6 +70,20 @@ pub struct DeltaRecord {
     pub promoted_at_unix_ms: Option<u64>,
 }
 
+impl DeltaRecord {
+    /// The delta as it travels on an edge.
+    pub fn to_delta(&self) -> Delta {
+        Delta {
+            id: self.id.clone(),
+            path: self.path.clone(),
+            base_sha256: self.base_sha256.clone(),
+            recipe_sha256: self.recipe_sha256.clone(),
+            data_digest: self.data_digest.clone(),
+            parent: self.parent.clone(),
+        }
+    }
+}
+
 /// What is served now: a delta over the base, or the base alone (`delta_id: None`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ServedState {
