@@ -87,7 +87,9 @@ impl Actor for Dedup {
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
         let sample = crate::engine::expect_sample(port, message)?;
         let text = sample.content.texts().join("\n");
-        let decision = self.deduper.check_and_insert(&text, sample.origin);
+        // Keyed by the sample id, so a sample replayed after a crash is not its own duplicate.
+        let key = crate::curate::dedup::minhash::hash_bytes(sample.id.as_bytes(), 0x5a3d_1e00_0000_0001).max(1);
+        let decision = self.deduper.check_and_insert_keyed(&text, sample.origin, key);
         self.unsaved += 1;
         if self.unsaved >= SAVE_EVERY {
             self.save()?;

@@ -629,3 +629,27 @@ fn garbage_input_does_not_panic() {
         }
     }
 }
+
+/// A sample replayed after a crash (dedup saw and admitted it, the store never committed it) is admitted
+/// again, not dropped as a duplicate of itself; another sample with the same text is still a duplicate. The
+/// sample keys survive save and load.
+#[test]
+fn a_replayed_sample_is_not_its_own_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dedup.state");
+    let mut d = Deduper::new(cfg()).unwrap();
+    let text = "please book the table by the window for eight people on friday";
+    assert_eq!(d.check_and_insert_keyed(text, G, 7), DedupDecision::Admit);
+    d.save(&path).unwrap();
+    let mut d = Deduper::load(&path, cfg()).unwrap();
+    assert_eq!(d.check_and_insert_keyed(text, G, 7), DedupDecision::Admit);
+    assert_eq!(d.len(), 1, "a replay is not remembered twice");
+    assert!(matches!(
+        d.check_and_insert_keyed(text, G, 8),
+        DedupDecision::ExactDuplicate { .. }
+    ));
+    assert!(matches!(
+        d.check_and_insert(text, G),
+        DedupDecision::ExactDuplicate { .. }
+    ));
+}

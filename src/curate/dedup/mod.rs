@@ -237,6 +237,9 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<MulHasher>>;
 #[derive(Clone, Debug)]
 struct Entry {
     seq: u64,
+    /// Who was admitted (a hash of the sample id; 0 when unknown), so a replay of that same sample
+    /// after a crash is recognised rather than dropped as a duplicate of itself.
+    key: u64,
     exact: u64,
     cluster: u64,
     sig: Box<[u32]>,
@@ -313,12 +316,27 @@ impl Deduper {
 
     /// Checks `text` against everything admitted so far and remembers it if admitted.
     pub fn check_and_insert(&mut self, text: &str, origin: Origin) -> DedupDecision {
+        self.check_and_insert_keyed(text, origin, 0)
+    }
+
+    /// [`Deduper::check_and_insert`] for a sample known by `key` (non-zero, e.g. a hash of its id): the
+    /// same key with the same text again is a replay of an admitted sample (a restart re-curating
+    /// what the store had not committed) and is admitted again without being counted twice.
+    pub fn check_and_insert_keyed(
+        &mut self,
+        text: &str,
+        origin: Origin,
+        key: u64,
+    ) -> DedupDecision {
         let seq = self.next_seq;
         self.next_seq += 1;
 
         normalise(text, &mut self.norm);
         let exact = hash_bytes(self.norm.as_bytes(), self.config.seed ^ EXACT_SALT);
         if let Some(e) = self.exact.get(&exact).and_then(|&o| self.entry(o)) {
+            if key != 0 && e.key == key {
+                return DedupDecision::Admit;
+            }
             return DedupDecision::ExactDuplicate { of: e.seq };
         }
 
@@ -393,6 +411,7 @@ impl Deduper {
         let sig: Box<[u32]> = self.sig_buf.as_slice().into();
         self.insert_entry(Entry {
             seq,
+            key,
             exact,
             cluster,
             sig,

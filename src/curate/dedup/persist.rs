@@ -1,7 +1,8 @@
 //! Saving and loading deduper state, so a restart does not readmit what was already seen.
 //!
-//! Format (little-endian): magic `HRTHDDP1`, u32 length + JSON of the config it was built with,
-//! u64 next sequence number, u64 entry count and per entry (seq, exact hash, cluster, signature),
+//! Format (little-endian): magic `HRTHDDP2`, u32 length + JSON of the config it was built with,
+//! u64 next sequence number, u64 entry count and per entry (seq, sample key, exact hash, cluster,
+//! signature),
 //! u64 cluster count and per cluster (id, u32 n, n × (seq, u32 weight)), then a u64 checksum of
 //! everything before it. Binary because a JSON store of 10^5–10^6 signatures would be several
 //! times larger and slower; LSH buckets are rebuilt on load rather than stored.
@@ -14,7 +15,9 @@ use std::path::{Path, PathBuf};
 use super::minhash::hash_bytes;
 use super::{DedupConfig, DedupError, Deduper, Entry};
 
-const MAGIC: &[u8; 8] = b"HRTHDDP1";
+const MAGIC: &[u8; 8] = b"HRTHDDP2";
+/// The first format, without sample keys: still read (keys become 0, "unknown").
+const MAGIC_V1: &[u8; 8] = b"HRTHDDP1";
 const CHECK_SEED: u64 = 0xc0ff_ee00_dd5e_ed01;
 
 impl Deduper {
@@ -27,7 +30,7 @@ impl Deduper {
             path: path.to_path_buf(),
             source,
         };
-        let mut buf = Vec::with_capacity(64 + self.entries.len() * (24 + 4 * self.config.num_perm));
+        let mut buf = Vec::with_capacity(64 + self.entries.len() * (32 + 4 * self.config.num_perm));
         buf.extend_from_slice(MAGIC);
         let cfg = serde_json::to_vec(&self.config).map_err(|e| DedupError::Corrupt {
             path: path.to_path_buf(),
@@ -39,6 +42,7 @@ impl Deduper {
         put_u64(&mut buf, self.entries.len() as u64);
         for e in &self.entries {
             put_u64(&mut buf, e.seq);
+            put_u64(&mut buf, e.key);
             put_u64(&mut buf, e.exact);
             put_u64(&mut buf, e.cluster);
             for &v in e.sig.iter() {
@@ -102,9 +106,10 @@ impl Deduper {
             path: path.to_path_buf(),
             reason: reason.to_string(),
         };
-        if bytes.len() < MAGIC.len() + 8 || &bytes[..8] != MAGIC {
+        if bytes.len() < MAGIC.len() + 8 || (&bytes[..8] != MAGIC && &bytes[..8] != MAGIC_V1) {
             return Err(corrupt("not a hearth dedup state (bad magic)"));
         }
+        let keyed = &bytes[..8] == MAGIC;
         let (body, tail) = bytes.split_at(bytes.len() - 8);
         let mut sum = [0u8; 8];
         sum.copy_from_slice(tail);
@@ -136,13 +141,14 @@ impl Deduper {
         let mut d = Deduper::new(config)?;
         d.next_seq = r.u64().ok_or_else(short)?;
         let n = r.u64().ok_or_else(short)?;
-        let per = 24 + 4 * d.config.num_perm;
+        let per = if keyed { 32 } else { 24 } + 4 * d.config.num_perm;
         if n.saturating_mul(per as u64) > (body.len() - r.pos) as u64 {
             return Err(short());
         }
         let mut last = None;
         for _ in 0..n {
             let seq = r.u64().ok_or_else(short)?;
+            let key = if keyed { r.u64().ok_or_else(short)? } else { 0 };
             let exact = r.u64().ok_or_else(short)?;
             let cluster = r.u64().ok_or_else(short)?;
             let mut sig = vec![0u32; d.config.num_perm];
@@ -155,6 +161,7 @@ impl Deduper {
             last = Some(seq);
             d.remember(Entry {
                 seq,
+                key,
                 exact,
                 cluster,
                 sig: sig.into_boxed_slice(),
