@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::curate::guard::{BuiltinGuard, GuardBackend, GuardDecision, GuardPolicy};
+use crate::curate::guard::{BuiltinGuard, GuardBackend, GuardDecision, GuardPolicy, ModelGuard};
 use crate::engine::message::{Decision, Outcome};
 use crate::engine::{
     Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
@@ -15,11 +15,24 @@ use crate::engine::{
 };
 
 /// Which classifier judges samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum GuardBackendKind {
     /// The classifier trained by hearth's own code on `data/guard/`.
     #[default]
     Builtin,
+    /// A generative guard in GGUF (the Qwen3Guard-Gen family), optionally with a PEFT adapter directory;
+    /// each answer is at most `max_new_tokens` long.
+    Model {
+        model: String,
+        #[serde(default)]
+        adapter: Option<String>,
+        #[serde(default = "default_max_new_tokens")]
+        max_new_tokens: usize,
+    },
+}
+
+fn default_max_new_tokens() -> usize {
+    128
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -46,9 +59,20 @@ impl ActorFactory for GuardParams {
     }
 
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
-        let backend: Box<dyn GuardBackend> = match self.backend {
-            GuardBackendKind::Builtin => Box::new(
-                BuiltinGuard::from_policy(&self.policy).map_err(|e| ActorError::Build(e.to_string()))?,
+        let build = |e: crate::curate::guard::GuardError| ActorError::Build(format!("node `{}`: {e}", ctx.node_id));
+        let backend: Box<dyn GuardBackend> = match &self.backend {
+            GuardBackendKind::Builtin => Box::new(BuiltinGuard::from_policy(&self.policy).map_err(build)?),
+            GuardBackendKind::Model {
+                model,
+                adapter,
+                max_new_tokens,
+            } => Box::new(
+                ModelGuard::load(
+                    std::path::Path::new(model),
+                    adapter.as_deref().map(std::path::Path::new),
+                    *max_new_tokens,
+                )
+                .map_err(build)?,
             ),
         };
         Ok(Box::new(Guard {
@@ -91,32 +115,48 @@ impl Actor for Guard {
         };
         let prompt = texts.join("\n");
         let mut worst = GuardDecision::Admit;
+        // A verdict the backend could not give (a generative guard answering off-format) fails closed:
+        // the sample waits in quarantine for a person, with the error as its reason.
+        let mut no_verdict: Option<String> = None;
         for response in responses {
-            let verdict = self
-                .backend
-                .classify(&prompt, response)
-                .map_err(|e| ActorError::Failed(e.to_string()))?;
-            let decision = self.policy.decide(&verdict);
-            if rank(&decision) > rank(&worst) {
-                worst = decision;
+            match self.backend.classify(&prompt, response) {
+                Ok(verdict) => {
+                    let decision = self.policy.decide(&verdict);
+                    if rank(&decision) > rank(&worst) {
+                        worst = decision;
+                    }
+                }
+                Err(e) => no_verdict = Some(e.to_string()),
             }
         }
-        let (outcome, reason, label) = match &worst {
-            GuardDecision::Admit => {
+        let (outcome, reason, detail, label) = match (&worst, no_verdict) {
+            (GuardDecision::Drop { reason }, _) => {
+                (Outcome::Dropped, reason.to_string(), serde_json::to_value(reason).unwrap_or_default(), "drop")
+            }
+            (_, Some(error)) => (
+                Outcome::Quarantined,
+                format!("no verdict: {error}"),
+                serde_json::Value::String(error),
+                "quarantine",
+            ),
+            (GuardDecision::Quarantine { reason }, None) => (
+                Outcome::Quarantined,
+                reason.to_string(),
+                serde_json::to_value(reason).unwrap_or_default(),
+                "quarantine",
+            ),
+            (GuardDecision::Admit, None) => {
                 let mut sample = sample.clone();
                 Arc::make_mut(&mut sample).record(&self.node, "admitted", serde_json::Value::Null);
                 metrics::counter!("hearth_guard_decisions_total", "node" => self.node.clone(), "decision" => "admit")
                     .increment(1);
-                return out
-                    .send("out", Message::Sample(sample)).map_err(ActorError::from);
+                return out.send("out", Message::Sample(sample)).map_err(ActorError::from);
             }
-            GuardDecision::Drop { reason } => (Outcome::Dropped, reason, "drop"),
-            GuardDecision::Quarantine { reason } => (Outcome::Quarantined, reason, "quarantine"),
         };
         metrics::counter!("hearth_guard_decisions_total", "node" => self.node.clone(), "decision" => label)
             .increment(1);
         let mut sample = Arc::unwrap_or_clone(sample.clone());
-        sample.record(&self.node, label, serde_json::to_value(reason).unwrap_or_default());
+        sample.record(&self.node, label, detail);
         let decision = Decision {
             sample,
             node: self.node.clone(),

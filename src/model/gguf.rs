@@ -390,6 +390,8 @@ pub struct TinySpec {
     /// Storage type of the 2-D matrices (norms stay F32, as in real GGUFs).
     pub dtype: GgmlDType,
     pub seed: u64,
+    /// Positions the model accepts (the tiny tokenizer spends about one token per character).
+    pub context_length: usize,
 }
 
 impl TinySpec {
@@ -408,6 +410,7 @@ impl TinySpec {
             tied_embeddings: arch == Arch::Llama,
             dtype: GgmlDType::F32,
             seed: 7,
+            context_length: 256,
         }
     }
 }
@@ -521,7 +524,7 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         (format!("{a}.block_count"), u(spec.num_layers)),
         (format!("{a}.embedding_length"), u(h)),
         (format!("{a}.feed_forward_length"), u(ff)),
-        (format!("{a}.context_length"), u(256)),
+        (format!("{a}.context_length"), u(spec.context_length)),
         (format!("{a}.attention.head_count"), u(spec.num_heads)),
         (format!("{a}.attention.head_count_kv"), u(spec.num_kv_heads)),
         (format!("{a}.attention.key_length"), u(spec.head_dim)),
@@ -569,7 +572,7 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         head_dim: spec.head_dim,
         rope_theta: 10_000.0,
         rms_eps: 1e-6,
-        context_length: 256,
+        context_length: spec.context_length,
         tied_embeddings: spec.tied_embeddings,
         qk_norm: spec.arch == Arch::Qwen3,
     })

@@ -2,10 +2,10 @@
 //! (`shared/specs/guard-format.md`): a severity and categories per side, plus refusal for the
 //! response side.
 //!
-//! Why the structure is fixed: a user may point the guard actor at a real Qwen3Guard model
-//! (a future `model` backend) or use the small [`BuiltinGuard`]; [`GuardPolicy::decide`] must
-//! treat both the same way. The generative model answers in lines such as
-//! `Safety: Unsafe\nCategories: Violent`; [`parse_verdict`] is the seam that backend will use.
+//! Why the structure is fixed: a user may point the guard actor at a real Qwen3Guard model (the
+//! [`ModelGuard`] backend) or use the small [`BuiltinGuard`]; [`GuardPolicy::decide`] treats both
+//! the same way. The generative model answers in lines such as `Safety: Unsafe\nCategories: Violent`,
+//! read by [`parse_verdict`].
 //!
 //! PII here is a whole-turn label, not spans: span redaction is the redactor's job. A text whose
 //! personal values were all replaced by sentinels (`Email <PERSON> at <EMAIL>`) is *not* PII —
@@ -14,9 +14,11 @@
 
 mod builtin;
 pub mod data;
+mod model;
 mod policy;
 
 pub use builtin::{BuiltinGuard, CategoryScores};
+pub use model::{ModelGuard, moderation_prompt};
 pub use policy::{ControversialAction, GuardDecision, GuardPolicy, GuardReason};
 
 use serde::{Deserialize, Serialize};
@@ -159,6 +161,8 @@ pub enum GuardError {
     Data(String),
     #[error("invalid guard policy: {0}")]
     InvalidPolicy(String),
+    #[error("guard model: {0}")]
+    Model(String),
 }
 
 /// A guard implementation. `Send + Sync` so one instance can serve several actor threads.
