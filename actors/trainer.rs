@@ -3,7 +3,9 @@
 //! Thin over [`crate::train`]. Samples are buffered; once `min_samples` new ones wait and no cycle
 //! is running, a cycle starts on its own thread over every sample received so far, continuing
 //! from the served delta (the one the eval gate promoted), or from the base. The engine thread never
-//! trains, so curation keeps flowing; `train.step_sleep_ms` yields the CPU to serving between steps.
+//! trains, so curation keeps flowing; a cycle runs in its own pool of `threads` in the idle scheduling
+//! class (see [`crate::train::background_pool`]), and `train.step_sleep_ms` pauses between steps, so
+//! serving always gets a core first. With `await_verdict`, the next cycle waits for the gate's verdict.
 //! A finished delta is recorded in the store as a candidate and sent on `deltas` as soon as it is
 //! written. At start the trainer reloads the training set from the store, so a crash or restart
 //! loses no training data; drain waits for a running cycle, then trains once more on samples that
