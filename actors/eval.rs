@@ -4,7 +4,7 @@
 //! probe set frozen for the base and on the user's held-out curated data; the verdict (bound to the delta's
 //! bytes, base, recipe and data digest) goes to the store. A passing delta is promoted in the store and sent on
 //! `promoted`, which the graph wires back to `serve.deltas` (a feedback edge) for the hot swap. Every verdict
-//! also goes out on `reports`.
+//! also goes out on `reports`. At start, candidates left without a verdict (a crash mid-judgement) are judged.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -201,6 +201,26 @@ impl EvalGate {
 }
 
 impl Actor for EvalGate {
+    /// Judges every candidate the store holds without a verdict: one trained before a crash, or while no
+    /// gate ran. A promotion made here reaches serve through `promoted` like any other.
+    fn on_start(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
+        if !self.data_dir.join(Store::FILE_NAME).exists() {
+            return Ok(());
+        }
+        let pending: Vec<Delta> = Store::open(&self.data_dir)
+            .and_then(|s| s.deltas())
+            .map_err(failed)?
+            .into_iter()
+            .filter(|d| d.verdict.is_none() && d.status == crate::store::DeltaStatus::Candidate)
+            .map(|d| d.to_delta())
+            .collect();
+        for delta in pending {
+            tracing::info!(node = %self.node, delta = %delta.id, "judging a candidate left without a verdict");
+            self.handle("candidates", &Message::Delta(Arc::new(delta)), out)?;
+        }
+        Ok(())
+    }
+
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
         let Message::Delta(delta) = message else {
             return Err(ActorError::Unexpected {

@@ -397,3 +397,65 @@ fn promotion_needs_a_bound_passing_verdict_and_rollback_walks_back_exactly() {
     // Legs are stored and read back with the delta.
     assert_eq!(store.delta("delta-a").unwrap().unwrap().legs, vec![leg]);
 }
+
+/// A candidate left without a verdict (trained before a crash, or while no gate ran) is judged when the
+/// gate starts, and its verdict is bound to it.
+#[test]
+fn the_gate_judges_candidates_left_without_a_verdict_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, m, tok) = tiny(dir.path());
+    let data = dir.path().join("data");
+    let cfg = TrainConfig {
+        holdout_fraction: 0.0,
+        ..fast_cfg()
+    };
+    let mut tr = LoraTrainer::new(&m, &tok, cfg.clone(), None).unwrap();
+    let report = tr.train_cycle(&mixed(), |_| {}).unwrap();
+    let provenance = hearth::train::Provenance {
+        delta_id: String::new(),
+        base_sha256: hearth::train::sha256_file(&base).unwrap(),
+        recipe_sha256: hearth::train::artifact::recipe_sha256(&cfg).unwrap(),
+        recipe: cfg,
+        data_digest: report.data_digest.clone(),
+        num_samples: mixed().len(),
+        parent: None,
+        seed: 0,
+        metrics: serde_json::Value::Null,
+        created_at_unix_ms: 0,
+    };
+    let delta = hearth::train::save_delta(
+        &data.join("deltas"),
+        &tr.adapter().unwrap(),
+        m.config(),
+        provenance.clone(),
+    )
+    .unwrap();
+    let mut store = Store::open(&data).unwrap();
+    store
+        .record_delta(&delta, &serde_json::to_value(&provenance).unwrap())
+        .unwrap();
+    drop(store);
+    // A trainer with nothing to train feeds the gate; the gate finds the candidate in the store itself.
+    let src = format!(
+        r#"Graph(name: "gate-replay", nodes: [
+            (id: "gen", kind: Generate(count: 0)),
+            (id: "trainer", kind: Trainer(model: "{m}", min_samples: 1000)),
+            (id: "eval", kind: Eval(model: "{m}", gate: (canary_candidates: 3, max_new_tokens: 2))),
+        ], edges: [
+            (from: "gen.out", to: "trainer.samples", capacity: 4),
+            (from: "trainer.deltas", to: "eval.candidates", capacity: 4),
+        ])"#,
+        m = base.display()
+    );
+    let graph = hearth::engine::Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
+    let run = hearth::engine::start(graph, Some(&data)).unwrap().wait();
+    assert!(run.failed_nodes.is_empty(), "{run:#?}");
+    let judged = Store::open(&data)
+        .unwrap()
+        .delta(&delta.id)
+        .unwrap()
+        .unwrap();
+    let verdict = judged.verdict.expect("judged at start");
+    assert_eq!(verdict["delta_id"], delta.id.as_str());
+    assert!(!judged.legs.is_empty());
+}
