@@ -47,6 +47,13 @@ pub enum TrainError {
 /// current rayon pool, so a cycle run inside `pool.install(..)` uses only these `threads`, and each of them
 /// runs in the idle scheduling class (Linux), so serving always comes first for a core.
 pub fn background_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    // Threads inherit their creator's scheduling class: the process-wide pools that serving's and the eval
+    // gate's kernels run on (rayon's global pool, candle's CPU pool and its quantized-kernel barrier pool)
+    // must exist before anything runs in the idle class, or a training thread would create them and
+    // they would starve with it.
+    let _ = rayon::current_num_threads();
+    let _ = candle_core::utils::barrier_pool();
+    candle_core::utils::with_threadpool(|| ());
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
         .thread_name(|i| format!("hearth-train-{i}"))
