@@ -265,7 +265,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Quarantine { action, data_dir } => {
-            let mut store = hearth::store::Store::open(&data_dir)?;
+            let mut store = open_store(&data_dir)?;
             match action {
                 QuarantineAction::List => {
                     for q in store.quarantine_list()? {
@@ -290,7 +290,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Deltas { action, data_dir } => {
-            let mut store = hearth::store::Store::open(&data_dir)?;
+            let mut store = open_store(&data_dir)?;
             match action {
                 DeltasAction::List => {
                     let served = store.served()?.delta_id;
@@ -346,7 +346,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 None => Vec::new(),
             };
-            let store = hearth::store::Store::open(&data_dir)?;
+            let store = open_store(&data_dir)?;
             let report = hearth::report::Report::build(&store, &planted)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -356,7 +356,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Purge { user, data_dir } => {
-            let mut store = hearth::store::Store::open(&data_dir)?;
+            let mut store = open_store(&data_dir)?;
             let counts = store.purge_user(&user)?;
             println!("purged user `{user}`: {}", serde_json::to_string(&counts)?);
             Ok(ExitCode::SUCCESS)
@@ -481,6 +481,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
     }
+}
+
+/// The store of a data directory a graph has run in. The commands that read or change it never create one:
+/// a mistyped `--data-dir` is an error, not an empty store.
+fn open_store(data_dir: &Path) -> anyhow::Result<hearth::store::Store> {
+    if !data_dir.join(hearth::store::Store::FILE_NAME).exists() {
+        anyhow::bail!(
+            "no hearth store in {} (run a graph there first, or pass --data-dir)",
+            data_dir.display()
+        );
+    }
+    Ok(hearth::store::Store::open(data_dir)?)
 }
 
 /// What the graph's nodes plant on purpose (see `ActorFactory::planted`).

@@ -253,6 +253,19 @@ fn the_main_graph_learns_from_simulated_users_and_promotes_a_delta() {
     assert!(!ok && refused.contains("adapter file changed"), "{refused}");
     let (ok, none) = hearth(&["deltas", "rollback"]);
     assert!(ok && none.contains("nothing to roll back"), "{none}");
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["deltas", "list", "--data-dir"])
+        .arg(dir.path().join("no-such-dir"))
+        .output()
+        .unwrap();
+    assert!(
+        !missing.status.success()
+            && String::from_utf8_lossy(&missing.stderr).contains("no hearth store")
+    );
+    assert!(
+        !dir.path().join("no-such-dir").exists(),
+        "a read command created a store"
+    );
     let (ok, json) = hearth(&["report", "--json"]);
     let report: serde_json::Value =
         serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
