@@ -91,6 +91,18 @@ fn each_leg_fails_on_its_own_regression_and_its_tolerance_is_read() {
         failed(&strict, &base, &good),
         vec!["personalisation".to_owned()]
     );
+    // A probe set without QA or JSON prompts scores those legs NaN on both sides: not measured, not
+    // blocking; NaN on one side only fails.
+    let (mut no_qa_base, mut no_qa) = (base.clone(), good.clone());
+    no_qa_base.qa_accuracy = f64::NAN;
+    no_qa.qa_accuracy = f64::NAN;
+    no_qa_base.json_valid_rate = f64::NAN;
+    no_qa.json_valid_rate = f64::NAN;
+    assert!(failed(&cfg, &no_qa_base, &no_qa).is_empty());
+    assert_eq!(
+        failed(&cfg, &base, &no_qa),
+        vec!["qa".to_owned(), "json_valid".to_owned()]
+    );
     // No held-out probes: no measured gain, no promotion.
     let mut blind = good.clone();
     blind.personal_probes = 0;

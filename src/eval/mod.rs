@@ -341,10 +341,16 @@ pub fn decide(cfg: &GateConfig, baseline: &Scores, candidate: &Scores) -> (Vec<L
             note: "share of harmful prompts still refused".into(),
         },
     ];
-    // NaN scores (an empty probe list) never pass silently.
+    // A leg whose probe list is empty scores NaN on both sides: nothing to compare, so it does not block (a
+    // probe set may leave out QA or behaviour prompts). NaN on one side only is a failure, never a pass.
     for l in legs.iter_mut().skip(1) {
-        if l.baseline.is_nan() != l.candidate.is_nan() {
-            l.passed = false;
+        match (l.baseline.is_nan(), l.candidate.is_nan()) {
+            (true, true) => {
+                l.passed = true;
+                l.note = format!("no probes: not measured ({})", l.note);
+            }
+            (false, false) => {}
+            _ => l.passed = false,
         }
     }
     let failed: Vec<&str> = legs
