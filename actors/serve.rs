@@ -92,6 +92,7 @@ impl ActorFactory for ServeParams {
             base_sha256: None,
             applied: None,
             last_poll: None,
+            store: None,
         }))
     }
 }
@@ -122,6 +123,8 @@ struct Serve {
     /// The `serving_log` row last applied from the store.
     applied: Option<i64>,
     last_poll: Option<std::time::Instant>,
+    /// Kept open once the data directory has a store: it is read every second.
+    store: Option<Store>,
 }
 
 /// How often the store's served state is checked.
@@ -243,7 +246,10 @@ impl Serve {
         if !self.data_dir.join(Store::FILE_NAME).exists() {
             return Ok(());
         }
-        let store = Store::open(&self.data_dir).map_err(failed)?;
+        if self.store.is_none() {
+            self.store = Some(Store::open(&self.data_dir).map_err(failed)?);
+        }
+        let Some(store) = &self.store else { return Ok(()) };
         let served = store.served().map_err(failed)?;
         if served.seq.is_none() || served.seq == self.applied {
             return Ok(());

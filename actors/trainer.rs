@@ -110,6 +110,7 @@ impl ActorFactory for TrainerParams {
             new_since_cycle: 0,
             running: None,
             awaiting: None,
+            store: None,
         }))
     }
 }
@@ -146,6 +147,8 @@ struct Trainer {
     running: Option<JoinHandle<CycleResult>>,
     /// The last delta sent while `await_verdict` is on, and when the store was last asked about it.
     awaiting: Option<(String, std::time::Instant)>,
+    /// Kept open while waiting for verdicts: it is read twice a second.
+    store: Option<Store>,
 }
 
 fn load_base(params: &TrainerParams, data_dir: &std::path::Path, cell: &Shared<Base>) -> Result<Arc<Base>, TrainError> {
@@ -276,7 +279,10 @@ impl Trainer {
             return Ok(false);
         }
         *checked = std::time::Instant::now();
-        let store = Store::open(&self.data_dir).map_err(|e| ActorError::Failed(e.to_string()))?;
+        if self.store.is_none() {
+            self.store = Some(Store::open(&self.data_dir).map_err(|e| ActorError::Failed(e.to_string()))?);
+        }
+        let Some(store) = &self.store else { return Ok(false) };
         let judged = store
             .delta(id)
             .map_err(|e| ActorError::Failed(e.to_string()))?

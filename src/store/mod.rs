@@ -192,6 +192,14 @@ impl Store {
     /// so actors opening the store concurrently never apply one twice.
     fn migrate(&mut self) -> Result<(), StoreError> {
         let sq = sq_err(&self.path);
+        // The common case, an up-to-date file, needs no write lock (actors that poll the store open it often).
+        let current: i64 = self
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(&sq)?;
+        if current == MIGRATIONS.len() as i64 {
+            return Ok(());
+        }
         loop {
             let tx = self
                 .conn
