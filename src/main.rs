@@ -370,9 +370,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .map_err(|e| {
                         anyhow::anyhow!("{}:{}: {}", settings.display(), e.span.start, e.code)
                     })?;
-            let coordinator =
-                hearth::federate::coordinator::Coordinator::start(parsed.into_config()?)?;
-            eprintln!("coordinator listening on http://{}", coordinator.addr);
+            let config = parsed.into_config()?;
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            let coordinator = hearth::federate::coordinator::Coordinator::start(config)?;
+            // Tests and scripts read the bound address from this line (port 0 picks a free one).
+            eprintln!("coordinator listening on {scheme}://{}", coordinator.addr);
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             install_signal_handler(stop.clone())?;
             while !stop.load(Ordering::Acquire) {

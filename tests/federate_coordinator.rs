@@ -463,3 +463,76 @@ fn settings_from_a_graph_file_refuse_inline_secrets() {
     assert!(parse_aggregation("trimmed:0.9").is_err());
     assert_eq!(parse_aggregation("median").unwrap(), Method::Median);
 }
+
+/// With `tls` set the coordinator speaks only HTTPS: a worker trusting its CA pushes and fetches the aggregate;
+/// a plain-HTTP client and a client trusting another CA get nothing through.
+#[test]
+fn tls_coordinator_serves_workers_that_trust_its_ca_and_nobody_else() {
+    use hearth::federate::client::{ClientError, http_request_tls};
+    use hearth::federate::tls::{ClientTls, ServerTls};
+    let dir = tempfile::tempdir().unwrap();
+    let write_cert = |name: &str| {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let cert = dir.path().join(format!("{name}.pem"));
+        let key = dir.path().join(format!("{name}.key"));
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+        (cert, key)
+    };
+    let (cert, key) = write_cert("coordinator");
+    let (other_ca, _) = write_cert("other");
+    let mut cfg = config(2, WireMode::Native);
+    cfg.tls = Some(ServerTls {
+        cert: cert.clone(),
+        key,
+    });
+    let co = Coordinator::start(cfg).unwrap();
+    let tls = ClientTls::from_ca_file(&cert, "localhost").unwrap();
+    let w1 = client(&co, "w1", WireMode::Native).with_tls(tls.clone());
+    let w2 = client(&co, "w2", WireMode::Native).with_tls(tls.clone());
+    assert_eq!(w1.push(0, &delta(1, 64)).unwrap(), PushOutcome::Accepted);
+    assert_eq!(w2.push(0, &delta(2, 64)).unwrap(), PushOutcome::Accepted);
+    let agg = w1.aggregate(0, Duration::from_secs(10)).unwrap();
+    assert_eq!(agg.len(), 2);
+    assert_eq!(w1.topology().unwrap()["workers"][0], "w1");
+
+    let t = Duration::from_secs(5);
+    // Plain HTTP to the TLS port: the handshake fails and no HTTP answer comes back.
+    let plain = http_request(co.addr, "GET", "/v1/healthz", &[], b"", t);
+    assert!(
+        !matches!(&plain, Ok(r) if r.status == 200),
+        "plain HTTP got through: {plain:?}"
+    );
+    // A client that trusts another CA refuses the coordinator's certificate.
+    let stranger = ClientTls::from_ca_file(&other_ca, "localhost").unwrap();
+    let refused = http_request_tls(co.addr, Some(&stranger), "GET", "/v1/healthz", &[], b"", t);
+    assert!(matches!(refused, Err(ClientError::Tls(_))), "{refused:?}");
+    // So does one expecting another server name.
+    let wrong_name = ClientTls::from_ca_file(&cert, "coordinator.example").unwrap();
+    let refused = http_request_tls(
+        co.addr,
+        Some(&wrong_name),
+        "GET",
+        "/v1/healthz",
+        &[],
+        b"",
+        t,
+    );
+    assert!(matches!(refused, Err(ClientError::Tls(_))), "{refused:?}");
+    // The trusted one reaches the same endpoint.
+    let ok = http_request_tls(co.addr, Some(&tls), "GET", "/v1/healthz", &[], b"", t).unwrap();
+    assert_eq!(ok.status, 200);
+    co.stop();
+
+    // A missing or malformed certificate is a clear start-up error naming the file.
+    let mut cfg = config(2, WireMode::Native);
+    cfg.tls = Some(ServerTls {
+        cert: dir.path().join("missing.pem"),
+        key: dir.path().join("missing.key"),
+    });
+    let e = Coordinator::start(cfg)
+        .err()
+        .expect("must refuse")
+        .to_string();
+    assert!(e.contains("missing.pem"), "{e}");
+}

@@ -8,12 +8,15 @@ use std::time::Duration;
 
 use super::dp::{DpEngine, DpError, DpReport};
 use super::hmac_auth::{self, HEADER_NONCE, HEADER_SIG, HEADER_TS, HEADER_WORKER};
+use super::tls::ClientTls;
 use super::wire::{self, Delta, WireError, WireMode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("malformed HTTP response: {0}")]
     Http(String),
     #[error("coordinator answered {status}: {body}")]
@@ -43,7 +46,7 @@ impl Response {
     }
 }
 
-/// Sends one request and reads the whole response.
+/// Sends one request in plain HTTP and reads the whole response.
 pub fn http_request(
     addr: SocketAddr,
     method: &str,
@@ -52,7 +55,20 @@ pub fn http_request(
     body: &[u8],
     timeout: Duration,
 ) -> Result<Response, ClientError> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    http_request_tls(addr, None, method, path, headers, body, timeout)
+}
+
+/// Sends one request, over TLS when `tls` is given, and reads the whole response.
+pub fn http_request_tls(
+    addr: SocketAddr,
+    tls: Option<&ClientTls>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Response, ClientError> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     let mut head = format!(
@@ -63,12 +79,34 @@ pub fn http_request(
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    s.flush()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
+    let raw = match tls {
+        None => exchange(s, head.as_bytes(), body)?,
+        Some(t) => {
+            let conn = rustls::ClientConnection::new(t.config.clone(), t.server_name.clone())
+                .map_err(|e| ClientError::Tls(e.to_string()))?;
+            exchange(rustls::StreamOwned::new(conn, s), head.as_bytes(), body)?
+        }
+    };
     parse_response(&raw)
+}
+
+/// Writes a request and reads until the server closes. A TLS peer that closes without `close_notify` after a
+/// complete response is tolerated (the length check in [`parse_response`] catches a truncated body).
+fn exchange<S: Read + Write>(mut s: S, head: &[u8], body: &[u8]) -> Result<Vec<u8>, ClientError> {
+    // rustls reports handshake and certificate failures as `InvalidData` from whichever call drove it.
+    let tls_err = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::InvalidData => ClientError::Tls(e.to_string()),
+        _ => ClientError::Io(e),
+    };
+    s.write_all(head).map_err(tls_err)?;
+    s.write_all(body).map_err(tls_err)?;
+    s.flush().map_err(tls_err)?;
+    let mut raw = Vec::new();
+    match s.read_to_end(&mut raw) {
+        Ok(_) => Ok(raw),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => Ok(raw),
+        Err(e) => Err(tls_err(e)),
+    }
 }
 
 fn parse_response(raw: &[u8]) -> Result<Response, ClientError> {
@@ -100,6 +138,12 @@ fn parse_response(raw: &[u8]) -> Result<Response, ClientError> {
         .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
         .and_then(|(_, v)| v.parse::<usize>().ok())
     {
+        if body.len() < n {
+            return Err(ClientError::Http(format!(
+                "body cut short: {} of {n} bytes",
+                body.len()
+            )));
+        }
         body.truncate(n);
     }
     Ok(Response {
@@ -143,6 +187,8 @@ pub struct Client {
     pub timeout: Duration,
     /// Whether to send `X-Hearth-Nonce` (native coordinators accept it; gym ones ignore it and reject the signature).
     pub use_nonce: bool,
+    /// HTTPS to a coordinator started with TLS; `None`: plain HTTP.
+    pub tls: Option<ClientTls>,
 }
 
 /// How a push went.
@@ -169,7 +215,32 @@ impl Client {
             mode,
             timeout: Duration::from_secs(120),
             use_nonce: mode == WireMode::Native,
+            tls: None,
         }
+    }
+
+    /// Talks HTTPS, trusting what `tls` trusts.
+    pub fn with_tls(mut self, tls: ClientTls) -> Client {
+        self.tls = Some(tls);
+        self
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, String)],
+        body: &[u8],
+    ) -> Result<Response, ClientError> {
+        http_request_tls(
+            self.addr,
+            self.tls.as_ref(),
+            method,
+            path,
+            headers,
+            body,
+            self.timeout,
+        )
     }
 
     /// Signed headers for a request at time `ts`.
@@ -196,7 +267,7 @@ impl Client {
     /// A signed request, as-is (tests use it to tamper).
     pub fn signed(&self, method: &str, path: &str, body: &[u8]) -> Result<Response, ClientError> {
         let h = self.auth_headers(method, path, hmac_auth::unix_now(), body);
-        http_request(self.addr, method, path, &h, body, self.timeout)
+        self.request(method, path, &h, body)
     }
 
     /// Pushes an encoded update for a round.
@@ -277,7 +348,7 @@ impl Client {
 
     /// Public topology.
     pub fn topology(&self) -> Result<serde_json::Value, ClientError> {
-        let r = http_request(self.addr, "GET", "/v1/topology", &[], b"", self.timeout)?;
+        let r = self.request("GET", "/v1/topology", &[], b"")?;
         if r.status != 200 {
             return Err(status_err(r.status, &r.body));
         }

@@ -26,6 +26,7 @@ use super::hmac_auth::{
     self, AuthError, HEADER_NONCE, HEADER_SIG, HEADER_TS, HEADER_WORKER, ReplayCache, SignedRequest,
 };
 use super::lora::{self, ExactOptions};
+use super::tls::{ServerTls, TlsError};
 use super::wire::{self, Delta, Rounding, WireMode};
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,8 @@ pub enum CoordinatorError {
     Secrets(String),
     #[error("config: {0}")]
     Config(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// Per-worker shared secrets. Never part of a graph file: loaded from a secrets file or the environment, and
@@ -171,6 +174,8 @@ pub struct CoordinatorConfig {
     pub replay_capacity: usize,
     /// Finalised rounds kept (for stragglers' GETs and /v1/metrics).
     pub keep_rounds: usize,
+    /// Serve HTTPS with this certificate; `None`: plain HTTP (loopback, or behind a TLS proxy).
+    pub tls: Option<ServerTls>,
 }
 
 impl CoordinatorConfig {
@@ -200,6 +205,7 @@ impl CoordinatorConfig {
             threads: 2,
             replay_capacity: 1 << 16,
             keep_rounds: 16,
+            tls: None,
         }
     }
 
@@ -938,6 +944,8 @@ impl Coordinator {
     /// Loads persisted state (if any), binds, re-arms timers of open rounds, and serves on its own thread.
     pub fn start(cfg: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
         cfg.validate()?;
+        // Checked here, so a bad certificate is a clear error rather than a server thread that never starts.
+        let tls = cfg.tls.as_ref().map(ServerTls::server_config).transpose()?;
         let state = load_state(&cfg)?;
         let bind = cfg.bind.clone();
         let shared = Arc::new(Shared {
@@ -963,8 +971,11 @@ impl Coordinator {
                     .route("/v1/round/{round}/end", web::post().to(post_end))
             })
             .workers(1)
-            .disable_signals()
-            .bind(&bind2)?;
+            .disable_signals();
+            let server = match tls {
+                Some(tls) => server.bind_rustls_0_23(&bind2, tls)?,
+                None => server.bind(&bind2)?,
+            };
             let local = server
                 .addrs()
                 .first()
@@ -1032,6 +1043,9 @@ pub struct CoordinatorSettings {
     pub threads: Option<usize>,
     #[serde(default)]
     pub secrets_file: Option<PathBuf>,
+    /// PEM certificate chain and key: serve HTTPS.
+    #[serde(default)]
+    pub tls: Option<ServerTls>,
 }
 
 fn default_aggregation() -> String {
@@ -1093,6 +1107,7 @@ impl CoordinatorSettings {
             c.max_body_bytes = b;
         }
         c.state_dir = self.state_dir;
+        c.tls = self.tls;
         if let Some(t) = self.threads {
             c.threads = t;
         }

@@ -4,7 +4,8 @@
 //!
 //! Layout: [`wire`] (blob formats, bf16), [`hmac_auth`] (request signing, replay cache), [`aggregate`] (robust
 //! per-coordinate kernels), [`lora`] (exact ΔW aggregation + truncated SVD re-factoring, on [`linalg`]), [`dp`]
-//! (clipping, Gaussian noise, RDP accountant), [`coordinator`] (actix-web server) and [`client`] (blocking client).
+//! (clipping, Gaussian noise, RDP accountant), [`coordinator`] (actix-web server), [`client`] (blocking client) and
+//! [`tls`] (rustls, optional on both sides).
 
 pub mod aggregate;
 pub mod client;
@@ -13,6 +14,7 @@ pub mod dp;
 pub mod hmac_auth;
 pub mod linalg;
 pub mod lora;
+pub mod tls;
 pub mod wire;
 
 pub use wire::{Delta, Tensor, WireMode};
