@@ -54,6 +54,7 @@ actor_kinds! {
     Serve(serve::ServeParams),
     Trainer(trainer::TrainerParams),
     Eval(eval::EvalParams),
+    Federate(federate::FederateParams),
 }
 
 impl ActorKind {

@@ -103,6 +103,12 @@ fn exchange<S: Read + Write>(mut s: S, head: &[u8], body: &[u8]) -> Result<Vec<u
     s.flush().map_err(tls_err)?;
     let mut raw = Vec::new();
     match s.read_to_end(&mut raw) {
+        // A server that went away mid-request (a restart) closes without answering: an I/O failure to retry,
+        // not a malformed answer.
+        Ok(_) if raw.is_empty() => Err(ClientError::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "connection closed before a response",
+        ))),
         Ok(_) => Ok(raw),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => Ok(raw),
         Err(e) => Err(tls_err(e)),

@@ -116,7 +116,7 @@ impl RdpAccountant {
 }
 
 /// What one privatised round cost.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DpReport {
     pub round: u64,
     pub norm_before: f64,

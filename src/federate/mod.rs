@@ -16,5 +16,6 @@ pub mod linalg;
 pub mod lora;
 pub mod tls;
 pub mod wire;
+pub mod worker;
 
 pub use wire::{Delta, Tensor, WireMode};
