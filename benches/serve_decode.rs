@@ -88,6 +88,14 @@ fn run(smoke: bool) -> Res<()> {
         t0.elapsed().as_secs_f64()
     );
     let model = server.engine().model().clone();
+    let bandwidth = bench_util::read_bandwidth(smoke);
+    let per_token = model.decode_read_bytes() as f64;
+    println!(
+        "read bandwidth {:.2} GB/s on {threads} thread(s); a decode step reads {:.1} MB of weights: bound {:.1} tok/s",
+        bandwidth / 1e9,
+        per_token / 1e6,
+        bandwidth / per_token
+    );
     let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(if smoke { 2 } else { 12 });
     let (max_tokens, reps) = if smoke { (8, 1) } else { (64, 3) };
     let adapters: Vec<Arc<LoraSet>> = (0..4)
@@ -111,7 +119,8 @@ fn run(smoke: bool) -> Res<()> {
             n = pn;
         }
         println!(
-            "threads {threads:>7} | resident adapters {resident} (request uses {name:>4}) | prefill {n} tokens: {best_p:8.1} tok/s | decode {max_tokens} tokens: {best_d:6.1} tok/s"
+            "threads {threads:>7} | resident adapters {resident} (request uses {name:>4}) | prefill {n} tokens: {best_p:8.1} tok/s | decode {max_tokens} tokens: {best_d:6.1} tok/s ({:.0}% of the bandwidth bound)",
+            100.0 * best_d * per_token / bandwidth
         );
     }
 

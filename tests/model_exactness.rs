@@ -440,3 +440,58 @@ fn batch_rows_equal_single_sequences() {
     );
     assert!(e < 1e-5);
 }
+
+/// hearth's Q8_0 decode kernel (`model::q8`, used for up to 15 rows) against candle's own Q8_0 matmul and against
+/// the dequantized f32 product: same activation quantization, so it matches candle up to float summation
+/// order; against f32 the difference is the activation's int8 rounding. Shapes include a row count that is not
+/// a multiple of four and a matrix large enough to be split across threads.
+#[test]
+fn q8_0_decode_kernel_matches_candle_and_the_f32_product() {
+    use candle_core::quantized::{QMatMul, QTensor};
+    let mut rng = StdRng::seed_from_u64(11);
+    for (n_out, k) in [(6, 64), (576, 576), (1536, 576), (577, 1536)] {
+        let w: Vec<f32> = (0..n_out * k)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let w = Tensor::from_vec(w, (n_out, k), &Device::Cpu).unwrap();
+        let q = std::sync::Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap());
+        let linear = hearth::model::QLinear::from_qtensor(q.clone()).unwrap();
+        let candle = QMatMul::from_arc(q.clone()).unwrap();
+        let dense = q.dequantize(&Device::Cpu).unwrap();
+        for m in [1usize, 3, 4, 15] {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+            let x = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
+            let ours: Vec<f32> = linear
+                .forward(&x, None)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let theirs: Vec<f32> = candle_core::Module::forward(&candle, &x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let exact: Vec<f32> = x
+                .matmul(&dense.t().unwrap())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let scale = exact.iter().fold(0f32, |a, v| a.max(v.abs()));
+            for ((a, b), e) in ours.iter().zip(&theirs).zip(&exact) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * scale,
+                    "{n_out}x{k} m={m}: ours {a} candle {b}"
+                );
+                assert!(
+                    (a - e).abs() <= 2e-2 * scale,
+                    "{n_out}x{k} m={m}: ours {a} f32 {e}"
+                );
+            }
+        }
+    }
+}

@@ -41,3 +41,33 @@ pub fn fixed_length_request(
         ignore_eos: true,
     }
 }
+
+/// Read bandwidth in bytes/s over a buffer far larger than the caches, summed by the current rayon pool's threads
+/// (best of three passes): what a memory-bound decode can at most stream.
+#[allow(dead_code)]
+pub fn read_bandwidth(smoke: bool) -> f64 {
+    use rayon::prelude::*;
+    let words: usize = if smoke { 1 << 20 } else { 64 << 20 }; // 512 MiB of u64 when measuring
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let threads = rayon::current_num_threads().max(1);
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let sum: u64 = buf
+            .par_chunks(words.div_ceil(threads))
+            .map(|c| {
+                // Four independent lanes so the adds are not the bottleneck.
+                let mut acc = [0u64; 4];
+                for q in c.chunks_exact(4) {
+                    for (a, v) in acc.iter_mut().zip(q) {
+                        *a = a.wrapping_add(*v);
+                    }
+                }
+                acc.iter().fold(0u64, |a, v| a.wrapping_add(*v))
+            })
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}

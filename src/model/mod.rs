@@ -11,6 +11,7 @@ pub mod chat;
 pub mod generate;
 pub mod gguf;
 pub mod lora;
+pub mod q8;
 pub mod tokenizer;
 pub mod transformer;
 

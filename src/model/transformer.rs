@@ -41,6 +41,11 @@ impl CustomOp1 for QMatMulGrad {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        if self.0.dtype() == GgmlDType::Q8_0
+            && let Some(r) = q8_0_fwd(&self.0, storage, layout)
+        {
+            return r;
+        }
         self.0.cpu_fwd(storage, layout)
     }
 
@@ -53,6 +58,32 @@ impl CustomOp1 for QMatMulGrad {
         let w = self.0.dequantize(grad_res.device())?; // [out, in]
         Ok(Some(grad_res.broadcast_matmul(&w)?))
     }
+}
+
+/// Decode-sized products with a Q8_0 weight through [`super::q8`] (see there for why); `None` hands the call to
+/// candle (not a contiguous f32 `[m, k]` input).
+fn q8_0_fwd(
+    w: &QTensor,
+    storage: &CpuStorage,
+    layout: &Layout,
+) -> Option<candle_core::Result<(CpuStorage, Shape)>> {
+    let (n_out, k) = w.shape().dims2().ok()?;
+    let x = match storage {
+        CpuStorage::F32(x) => x,
+        _ => return None,
+    };
+    let (m, x_k) = layout.shape().dims2().ok()?;
+    if x_k != k || !layout.is_contiguous() {
+        return None;
+    }
+    let x = x.get(layout.start_offset()..layout.start_offset() + m * k)?;
+    let bytes = w.data().ok()?;
+    let mut y = vec![0f32; m * n_out];
+    Some(
+        super::q8::matmul(&bytes, n_out, k, x, m, &mut y)
+            .map(|()| (CpuStorage::F32(y), Shape::from((m, n_out))))
+            .map_err(candle_core::Error::Msg),
+    )
 }
 
 /// `x·Wᵀ` over a dense frozen `W` whose backward computes only the input's gradient. candle's matmul
@@ -574,6 +605,27 @@ impl Transformer {
     /// [`MAX_POSITIONS`].
     pub fn max_positions(&self) -> usize {
         self.rope.cos.dim(0).unwrap_or(0)
+    }
+
+    /// Bytes of weights one decode step reads: every projection of every block and the output head (the
+    /// embedding row and the norms are noise next to them). Divided into a measured read bandwidth, it bounds
+    /// decode tokens/s.
+    pub fn decode_read_bytes(&self) -> usize {
+        let bytes = |l: &QLinear| match l.weight() {
+            Weight::Quant(q) => q.storage_size_in_bytes(),
+            Weight::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+        };
+        let per_block: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                LoraTarget::ALL
+                    .iter()
+                    .map(|&t| bytes(b.linear(t)))
+                    .sum::<usize>()
+            })
+            .sum();
+        per_block + bytes(&self.head)
     }
 
     pub fn blocks(&self) -> &[Block] {

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Decode and prefill tokens/s of hearth's serve engine and of llama.cpp's llama-bench on the same GGUF (the
+# default model, SmolLM2-135M-Instruct at Q8_0, unless HEARTH_GGUF names another), 1 and 2 threads, in one run;
+# prints the ratios and hearth's fraction of the measured read-bandwidth bound. llama-bench is built from the
+# llama-cpp-python source package on first use (scripts/llamacpp_build.sh, ~10 minutes on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/llamacpp_build.sh
+data=${HEARTH_DATA_DIR:-$PWD/target/hearth-bench-data}
+# hearth first: it also prepares the default model (fetch from PyPI, requantize to Q8_0) in $data/models.
+hearth_out=$(HEARTH_DATA_DIR=$data cargo bench -q --bench serve_decode 2>/dev/null)
+echo "$hearth_out"
+gguf=${HEARTH_GGUF:-$data/models/SmolLM2-135M-Instruct.Q8_0.gguf}
+prompt_tokens=$(echo "$hearth_out" | sed -n 's/.*prefill \([0-9]*\) tokens.*/\1/p' | head -1)
+llama_json=$("$llama_bench" -m "$gguf" -p "$prompt_tokens" -n 64 -t 1,2 -r 3 -o json 2>/dev/null)
+HEARTH_OUT=$hearth_out LLAMA_JSON=$llama_json python3 - <<'PY'
+import json, os, re
+rows = json.loads(os.environ["LLAMA_JSON"])
+llama = {}
+for r in rows:
+    kind = "prefill" if r["n_prompt"] > 0 else "decode"
+    llama[(kind, r["n_threads"])] = r["avg_ts"]
+print(f"llama.cpp {rows[0].get('build_commit', '?')} ({rows[0].get('cpu_info', '?')}):")
+for (kind, t), ts in sorted(llama.items()):
+    print(f"  {kind:7} threads {t}: {ts:7.1f} tok/s")
+ours = {}
+for line in os.environ["HEARTH_OUT"].splitlines():
+    m = re.search(r"threads +(\d+) \| resident adapters 0 .*prefill \d+ tokens: +([\d.]+) tok/s \| decode \d+ tokens: +([\d.]+) tok/s \((\d+)% of", line)
+    if m:
+        t = int(m.group(1))
+        ours[("prefill", t)] = float(m.group(2))
+        ours[("decode", t)] = float(m.group(3))
+        ours[("bound", t)] = int(m.group(4))
+for t in (1, 2):
+    for kind in ("decode", "prefill"):
+        if (kind, t) in ours and (kind, t) in llama:
+            print(f"hearth / llama.cpp {kind:7} threads {t}: {ours[(kind, t)]:7.1f} / {llama[(kind, t)]:7.1f} = {ours[(kind, t)] / llama[(kind, t)]:.2f}x")
+    if ("bound", t) in ours:
+        print(f"hearth decode threads {t}: {ours[('bound', t)]}% of the read-bandwidth bound")
+PY
