@@ -10,6 +10,13 @@ use candle_core::{Device, Tensor};
 use hearth::model::{Arch, LoraConfig, LoraPair, LoraSet, LoraTarget, TinySpec, write_tiny_model};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Inside a pool, as the serve engine runs generation: candle's rayon ops then run inline instead of being
+    // handed to a pool thread per op.
+    let pool = rayon::ThreadPoolBuilder::new().build()?;
+    pool.install(run).map_err(|e| e.to_string().into())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let dir = std::env::temp_dir().join(format!("hearth-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let path = match std::env::var("HEARTH_GGUF") {

@@ -644,11 +644,21 @@ impl Server {
             closing: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
+        // Each generation thread runs inside its own compute pool (as many threads as the process-wide pool):
+        // candle's CPU ops run on rayon, and called from a thread outside a pool every op is a hand-off to a
+        // pool thread and back (two futex calls). Inside, they run inline: SmolLM2 decode on one thread went
+        // from 101 to 134 tokens/s.
+        let compute_threads = rayon::current_num_threads();
         for i in 0..engine.config.threads.max(1) {
             let e = engine.clone();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(compute_threads)
+                .thread_name(move |j| format!("serve-gen-{i}-{j}"))
+                .build()
+                .map_err(|e| ServeError::Spawn(std::io::Error::other(e)))?;
             let t = std::thread::Builder::new()
                 .name(format!("serve-gen-{i}"))
-                .spawn(move || generation_loop(&e))
+                .spawn(move || pool.install(|| generation_loop(&e)))
                 .map_err(ServeError::Spawn)?;
             threads.push(t);
         }
