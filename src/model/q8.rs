@@ -84,8 +84,8 @@ pub fn matmul(
     let threads = rayon::current_num_threads();
     if threads > 1 && n_out * k >= PARALLEL_MIN_WEIGHTS {
         use rayon::prelude::*;
-        // A few chunks per thread, multiples of 4 rows, so a slow core does not hold the others up.
-        let chunk_rows = n_out.div_ceil(threads * 4).next_multiple_of(4);
+        // One chunk per thread, in whole row groups: decode matrices are too small for finer balancing to pay.
+        let chunk_rows = n_out.div_ceil(threads).next_multiple_of(8);
         out.par_chunks_mut(chunk_rows * m)
             .enumerate()
             .for_each(|(i, chunk)| {
