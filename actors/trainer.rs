@@ -169,7 +169,11 @@ fn load_base(params: &TrainerParams, data_dir: &std::path::Path, cell: &Shared<B
 }
 
 /// The served delta, if the store has one for this base: what a new cycle continues from.
-fn served_parent(data_dir: &std::path::Path, base: &Base) -> Result<Option<(String, LoraSet)>, TrainError> {
+fn served_parent(
+    data_dir: &std::path::Path,
+    base: &Base,
+    train: &TrainConfig,
+) -> Result<Option<(String, LoraSet)>, TrainError> {
     if !data_dir.join(Store::FILE_NAME).exists() {
         return Ok(None);
     }
@@ -182,7 +186,13 @@ fn served_parent(data_dir: &std::path::Path, base: &Base) -> Result<Option<(Stri
     if record.base_sha256 != base.sha256 {
         return Ok(None);
     }
-    Ok(Some((id, LoraSet::load_peft(&record.path, base.model.config())?)))
+    let set = LoraSet::load_peft(&record.path, base.model.config())?;
+    if set.config.use_dora != train.dora || set.config.r != train.rank {
+        // The recipe changed kind or rank since that delta: a continuation cannot keep both, so start over.
+        tracing::info!(delta = %id, "the served delta does not match the recipe (DoRA or rank); training from the base");
+        return Ok(None);
+    }
+    Ok(Some((id, set)))
 }
 
 /// Where a cycle writes: deltas and its checkpoint.
@@ -195,7 +205,7 @@ struct Dirs {
 
 fn run_cycle(params: TrainerParams, node: String, dirs: Dirs, cell: Shared<Base>, samples: Vec<Sample>) -> CycleResult {
     let base = load_base(&params, &dirs.data, &cell)?;
-    let parent = served_parent(&dirs.data, &base)?;
+    let parent = served_parent(&dirs.data, &base, &params.train)?;
     let mut trainer = LoraTrainer::new(&base.model, &base.tok, (*params.train).clone(), parent.as_ref().map(|p| &p.1))?;
     trainer.set_checkpoint_dir(dirs.checkpoint);
     let total = params.train.steps;

@@ -55,15 +55,7 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut adapter = LoraSet::empty(fresh.config.clone());
     for (&(l, t), p) in fresh.iter() {
         let b = Tensor::randn(0f32, 0.01, p.b.dims(), &Device::Cpu)?;
-        adapter.insert(
-            l,
-            t,
-            LoraPair {
-                a: p.a.clone(),
-                b,
-                scale: p.scale,
-            },
-        );
+        adapter.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
     }
     let steps = 64;
     for (name, lora) in [("base", None), ("lora r8 all", Some(&adapter))] {

@@ -25,15 +25,7 @@ fn random_adapter(model: &hearth::model::Transformer, seed: u64) -> Res<LoraSet>
     let mut set = LoraSet::empty(fresh.config.clone());
     for (&(l, t), p) in fresh.iter() {
         let b = Tensor::randn(0f32, 0.01, p.b.dims(), &Device::Cpu)?;
-        set.insert(
-            l,
-            t,
-            LoraPair {
-                a: p.a.clone(),
-                b,
-                scale: p.scale,
-            },
-        );
+        set.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
     }
     Ok(set)
 }

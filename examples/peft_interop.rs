@@ -7,15 +7,19 @@
 //!                                 128, as transformers' GGUF loader ignores key_length)
 //!     DIR/hearth_adapter/         rank-4 LoRA on all seven projections, random non-zero A and B,
 //!                                 saved with LoraSet::save_peft
-//!     DIR/hearth_logits.json      {"arch", "tokens", "base", "adapted"}: hearth's logits for TOKENS
+//!     DIR/hearth_dora_adapter/    the same A and B as DoRA (use_dora true), each magnitude the row
+//!                                 norms of W + scale·B·A times a random jitter 1 + 0.1·N(0, 1)
+//!     DIR/hearth_logits.json      {"arch", "tokens", "base", "adapted", "adapted_dora"}: hearth's
+//!                                 logits for TOKENS (base alone, + adapter, + DoRA adapter)
 //! peft_interop logits DIR ADAPTER_DIR OUT.json
 //!     loads DIR/base.gguf and a PEFT adapter directory with LoraSet::load_peft and writes
-//!     {"tokens", "base", "adapted", "adapter": {r, lora_alpha, use_rslora, pairs, modules}} to
-//!     OUT.json, `modules` holding each module's rank and scale as hearth derived them
+//!     {"tokens", "base", "adapted", "adapter": {r, lora_alpha, use_rslora, use_dora, pairs,
+//!     modules}} to OUT.json, `modules` holding each module's rank, scale and whether it has a DoRA
+//!     magnitude, as hearth derived them
 //! ```
 //!
-//! The adapter's A and B are rounded to bf16 before anything else, so the in-memory set whose
-//! logits are written is exactly the one `save_peft` puts on disk (PEFT files are bf16).
+//! The adapters' A, B and magnitudes are rounded to bf16 before anything else, so the in-memory sets
+//! whose logits are written are exactly the ones `save_peft` puts on disk (PEFT files are bf16).
 
 use std::error::Error;
 use std::path::Path;
@@ -23,11 +27,13 @@ use std::process::ExitCode;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
+use hearth::model::lora::row_norms;
 use hearth::model::{
     Arch, LoraConfig, LoraPair, LoraSet, LoraTarget, TinySpec, Transformer, write_tiny_model,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
 use serde_json::{Value, json};
 
 type Res<T> = Result<T, Box<dyn Error>>;
@@ -80,17 +86,30 @@ fn write(dir: &Path, arch: Arch) -> Res<()> {
             .map(|_| rng.random_range(-0.1f32..0.1))
             .collect();
         let b = Tensor::from_vec(b, (out, r), &Device::Cpu)?;
-        set.insert(
-            l,
-            t,
-            LoraPair {
-                a: bf16(&p.a)?,
-                b: bf16(&b)?,
-                scale: p.scale,
-            },
-        );
+        set.insert(l, t, LoraPair::new(bf16(&p.a)?, bf16(&b)?, p.scale));
     }
     set.save_peft(dir.join("hearth_adapter"), m.config())?;
+
+    // DoRA: the same A and B, and a magnitude away from ‖W + scale·B·A‖_row (where DoRA would equal
+    // the plain LoRA above), so that the magnitude and its row order matter.
+    let mut dora_config = set.config.clone();
+    dora_config.use_dora = true;
+    let mut dora = LoraSet::empty(dora_config);
+    for (&(l, t), p) in set.iter() {
+        let w = m.blocks()[l].linear(t).dequantize()?;
+        let norms = row_norms(&(w + p.delta()?)?)?;
+        let jitter: Vec<f32> = (0..norms.dim(0)?)
+            .map(|_| 1.0 + 0.1 * rng.sample::<f32, _>(StandardNormal))
+            .collect();
+        let jitter = Tensor::from_vec(jitter, norms.dims(), &Device::Cpu)?;
+        let magnitude = bf16(&(norms * jitter)?)?;
+        dora.insert(
+            l,
+            t,
+            LoraPair::with_magnitude(p.a.clone(), p.b.clone(), p.scale, Some(magnitude)),
+        );
+    }
+    dora.save_peft(dir.join("hearth_dora_adapter"), m.config())?;
 
     write_json(
         &dir.join("hearth_logits.json"),
@@ -99,10 +118,11 @@ fn write(dir: &Path, arch: Arch) -> Res<()> {
             "tokens": TOKENS,
             "base": logits(&m, None)?,
             "adapted": logits(&m, Some(&set))?,
+            "adapted_dora": logits(&m, Some(&dora))?,
         }),
     )?;
     println!(
-        "hearth: wrote {} ({:?}, {} layers, vocab {}), {} adapter pairs (r {RANK}, alpha {ALPHA}), logits for {} tokens",
+        "hearth: wrote {} ({:?}, {} layers, vocab {}), {} adapter pairs (r {RANK}, alpha {ALPHA}) as LoRA and as DoRA, logits for {} tokens",
         base.display(),
         arch,
         m.config().num_layers,
@@ -121,7 +141,7 @@ fn logits_cmd(dir: &Path, adapter: &Path, out: &Path) -> Res<()> {
         .map(|(&(l, t), p)| {
             (
                 t.module_path(l),
-                json!({"rank": p.rank(), "scale": p.scale}),
+                json!({"rank": p.rank(), "scale": p.scale, "dora": p.magnitude.is_some()}),
             )
         })
         .collect();
@@ -135,6 +155,7 @@ fn logits_cmd(dir: &Path, adapter: &Path, out: &Path) -> Res<()> {
                 "r": set.config.r,
                 "lora_alpha": set.config.lora_alpha,
                 "use_rslora": set.config.use_rslora,
+                "use_dora": set.config.use_dora,
                 "pairs": set.len(),
                 "modules": scales,
             },

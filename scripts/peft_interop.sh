@@ -3,14 +3,17 @@
 # and adapters PEFT saved load in hearth and give PEFT's logits.
 #
 #  1. hearth (examples/peft_interop.rs) writes its tiny Llama with F32 matrices as base.gguf, a
-#     rank-4 LoRA on all seven projections (random A and B) with LoraSet::save_peft, and its logits.
+#     rank-4 LoRA on all seven projections (random A and B) with LoraSet::save_peft, the same A and
+#     B as a DoRA adapter (magnitudes: row norms of W + scale*B*A times 1 + 0.1*N(0, 1)), and the
+#     logits of both.
 #     All steps run twice: for Llama (q/k rows permuted between GGUF and HF) and for Qwen3 (not).
 #  2. transformers loads base.gguf as fp32; its base logits must match hearth's (this validates the
-#     GGUF -> HF conversion, q/k un-permutation included), then PEFT loads hearth's adapter and its
-#     logits must match hearth's.
-#  3. PEFT creates and saves two adapters of its own: a plain one (r 4, alpha 8) and an rsLoRA one
-#     with a rank_pattern and an alpha_pattern; hearth loads each with LoraSet::load_peft and its
-#     logits and per-module scales must match PEFT's.
+#     GGUF -> HF conversion, q/k un-permutation included), then PEFT loads hearth's adapter and
+#     DoRA adapter and its logits must match hearth's.
+#  3. PEFT creates and saves three adapters of its own: a plain one (r 4, alpha 8), an rsLoRA one
+#     with a rank_pattern and an alpha_pattern, and a DoRA one with its magnitude vectors perturbed
+#     away from the weight norms; hearth loads each with LoraSet::load_peft and its logits and
+#     per-module scales must match PEFT's.
 # Each check prints a PASS or FAIL line with the differences (tolerance: see scripts/peft_interop.py);
 # the script exits 1 if any check failed.
 #
@@ -46,10 +49,11 @@ for arch in llama qwen3; do
     hearth write "$d" "$arch"
     echo "== $arch: PEFT loads hearth's adapter"
     check check-hearth "$d"
-    for name in peft_adapter peft_adapter_rslora; do
+    for name in peft_adapter peft_adapter_rslora peft_adapter_dora; do
         echo "== $arch: hearth loads $name"
         flag=
         [ "$name" = peft_adapter_rslora ] && flag=--rslora
+        [ "$name" = peft_adapter_dora ] && flag=--dora
         check write-peft "$d" "$name" $flag
         if hearth logits "$d" "$d/$name" "$d/hearth_on_$name.json"; then
             check compare "$d" "$name"

@@ -49,15 +49,7 @@ fn random_adapter(m: &Transformer, cfg: LoraConfig, seed: u64) -> LoraSet {
             .map(|_| rng.random_range(-0.2f32..0.2))
             .collect();
         let b = Tensor::from_vec(b, (out, r), &Device::Cpu).unwrap();
-        set.insert(
-            l,
-            t,
-            LoraPair {
-                a: p.a.clone(),
-                b,
-                scale: p.scale,
-            },
-        );
+        set.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
     }
     set
 }

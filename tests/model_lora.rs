@@ -23,15 +23,7 @@ fn with_random_b(set: &LoraSet) -> LoraSet {
     let mut out = LoraSet::empty(set.config.clone());
     for (&(l, t), p) in set.iter() {
         let b = Tensor::randn(0f32, 0.1, p.b.dims(), &Device::Cpu).unwrap();
-        out.insert(
-            l,
-            t,
-            LoraPair {
-                a: p.a.clone(),
-                b,
-                scale: p.scale,
-            },
-        );
+        out.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
     }
     out
 }
@@ -156,7 +148,7 @@ fn adapter_errors_are_clear() {
     let out = dir.path().join("a");
     let set = LoraSet::fresh(&m, LoraConfig::new(4, 4.0, &[LoraTarget::Q]), 1).unwrap();
     set.save_peft(&out, m.config()).unwrap();
-    // DoRA refused.
+    // A DoRA config without magnitude vectors is refused, naming DoRA.
     let cfg_path = out.join("adapter_config.json");
     let text = std::fs::read_to_string(&cfg_path).unwrap();
     std::fs::write(
@@ -207,11 +199,11 @@ fn adapter_errors_are_clear() {
     wrong.insert(
         0,
         LoraTarget::Q,
-        LoraPair {
-            a: Tensor::zeros((4, 32), DType::F32, &Device::Cpu).unwrap(),
-            b: Tensor::zeros((64, 4), DType::F32, &Device::Cpu).unwrap(),
-            scale: 1.0,
-        },
+        LoraPair::new(
+            Tensor::zeros((4, 32), DType::F32, &Device::Cpu).unwrap(),
+            Tensor::zeros((64, 4), DType::F32, &Device::Cpu).unwrap(),
+            1.0,
+        ),
     );
     let e = m.forward_ids(&[1, 2], None, Some(&wrong)).unwrap_err();
     assert!(

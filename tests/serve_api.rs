@@ -126,15 +126,7 @@ fn adapter(model: &Transformer, dir: &Path, name: &str, b_std: Option<f32>) -> S
             let mut out = LoraSet::empty(cfg);
             for (&(l, t), p) in fresh.iter() {
                 let b = Tensor::randn(0f32, std, p.b.dims(), &Device::Cpu).unwrap();
-                out.insert(
-                    l,
-                    t,
-                    LoraPair {
-                        a: p.a.clone(),
-                        b,
-                        scale: p.scale,
-                    },
-                );
+                out.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
             }
             out
         }

@@ -68,6 +68,7 @@ fn every_option_changes_the_update() {
         ("rank", Box::new(|c| c.rank = 2)),
         ("alpha", Box::new(|c| c.alpha = 3.0)),
         ("rslora", Box::new(|c| c.rslora = true)),
+        ("dora", Box::new(|c| c.dora = true)),
         ("dropout", Box::new(|c| c.dropout = 0.3)),
         (
             "targets",

@@ -30,15 +30,7 @@ fn bf16_rounded(set: &LoraSet) -> LoraSet {
             .unwrap()
     };
     for (&(l, t), p) in set.iter() {
-        out.insert(
-            l,
-            t,
-            LoraPair {
-                a: r(&p.a),
-                b: r(&p.b),
-                scale: p.scale,
-            },
-        );
+        out.insert(l, t, LoraPair::new(r(&p.a), r(&p.b), p.scale));
     }
     out
 }

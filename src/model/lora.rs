@@ -178,11 +178,6 @@ impl LoraConfig {
                 self.peft_type
             )));
         }
-        if self.use_dora {
-            return Err(ModelError::Adapter(
-                "DoRA adapters are not supported".into(),
-            ));
-        }
         if self.bias != "none" {
             return Err(ModelError::Adapter(format!(
                 "bias = {} is not supported",
@@ -298,7 +293,8 @@ pub fn to_hf_rows(b: &Tensor, model: &ModelConfig, t: LoraTarget) -> Result<Tens
         .reshape((out, r))?)
 }
 
-/// One adapted projection: `ΔW = scale·B·A`.
+/// One adapted projection: `ΔW = scale·B·A`, and with DoRA a magnitude per output row:
+/// `W' = m ⊙ (W + ΔW) / ‖W + ΔW‖_row` (PEFT's formulation; the norm is treated as a constant in backward).
 #[derive(Clone, Debug)]
 pub struct LoraPair {
     /// `[r, in]`
@@ -306,17 +302,62 @@ pub struct LoraPair {
     /// `[out, r]`
     pub b: Tensor,
     pub scale: f64,
+    /// DoRA's `m`, `[out]` (rows in GGUF order, like `b`); `None` for plain LoRA.
+    pub magnitude: Option<Tensor>,
+    /// `m / ‖W + ΔW‖_row` for a pair that no longer changes (serving), computed on first use. A pair whose
+    /// tensors train in place never fills it.
+    pub(crate) dora_factor: std::sync::Arc<std::sync::OnceLock<Tensor>>,
 }
 
 impl LoraPair {
+    /// A plain LoRA pair.
+    pub fn new(a: Tensor, b: Tensor, scale: f64) -> Self {
+        Self::with_magnitude(a, b, scale, None)
+    }
+
+    /// A pair with an optional DoRA magnitude.
+    pub fn with_magnitude(a: Tensor, b: Tensor, scale: f64, magnitude: Option<Tensor>) -> Self {
+        Self {
+            a,
+            b,
+            scale,
+            magnitude,
+            dora_factor: Default::default(),
+        }
+    }
+
     pub fn rank(&self) -> usize {
         self.a.dims().first().copied().unwrap_or(0)
+    }
+
+    /// Whether any of the pair's tensors is being trained (a `Var` or a result of one).
+    pub fn tracks(&self) -> bool {
+        self.a.track_op()
+            || self.b.track_op()
+            || self.magnitude.as_ref().is_some_and(|m| m.track_op())
     }
 
     /// `scale·B·A`, `[out, in]` f32.
     pub fn delta(&self) -> Result<Tensor> {
         Ok(self.b.matmul(&self.a)?.affine(self.scale, 0.0)?)
     }
+
+    /// DoRA's per-row factor `m / ‖W + ΔW‖_row` (`[out]`) for the dense weight `w`, or `None` for plain
+    /// LoRA. The norm is detached, as in PEFT and the DoRA paper (§4.3): gradients reach `m`, `A` and `B`
+    /// through the numerator and the adapted product only.
+    pub fn dora_factor(&self, w: &Tensor) -> Result<Option<Tensor>> {
+        let Some(m) = &self.magnitude else {
+            return Ok(None);
+        };
+        let norm = row_norms(&(w + self.delta()?.detach())?)?;
+        Ok(Some(m.broadcast_div(&norm)?))
+    }
+}
+
+/// `‖row‖₂` of a `[out, in]` matrix, `[out]`. One formula for DoRA's initial magnitude and its forward, so a
+/// fresh DoRA adapter's factor is exactly 1.
+pub fn row_norms(w: &Tensor) -> Result<Tensor> {
+    Ok(w.sqr()?.sum(1)?.sqrt()?)
 }
 
 /// A complete adapter. Immutable once built; share as `Arc<LoraSet>`.
@@ -332,6 +373,32 @@ const PEFT_PREFIX: &str = "base_model.model.";
 pub fn peft_key(layer: usize, t: LoraTarget, b: bool) -> String {
     let ab = if b { "B" } else { "A" };
     format!("{PEFT_PREFIX}{}.lora_{ab}.weight", t.module_path(layer))
+}
+
+/// DoRA's magnitude key, e.g. `…q_proj.lora_magnitude_vector` (no `.weight`, as PEFT saves it).
+pub fn peft_magnitude_key(layer: usize, t: LoraTarget) -> String {
+    format!(
+        "{PEFT_PREFIX}{}.lora_magnitude_vector",
+        t.module_path(layer)
+    )
+}
+
+/// Parses a DoRA magnitude key into `(layer, target)`; tolerates an adapter name after it.
+fn parse_magnitude_key(key: &str) -> Option<(usize, LoraTarget)> {
+    let rest = key
+        .strip_prefix(PEFT_PREFIX)?
+        .strip_prefix("model.layers.")?;
+    let mut parts = rest.split('.');
+    let layer: usize = parts.next()?.parse().ok()?;
+    let parent = parts.next()?;
+    let t = LoraTarget::from_peft_name(parts.next()?)?;
+    if t.peft_parent() != parent || parts.next()? != "lora_magnitude_vector" {
+        return None;
+    }
+    match parts.collect::<Vec<_>>().as_slice() {
+        [] | [_] | [_, "weight"] => Some((layer, t)),
+        _ => None,
+    }
 }
 
 /// Parses a PEFT key into `(layer, target, is_b)`. Tolerates an adapter name between `lora_A`
@@ -386,7 +453,13 @@ impl LoraSet {
                 let a = Tensor::from_vec(a, (r, lin.in_features()), &Device::Cpu)?;
                 let b = Tensor::zeros((lin.out_features(), r), DType::F32, &Device::Cpu)?;
                 let scale = set.config.scale_for(r, alpha);
-                set.pairs.insert((l, t), LoraPair { a, b, scale });
+                // DoRA starts at m = ‖W‖_row (B = 0), so the adapted layer equals the base.
+                let magnitude = match set.config.use_dora {
+                    true => Some(row_norms(&lin.dequantize()?)?),
+                    false => None,
+                };
+                set.pairs
+                    .insert((l, t), LoraPair::with_magnitude(a, b, scale, magnitude));
             }
         }
         Ok(set)
@@ -452,7 +525,23 @@ impl LoraSet {
             .map_err(|e| ModelError::Adapter(format!("{}: {e}", st_path.display())))?;
         let mut halves: BTreeMap<(usize, LoraTarget), (Option<Tensor>, Option<Tensor>)> =
             BTreeMap::new();
+        let mut magnitudes: BTreeMap<(usize, LoraTarget), Tensor> = BTreeMap::new();
         for (key, t) in tensors {
+            if let Some((l, tgt)) = parse_magnitude_key(&key) {
+                if !config.use_dora {
+                    return Err(ModelError::Adapter(format!(
+                        "tensor `{key}` is a DoRA magnitude but use_dora is false"
+                    )));
+                }
+                if t.rank() != 1 {
+                    return Err(ModelError::Adapter(format!(
+                        "tensor `{key}` has shape {:?}, expected [out]",
+                        t.dims()
+                    )));
+                }
+                magnitudes.insert((l, tgt), t.to_dtype(DType::F32)?);
+                continue;
+            }
             let (l, tgt, is_b) = parse_peft_key(&key)
                 .ok_or_else(|| ModelError::Adapter(format!("unsupported tensor `{key}`")))?;
             if t.rank() != 2 {
@@ -482,11 +571,40 @@ impl LoraSet {
                     b.dims()
                 )));
             }
+            let out = b.dim(0)?;
             let b = to_gguf_rows(&b, model, t)?;
+            let magnitude = match (set.config.use_dora, magnitudes.remove(&(l, t))) {
+                (false, _) => None,
+                (true, Some(m)) if m.dim(0)? == out => {
+                    // Rows follow B's order: permuted to GGUF order the same way.
+                    Some(to_gguf_rows(&m.reshape((out, 1))?, model, t)?.reshape(out)?)
+                }
+                (true, Some(m)) => {
+                    return Err(ModelError::Adapter(format!(
+                        "{}: lora_magnitude_vector {:?} does not fit lora_B {:?}",
+                        t.module_path(l),
+                        m.dims(),
+                        b.dims()
+                    )));
+                }
+                (true, None) => {
+                    return Err(ModelError::Adapter(format!(
+                        "{}: a DoRA adapter (use_dora) without its lora_magnitude_vector",
+                        t.module_path(l)
+                    )));
+                }
+            };
             // Rank comes from the tensors (rank_pattern may be absent); alpha from the config.
             let (_, alpha) = set.config.rank_alpha(l, t);
             let scale = set.config.scale_for(r, alpha);
-            set.pairs.insert((l, t), LoraPair { a, b, scale });
+            set.pairs
+                .insert((l, t), LoraPair::with_magnitude(a, b, scale, magnitude));
+        }
+        if let Some((l, t)) = magnitudes.keys().next() {
+            return Err(ModelError::Adapter(format!(
+                "{}: lora_magnitude_vector without lora_A/lora_B",
+                t.module_path(*l)
+            )));
         }
         Ok(set)
     }
@@ -508,6 +626,14 @@ impl LoraSet {
                     .to_dtype(DType::BF16)?
                     .contiguous()?,
             ));
+            if let Some(m) = &p.magnitude {
+                let out = m.dim(0)?;
+                let hf = to_hf_rows(&m.reshape((out, 1))?, model, t)?.reshape(out)?;
+                tensors.push((
+                    peft_magnitude_key(l, t),
+                    hf.to_dtype(DType::BF16)?.contiguous()?,
+                ));
+            }
         }
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         let st_path = dir.join("adapter_model.safetensors");
@@ -526,6 +652,13 @@ impl LoraSet {
     pub fn save_gguf(&self, path: impl AsRef<Path>, model: &ModelConfig) -> Result<()> {
         use candle_core::quantized::gguf_file::Value;
         use candle_core::quantized::{GgmlDType, QTensor};
+        if self.config.use_dora {
+            return Err(ModelError::Adapter(
+                "llama.cpp cannot load DoRA adapters (its converter stops on the magnitude vector); \
+                 serve DoRA deltas with hearth or merge them into the weights"
+                    .into(),
+            ));
+        }
         let mut alpha: Option<f64> = None;
         let mut tensors = Vec::with_capacity(self.pairs.len() * 2);
         for (&(l, t), p) in &self.pairs {
@@ -618,14 +751,7 @@ impl LoraSet {
             }
             max_r = max_r.max(r);
             targets.insert(t);
-            pairs.insert(
-                (l, t),
-                LoraPair {
-                    a,
-                    b,
-                    scale: alpha / r as f64,
-                },
-            );
+            pairs.insert((l, t), LoraPair::new(a, b, alpha / r as f64));
         }
         if let Some(stray) = names
             .iter()
@@ -649,16 +775,21 @@ impl LoraSet {
         for (&(l, t), p) in &self.pairs {
             let a = Var::from_tensor(&p.a)?;
             let b = Var::from_tensor(&p.b)?;
+            let m = p.magnitude.as_ref().map(Var::from_tensor).transpose()?;
             set.pairs.insert(
                 (l, t),
-                LoraPair {
-                    a: a.as_tensor().clone(),
-                    b: b.as_tensor().clone(),
-                    scale: p.scale,
-                },
+                LoraPair::with_magnitude(
+                    a.as_tensor().clone(),
+                    b.as_tensor().clone(),
+                    p.scale,
+                    m.as_ref().map(|m| m.as_tensor().clone()),
+                ),
             );
             vars.push((peft_key(l, t, false), a));
             vars.push((peft_key(l, t, true), b));
+            if let Some(m) = m {
+                vars.push((peft_magnitude_key(l, t), m));
+            }
         }
         Ok((set, vars))
     }
@@ -670,11 +801,15 @@ impl LoraSet {
         for (&k, p) in &self.pairs {
             set.pairs.insert(
                 k,
-                LoraPair {
-                    a: p.a.detach().copy()?,
-                    b: p.b.detach().copy()?,
-                    scale: p.scale,
-                },
+                LoraPair::with_magnitude(
+                    p.a.detach().copy()?,
+                    p.b.detach().copy()?,
+                    p.scale,
+                    p.magnitude
+                        .as_ref()
+                        .map(|m| m.detach().copy())
+                        .transpose()?,
+                ),
             );
         }
         Ok(set)

@@ -200,12 +200,16 @@ impl QLinear {
         };
         let n: usize = lead.iter().product();
         let x2 = x.reshape((n, self.in_features))?;
-        let no_grad = !x2.track_op() && lora.is_none_or(|p| !(p.a.track_op() || p.b.track_op()));
+        let no_grad = !x2.track_op() && lora.is_none_or(|p| !p.tracks());
+        let dora = match lora {
+            Some(p) => self.dora_factor(p)?,
+            None => None,
+        };
         if let Weight::Quant(q) = &self.weight
             && q.dtype() == GgmlDType::Q8_0
             && n < PREFILL_DEQUANT_ROWS
             && no_grad
-            && let Some(y) = q8_0_decode(q, &x2, lora)?
+            && let Some(y) = q8_0_decode(q, &x2, lora, dora.as_ref())?
         {
             let mut out_dims = lead.to_vec();
             out_dims.push(self.out_features);
@@ -232,9 +236,33 @@ impl QLinear {
                 }
             }
         };
+        let y = match dora {
+            Some(f) => y.broadcast_mul(&f.reshape((1, self.out_features))?)?,
+            None => y,
+        };
         let mut out_dims = lead.to_vec();
         out_dims.push(self.out_features);
         Ok(y.reshape(out_dims)?)
+    }
+
+    /// DoRA's `m / ‖W + ΔW‖_row` for this layer's weight, or `None` for plain LoRA. A pair that no longer
+    /// changes (serving) computes it once; a training pair every call, since its tensors change in place.
+    fn dora_factor(&self, p: &LoraPair) -> Result<Option<Tensor>> {
+        if p.magnitude.is_none() {
+            return Ok(None);
+        }
+        if !p.tracks()
+            && let Some(f) = p.dora_factor.get()
+        {
+            return Ok(Some(f.clone()));
+        }
+        let Some(f) = p.dora_factor(&self.dequantize()?)? else {
+            return Ok(None);
+        };
+        if !p.tracks() {
+            let _ = p.dora_factor.set(f.clone());
+        }
+        Ok(Some(f))
     }
 }
 
@@ -307,7 +335,12 @@ fn add_lora_rows(x: &[f32], p: &LoraPair, y: &mut [f32]) -> Option<()> {
 /// Decode-sized `x·Wᵀ (+ scale·B·A·x)` for a Q8_0 weight in one pass and one tensor: the LoRA delta is added
 /// into the kernel's output buffer, where through candle it cost two tensors and an add per projection (~20%
 /// of a decode step with an adapter). `None` when an input is not contiguous f32 on CPU.
-fn q8_0_decode(q: &QTensor, x2: &Tensor, lora: Option<&LoraPair>) -> Result<Option<Tensor>> {
+fn q8_0_decode(
+    q: &QTensor,
+    x2: &Tensor,
+    lora: Option<&LoraPair>,
+    dora: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
     let (n_out, k) = q.shape().dims2()?;
     let (n, _) = x2.dims2()?;
     let x2 = x2.contiguous()?;
@@ -315,10 +348,17 @@ fn q8_0_decode(q: &QTensor, x2: &Tensor, lora: Option<&LoraPair>) -> Result<Opti
     let y = with_f32_slice(&x2, |x| {
         let mut y = vec![0f32; n * n_out];
         super::q8::matmul(&bytes, n_out, k, x, n, &mut y).ok()?;
-        match lora {
-            Some(p) => add_lora_rows(x, p, &mut y).map(|()| y),
-            None => Some(y),
+        if let Some(p) = lora {
+            add_lora_rows(x, p, &mut y)?;
         }
+        if let Some(f) = dora {
+            with_f32_slice(f, |f| {
+                for row in y.chunks_exact_mut(n_out) {
+                    row.iter_mut().zip(f).for_each(|(v, f)| *v *= f);
+                }
+            })?;
+        }
+        Some(y)
     });
     match y.flatten() {
         Some(y) => Ok(Some(Tensor::from_vec(y, (n, n_out), x2.device())?)),
@@ -716,7 +756,11 @@ impl Transformer {
                 let lin = b.linear_mut(t);
                 let mut w = lin.dequantize()?;
                 if let Some(p) = lora.and_then(|s| s.get(l, t)) {
+                    let factor = p.dora_factor(&w)?;
                     w = (w + p.delta()?)?;
+                    if let Some(f) = factor {
+                        w = w.broadcast_mul(&f.unsqueeze(1)?)?;
+                    }
                 }
                 *lin = QLinear::from_dense(w)?;
             }

@@ -82,8 +82,11 @@ pub fn save_delta(
     let bytes = std::fs::read(&st).map_err(|e| io_err(&st, e))?;
     let id = format!("delta-{}", &sha256_hex(&bytes)[..16]);
     provenance.delta_id = id.clone();
-    // The same adapter for llama.cpp (`--lora adapter.gguf`).
-    adapter.save_gguf(tmp.join(GGUF_FILE), model)?;
+    // The same adapter for llama.cpp (`--lora adapter.gguf`); DoRA has no llama.cpp form.
+    let gguf = !adapter.config.use_dora;
+    if gguf {
+        adapter.save_gguf(tmp.join(GGUF_FILE), model)?;
+    }
     let prov_path = tmp.join("provenance.json");
     std::fs::write(&prov_path, serde_json::to_vec_pretty(&provenance)?)
         .map_err(|e| io_err(&prov_path, e))?;
@@ -93,6 +96,9 @@ pub fn save_delta(
         GGUF_FILE,
         "provenance.json",
     ] {
+        if name == GGUF_FILE && !gguf {
+            continue;
+        }
         let p = tmp.join(name);
         std::fs::File::open(&p)
             .and_then(|f| f.sync_all())

@@ -29,6 +29,9 @@ pub struct TrainConfig {
     /// LoRA `alpha` (scale `alpha/r`, or `alpha/√r` with `rslora`).
     pub alpha: f64,
     pub rslora: bool,
+    /// DoRA: also learn a magnitude per output row (`W' = m ⊙ (W + ΔW) / ‖W + ΔW‖_row`), saved as PEFT's
+    /// `lora_magnitude_vector`. Such deltas have no llama.cpp export (llama.cpp cannot load DoRA).
+    pub dora: bool,
     /// Probability of dropping an input feature of the LoRA path (one mask per projection and
     /// micro-batch, shared by its positions: applied to `A`'s columns, no base-model change).
     pub dropout: f64,
@@ -97,6 +100,7 @@ impl Default for TrainConfig {
             rank: 8,
             alpha: 16.0,
             rslora: false,
+            dora: false,
             dropout: 0.0,
             targets: LoraTarget::ALL.to_vec(),
             learning_rate: 2e-4,
@@ -177,6 +181,7 @@ impl TrainConfig {
     pub fn lora_config(&self) -> LoraConfig {
         let mut c = LoraConfig::new(self.rank, self.alpha, &self.targets);
         c.use_rslora = self.rslora;
+        c.use_dora = self.dora;
         c.lora_dropout = self.dropout;
         c
     }

@@ -230,6 +230,17 @@ impl<'m> LoraTrainer<'m> {
         let init = match parent {
             Some(p) => {
                 p.check_compatible(model)?;
+                if p.config.use_dora != cfg.dora {
+                    return Err(TrainError::Config(format!(
+                        "the parent delta is {} but the recipe asks for {}",
+                        if p.config.use_dora {
+                            "DoRA"
+                        } else {
+                            "plain LoRA"
+                        },
+                        if cfg.dora { "DoRA" } else { "plain LoRA" }
+                    )));
+                }
                 p.clone()
             }
             None => LoraSet::fresh(model, cfg.lora_config(), cfg.seed)?,
@@ -546,11 +557,12 @@ impl<'m> LoraTrainer<'m> {
             out.insert(
                 l,
                 t,
-                LoraPair {
-                    a: pair.a.broadcast_mul(&m)?,
-                    b: pair.b.clone(),
-                    scale: pair.scale,
-                },
+                LoraPair::with_magnitude(
+                    pair.a.broadcast_mul(&m)?,
+                    pair.b.clone(),
+                    pair.scale,
+                    pair.magnitude.clone(),
+                ),
             );
         }
         Ok(out)
