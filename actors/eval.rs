@@ -64,6 +64,7 @@ impl ActorFactory for EvalParams {
             data_dir: ctx.data_dir.clone(),
             base: None,
             baseline: None,
+            pool: None,
         }))
     }
 }
@@ -90,6 +91,8 @@ struct EvalGate {
     base: Option<Arc<Base>>,
     /// The served state's scores, keyed by what they were computed on (served delta, personal probes).
     baseline: Option<(String, Scores)>,
+    /// Compute threads for scoring, made on first use.
+    pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 fn failed(e: impl std::fmt::Display) -> ActorError {
@@ -97,6 +100,19 @@ fn failed(e: impl std::fmt::Display) -> ActorError {
 }
 
 impl EvalGate {
+    fn pool(&mut self) -> Result<Arc<rayon::ThreadPool>, ActorError> {
+        if let Some(p) = &self.pool {
+            return Ok(p.clone());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("eval-{i}"))
+            .build()
+            .map_err(failed)?;
+        let pool = Arc::new(pool);
+        self.pool = Some(pool.clone());
+        Ok(pool)
+    }
+
     fn base(&mut self) -> Result<Arc<Base>, ActorError> {
         if let Some(b) = &self.base {
             return Ok(b.clone());
@@ -228,7 +244,10 @@ impl Actor for EvalGate {
                 got: message.message_type(),
             });
         };
-        let verdict = self.judge(delta)?;
+        // Inside a pool, candle's rayon ops (and the model's parallel projections) run inline on its threads
+        // instead of being handed over from this engine thread op by op.
+        let pool = self.pool()?;
+        let verdict = pool.install(|| self.judge(delta))?;
         if verdict.binding.promote {
             out.send("promoted", message.clone())?;
         }

@@ -43,7 +43,7 @@ pub fn fixed_length_request(
 }
 
 /// Read bandwidth in bytes/s over a buffer far larger than the caches, summed by the current rayon pool's threads
-/// (best of three passes): what a memory-bound decode can at most stream.
+/// (best of seven passes: other load on the machine only lowers it): what a memory-bound decode can at most stream.
 #[allow(dead_code)]
 pub fn read_bandwidth(smoke: bool) -> f64 {
     use rayon::prelude::*;
@@ -51,7 +51,7 @@ pub fn read_bandwidth(smoke: bool) -> f64 {
     let buf: Vec<u64> = (0..words as u64).collect();
     let threads = rayon::current_num_threads().max(1);
     let mut best = 0f64;
-    for _ in 0..3 {
+    for _ in 0..7 {
         let t = std::time::Instant::now();
         let sum: u64 = buf
             .par_chunks(words.div_ceil(threads))

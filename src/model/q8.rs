@@ -17,7 +17,7 @@ pub const QK8_0: usize = 32;
 pub const BLOCK_BYTES: usize = 34;
 
 /// Below this many weights in a matrix, one thread does it all: a rayon hand-off costs microseconds.
-const PARALLEL_MIN_WEIGHTS: usize = 1 << 18;
+const PARALLEL_MIN_WEIGHTS: usize = 1 << 19;
 
 /// One activation row quantized to Q8_0: per block a scale and 32 int8.
 struct QuantRow {

@@ -873,8 +873,11 @@ impl Transformer {
             )?;
             x = (x + h)?;
             let h = rms_norm(&x, &blk.ffn_norm, cfg.rms_eps, train)?;
-            let g = blk.gate.forward(&h, pair(LoraTarget::Gate))?.silu()?;
-            let u = blk.up.forward(&h, pair(LoraTarget::Up))?;
+            // Independent projections of the same input run as two tasks: with two threads each gets one
+            // whole matrix (one fork instead of a split per matrix); with one they run in turn.
+            let (pg, pu) = (pair(LoraTarget::Gate), pair(LoraTarget::Up));
+            let (g, u) = rayon::join(|| blk.gate.forward(&h, pg), || blk.up.forward(&h, pu));
+            let (g, u) = (g?.silu()?, u?);
             let h = blk.down.forward(&(g * u)?, pair(LoraTarget::Down))?;
             x = (x + h)?;
         }
@@ -903,18 +906,19 @@ impl Transformer {
         let cfg = &self.config;
         let (b, l, _) = x.dims3()?;
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let mut q = blk
-            .q
-            .forward(x, pair(LoraTarget::Q))?
-            .reshape((b, l, nh, hd))?;
-        let mut k = blk
-            .k
-            .forward(x, pair(LoraTarget::K))?
-            .reshape((b, l, nkv, hd))?;
-        let v = blk
-            .v
-            .forward(x, pair(LoraTarget::V))?
-            .reshape((b, l, nkv, hd))?;
+        // q on one task, k and v (each a third of its size with GQA) on the other; see the MLP in `run`.
+        let (pq, pk, pv) = (
+            pair(LoraTarget::Q),
+            pair(LoraTarget::K),
+            pair(LoraTarget::V),
+        );
+        let (q, (k, v)) = rayon::join(
+            || blk.q.forward(x, pq),
+            || (blk.k.forward(x, pk), blk.v.forward(x, pv)),
+        );
+        let mut q = q?.reshape((b, l, nh, hd))?;
+        let mut k = k?.reshape((b, l, nkv, hd))?;
+        let v = v?.reshape((b, l, nkv, hd))?;
         if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
             q = rms_norm(&q, qn, cfg.rms_eps, train)?;
             k = rms_norm(&k, kn, cfg.rms_eps, train)?;
