@@ -114,6 +114,19 @@ pub fn matmul(
     Ok(())
 }
 
+/// Whether the CPU has AVX2, FMA and F16C: what this module's fast paths (and the decode loops in
+/// `transformer`, compiled for them) need.
+pub(crate) fn avx2_usable() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::usable()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `out[o * m + r]` for `n` weight rows in `w`.
 fn dot_rows(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]

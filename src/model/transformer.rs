@@ -315,21 +315,61 @@ fn add_lora_rows(x: &[f32], p: &LoraPair, y: &mut [f32]) -> Option<()> {
     let scale = p.scale as f32;
     with_f32_slice(&p.a, |a| {
         with_f32_slice(&p.b, |b| {
-            let mut ax = vec![0f32; r];
-            for (row, yrow) in x.chunks_exact(inp).zip(y.chunks_exact_mut(out)) {
-                for (j, axj) in ax.iter_mut().enumerate() {
-                    *axj = scale * dot(&a[j * inp..(j + 1) * inp], row);
-                }
-                for (o, yv) in yrow.iter_mut().enumerate() {
-                    let d = dot(&b[o * r..(o + 1) * r], &ax);
-                    if d != 0.0 {
-                        *yv += d;
-                    }
+            let rows = LoraRows {
+                a,
+                b,
+                r,
+                inp,
+                out,
+                scale,
+            };
+            #[cfg(target_arch = "x86_64")]
+            {
+                if super::q8::avx2_usable() {
+                    // SAFETY: the CPU has AVX2 and FMA.
+                    return unsafe { lora_rows_avx2(&rows, x, y) };
                 }
             }
+            lora_rows(&rows, x, y)
         })
     })
     .flatten()
+}
+
+/// One pair's factors as slices, for [`lora_rows`].
+struct LoraRows<'a> {
+    a: &'a [f32],
+    b: &'a [f32],
+    r: usize,
+    inp: usize,
+    out: usize,
+    scale: f32,
+}
+
+/// [`lora_rows`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn lora_rows_avx2(p: &LoraRows, x: &[f32], y: &mut [f32]) {
+    lora_rows(p, x, y)
+}
+
+#[inline(always)]
+fn lora_rows(p: &LoraRows, x: &[f32], y: &mut [f32]) {
+    let mut ax = vec![0f32; p.r];
+    for (row, yrow) in x.chunks_exact(p.inp).zip(y.chunks_exact_mut(p.out)) {
+        for (j, axj) in ax.iter_mut().enumerate() {
+            *axj = p.scale * dot(&p.a[j * p.inp..(j + 1) * p.inp], row);
+        }
+        for (o, yv) in yrow.iter_mut().enumerate() {
+            let d = dot(&p.b[o * p.r..(o + 1) * p.r], &ax);
+            if d != 0.0 {
+                *yv += d;
+            }
+        }
+    }
 }
 
 /// Decode-sized `x·Wᵀ (+ scale·B·A·x)` for a Q8_0 weight in one pass and one tensor: the LoRA delta is added
@@ -996,37 +1036,30 @@ fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, g: usize) -> Result<Opti
         else {
             return None;
         };
-        let (kd, vd) = (kc.as_slice::<f32>().ok()?, vc.as_slice::<f32>().ok()?);
+        let heads = Heads {
+            qd,
+            kd: kc.as_slice::<f32>().ok()?,
+            vd: vc.as_slice::<f32>().ok()?,
+            ks: &ks,
+            vs: &vs,
+            k0,
+            v0,
+            b,
+            nh,
+            hd,
+            g,
+            t,
+            scale,
+        };
         let mut out = vec![0f32; b * nh * hd];
-        let mut p = vec![0f32; t];
-        for bi in 0..b {
-            for h in 0..nh {
-                let qrow = &qd[(bi * nh + h) * hd..][..hd];
-                let kv = h / g;
-                let kb = k0 + bi * ks[0] + kv * ks[1];
-                let vb = v0 + bi * vs[0] + kv * vs[1];
-                let mut max = f32::NEG_INFINITY;
-                for (ti, pt) in p.iter_mut().enumerate() {
-                    let krow = kd.get(kb + ti * ks[2]..kb + ti * ks[2] + hd)?;
-                    *pt = dot(qrow, krow) * scale;
-                    max = max.max(*pt);
-                }
-                let mut sum = 0f32;
-                for pt in p.iter_mut() {
-                    *pt = (*pt - max).exp();
-                    sum += *pt;
-                }
-                let orow = &mut out[(bi * nh + h) * hd..][..hd];
-                for (ti, pt) in p.iter().enumerate() {
-                    let vrow = vd.get(vb + ti * vs[2]..vb + ti * vs[2] + hd)?;
-                    let w = pt / sum;
-                    for (o, x) in orow.iter_mut().zip(vrow) {
-                        *o += w * x;
-                    }
-                }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::q8::avx2_usable() {
+                // SAFETY: the CPU has AVX2 and FMA.
+                return unsafe { attend_avx2(&heads, &mut out) }.map(|()| out);
             }
         }
-        Some(out)
+        attend(&heads, &mut out).map(|()| out)
     });
     match out.flatten() {
         Some(out) => Ok(Some(Tensor::from_vec(out, (b, 1, nh * hd), &Device::Cpu)?)),
@@ -1034,8 +1067,71 @@ fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, g: usize) -> Result<Opti
     }
 }
 
-/// A dot product in eight lanes, so it vectorizes without reassociating one long sum.
-#[inline]
+/// One query position's attention inputs, as slices of the q tensor and the cache buffers.
+struct Heads<'a> {
+    qd: &'a [f32],
+    kd: &'a [f32],
+    vd: &'a [f32],
+    ks: &'a [usize],
+    vs: &'a [usize],
+    k0: usize,
+    v0: usize,
+    b: usize,
+    nh: usize,
+    hd: usize,
+    g: usize,
+    t: usize,
+    scale: f32,
+}
+
+/// [`attend`] compiled for AVX2 and FMA: the loops vectorize 8 wide (the baseline target has 4).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(h: &Heads, out: &mut [f32]) -> Option<()> {
+    attend(h, out)
+}
+
+/// Softmax(q·Kᵀ·scale)·V per head into `out` (`[b, nh, hd]`); `None` if a cache row is out of range.
+#[inline(always)]
+fn attend(h: &Heads, out: &mut [f32]) -> Option<()> {
+    let hd = h.hd;
+    let mut p = vec![0f32; h.t];
+    for bi in 0..h.b {
+        for head in 0..h.nh {
+            let qrow = &h.qd[(bi * h.nh + head) * hd..][..hd];
+            let kv = head / h.g;
+            let kb = h.k0 + bi * h.ks[0] + kv * h.ks[1];
+            let vb = h.v0 + bi * h.vs[0] + kv * h.vs[1];
+            let mut max = f32::NEG_INFINITY;
+            for (ti, pt) in p.iter_mut().enumerate() {
+                let krow = h.kd.get(kb + ti * h.ks[2]..kb + ti * h.ks[2] + hd)?;
+                *pt = dot(qrow, krow) * h.scale;
+                max = max.max(*pt);
+            }
+            let mut sum = 0f32;
+            for pt in p.iter_mut() {
+                *pt = (*pt - max).exp();
+                sum += *pt;
+            }
+            let orow = &mut out[(bi * h.nh + head) * hd..][..hd];
+            for (ti, pt) in p.iter().enumerate() {
+                let vrow = h.vd.get(vb + ti * h.vs[2]..vb + ti * h.vs[2] + hd)?;
+                let w = pt / sum;
+                for (o, x) in orow.iter_mut().zip(vrow) {
+                    *o += w * x;
+                }
+            }
+        }
+    }
+    Some(())
+}
+
+/// A dot product in eight lanes, so it vectorizes without reassociating one long sum. Always inlined, so it
+/// takes the target features of the loop it sits in.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
