@@ -561,3 +561,156 @@ fn the_example_coordinator_settings_parse() {
     assert_eq!(s.workers.len(), 4);
     assert!(s.exact_lora.is_some() && s.tls.is_none());
 }
+
+/// The remaining `federate` options, each shown to act on a contribution: `retry_secs` (how long an unreachable
+/// coordinator is retried), `tls_server_name` (the name the certificate must carry when the address is an IP),
+/// `aggregate_timeout_secs` (how long the aggregate is awaited) and `mode` (the wire dialect).
+#[test]
+fn federate_options_retry_server_name_aggregate_timeout_and_mode_each_act() {
+    use hearth::actors::federate::FederateParams;
+    use hearth::federate::client::ClientError;
+    use hearth::federate::coordinator::{Coordinator, CoordinatorConfig, Secrets};
+    use hearth::federate::tls::ServerTls;
+    use hearth::federate::worker::WorkerError;
+    use hearth::model::{LoraConfig, LoraPair, LoraSet, LoraTarget};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (base, model, _) = train_util::tiny(root);
+    // A small trained-looking delta (random B), written as the trainer writes one.
+    let fresh = LoraSet::fresh(&model, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 1).unwrap();
+    let mut set = LoraSet::empty(fresh.config.clone());
+    for (&(l, t), p) in fresh.iter() {
+        let b =
+            candle_core::Tensor::randn(0f32, 0.05, p.b.dims(), &candle_core::Device::Cpu).unwrap();
+        set.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
+    }
+    let prov = Provenance {
+        delta_id: String::new(),
+        base_sha256: hearth::train::sha256_file(&base).unwrap(),
+        recipe_sha256: "r".into(),
+        recipe: train_util::fast_cfg(),
+        data_digest: "d".into(),
+        num_samples: 1,
+        parent: None,
+        seed: 1,
+        metrics: serde_json::json!({}),
+        created_at_unix_ms: 0,
+    };
+    let delta =
+        hearth::train::save_delta(&root.join("deltas"), &set, model.config(), prov).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert, key) = (root.join("cert.pem"), root.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let start = |mode: WireMode, workers: &[&str], tls: bool| {
+        let names: Vec<String> = workers.iter().map(|w| (*w).to_owned()).collect();
+        let mut cfg = CoordinatorConfig::new(
+            "127.0.0.1:0",
+            mode,
+            names.clone(),
+            Secrets::from_pairs(names.iter().map(|w| (w.clone(), b"s".to_vec()))),
+        );
+        cfg.quorum = names.len();
+        cfg.long_poll = Duration::from_millis(300);
+        cfg.tls = tls.then(|| ServerTls {
+            cert: cert.clone(),
+            key: key.clone(),
+        });
+        Coordinator::start(cfg).unwrap()
+    };
+    // SAFETY of set_var: this test is the only one in the process reading this variable.
+    unsafe { std::env::set_var(hearth::federate::coordinator::secret_env_var("alice"), "s") };
+    let params = |addr: String| FederateParams {
+        coordinator: addr,
+        worker: "alice".to_owned(),
+        secret_file: None,
+        mode: WireMode::Native,
+        tls_ca: None,
+        tls_server_name: None,
+        dp: None,
+        aggregate_timeout_secs: 30.0,
+        retry_secs: 0.0,
+    };
+    let contribute = |p: &FederateParams, data: &str| {
+        let mut w = p.open_worker("federate", &root.join(data)).unwrap();
+        let t = Instant::now();
+        (w.contribute(&delta), t.elapsed())
+    };
+
+    // retry_secs: nothing listens on the port; 0 gives up at once, 1.5 keeps trying that long.
+    let closed = format!("127.0.0.1:{}", free_port());
+    let (r, fast) = contribute(&params(closed.clone()), "retry0");
+    assert!(
+        matches!(r, Err(WorkerError::Client(ClientError::Io(_)))),
+        "{r:?}"
+    );
+    let (r, slow) = contribute(
+        &FederateParams {
+            retry_secs: 1.5,
+            ..params(closed)
+        },
+        "retry15",
+    );
+    assert!(r.is_err());
+    assert!(
+        fast < Duration::from_millis(500) && slow >= Duration::from_millis(1500),
+        "{fast:?} {slow:?}"
+    );
+
+    // tls_server_name: the certificate names `localhost`; reached by IP, the name must be given.
+    let co = start(WireMode::Native, &["alice"], true);
+    let by_ip = FederateParams {
+        tls_ca: Some(cert.clone()),
+        ..params(co.addr.to_string())
+    };
+    let (r, _) = contribute(&by_ip, "tls-ip");
+    assert!(
+        matches!(r, Err(WorkerError::Client(ClientError::Tls(_)))),
+        "{r:?}"
+    );
+    let named = FederateParams {
+        tls_server_name: Some("localhost".to_owned()),
+        ..by_ip
+    };
+    let (r, _) = contribute(&named, "tls-named");
+    assert!(r.is_ok(), "{r:?}");
+    co.stop();
+
+    // aggregate_timeout_secs: a second worker never comes, so the round never closes.
+    let co = start(WireMode::Native, &["alice", "bob"], false);
+    let waiting = FederateParams {
+        aggregate_timeout_secs: 1.0,
+        ..params(co.addr.to_string())
+    };
+    let (r, waited) = contribute(&waiting, "timeout");
+    assert!(
+        matches!(r, Err(WorkerError::Client(ClientError::NotReady(0)))),
+        "{r:?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    co.stop();
+
+    // mode: a gym coordinator takes the gym dialect (its blob, no nonce in the signature) and refuses native.
+    let co = start(WireMode::Gym, &["alice"], false);
+    let (r, _) = contribute(&params(co.addr.to_string()), "native-to-gym");
+    assert!(
+        matches!(
+            r,
+            Err(WorkerError::Client(ClientError::Status {
+                status: 400..=499,
+                ..
+            }))
+        ),
+        "{r:?}"
+    );
+    let gym = FederateParams {
+        mode: WireMode::Gym,
+        ..params(co.addr.to_string())
+    };
+    let (r, _) = contribute(&gym, "gym");
+    assert!(r.is_ok(), "{r:?}");
+    co.stop();
+}
