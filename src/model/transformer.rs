@@ -1094,34 +1094,42 @@ unsafe fn attend_avx2(h: &Heads, out: &mut [f32]) -> Option<()> {
     attend(h, out)
 }
 
-/// Softmax(q·Kᵀ·scale)·V per head into `out` (`[b, nh, hd]`); `None` if a cache row is out of range.
+/// Softmax(q·Kᵀ·scale)·V per head into `out` (`[b, nh, hd]`); `None` if a cache row is out of range. The `g`
+/// query heads that share a kv head are done together, so each cached key and value row is read once for all of
+/// them rather than once per query head (at a few hundred positions the cache is megabytes per step).
 #[inline(always)]
 fn attend(h: &Heads, out: &mut [f32]) -> Option<()> {
-    let hd = h.hd;
-    let mut p = vec![0f32; h.t];
+    let (hd, g, t) = (h.hd, h.g, h.t);
+    let mut p = vec![0f32; g * t];
     for bi in 0..h.b {
-        for head in 0..h.nh {
-            let qrow = &h.qd[(bi * h.nh + head) * hd..][..hd];
-            let kv = head / h.g;
+        for kv in 0..h.nh / g {
+            let first = bi * h.nh + kv * g;
             let kb = h.k0 + bi * h.ks[0] + kv * h.ks[1];
             let vb = h.v0 + bi * h.vs[0] + kv * h.vs[1];
-            let mut max = f32::NEG_INFINITY;
-            for (ti, pt) in p.iter_mut().enumerate() {
+            for ti in 0..t {
                 let krow = h.kd.get(kb + ti * h.ks[2]..kb + ti * h.ks[2] + hd)?;
-                *pt = dot(qrow, krow) * h.scale;
-                max = max.max(*pt);
+                for j in 0..g {
+                    let qrow = &h.qd[(first + j) * hd..][..hd];
+                    p[j * t + ti] = dot(qrow, krow) * h.scale;
+                }
             }
-            let mut sum = 0f32;
-            for pt in p.iter_mut() {
-                *pt = (*pt - max).exp();
-                sum += *pt;
+            for pj in p.chunks_exact_mut(t) {
+                let max = pj.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+                let mut sum = 0f32;
+                for v in pj.iter_mut() {
+                    *v = (*v - max).exp();
+                    sum += *v;
+                }
+                pj.iter_mut().for_each(|v| *v /= sum);
             }
-            let orow = &mut out[(bi * h.nh + head) * hd..][..hd];
-            for (ti, pt) in p.iter().enumerate() {
+            let outs = &mut out[first * hd..(first + g) * hd];
+            for ti in 0..t {
                 let vrow = h.vd.get(vb + ti * h.vs[2]..vb + ti * h.vs[2] + hd)?;
-                let w = pt / sum;
-                for (o, x) in orow.iter_mut().zip(vrow) {
-                    *o += w * x;
+                for (j, orow) in outs.chunks_exact_mut(hd).enumerate() {
+                    let w = p[j * t + ti];
+                    for (o, x) in orow.iter_mut().zip(vrow) {
+                        *o += w * x;
+                    }
                 }
             }
         }
