@@ -323,7 +323,7 @@ fn forward_matches_independent_f32_reference() {
 fn kv_cache_decode_equals_full_recompute() {
     let dir = tempfile::tempdir().unwrap();
     // F32 checks the cache logic at 1e-5. With Q8_0, a 16+ row prefill runs on dequantized f32
-    // weights while single rows go through candle's Q8_0 kernel, which also quantizes the
+    // weights while single rows go through the Q8_0 decode kernel, which also quantizes the
     // activations: a few percent apart, while a wrong position or mask gives O(1) errors.
     for (arch, dtype, tol) in [
         (Arch::Llama, GgmlDType::F32, 1e-5f32),
@@ -332,7 +332,8 @@ fn kv_cache_decode_equals_full_recompute() {
     ] {
         let (m, _) = tiny(dir.path(), arch, dtype);
         let set = random_adapter(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 5);
-        // 80 positions: crosses the cache's initial capacity (64), so growth is covered too.
+        // 80 positions: crosses the cache's initial capacity (64), so growth is covered too, and decode
+        // attention's split across threads (from 64 positions).
         let ids: Vec<u32> = (0..80u32).map(|i| (i * 37 + 5) % 290).collect();
         for lora in [None, Some(&set)] {
             let full = m

@@ -1044,7 +1044,6 @@ fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, g: usize) -> Result<Opti
             vs: &vs,
             k0,
             v0,
-            b,
             nh,
             hd,
             g,
@@ -1052,14 +1051,19 @@ fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, g: usize) -> Result<Opti
             scale,
         };
         let mut out = vec![0f32; b * nh * hd];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::q8::avx2_usable() {
-                // SAFETY: the CPU has AVX2 and FMA.
-                return unsafe { attend_avx2(&heads, &mut out) }.map(|()| out);
+        // One task per (sequence, kv head) when there are threads to share and enough cache to read.
+        let group = g * hd;
+        if rayon::current_num_threads() > 1 && t >= PARALLEL_ATTENTION_POSITIONS {
+            use rayon::prelude::*;
+            out.par_chunks_mut(group)
+                .enumerate()
+                .try_for_each(|(i, chunk)| attend_dispatch(&heads, i / nkv, i % nkv, chunk))?;
+        } else {
+            for (i, chunk) in out.chunks_mut(group).enumerate() {
+                attend_dispatch(&heads, i / nkv, i % nkv, chunk)?;
             }
         }
-        attend(&heads, &mut out).map(|()| out)
+        Some(out)
     });
     match out.flatten() {
         Some(out) => Ok(Some(Tensor::from_vec(out, (b, 1, nh * hd), &Device::Cpu)?)),
@@ -1076,7 +1080,6 @@ struct Heads<'a> {
     vs: &'a [usize],
     k0: usize,
     v0: usize,
-    b: usize,
     nh: usize,
     hd: usize,
     g: usize,
@@ -1084,53 +1087,63 @@ struct Heads<'a> {
     scale: f32,
 }
 
-/// [`attend`] compiled for AVX2 and FMA: the loops vectorize 8 wide (the baseline target has 4).
-///
+/// From this many cached positions, decode attention is split across threads (one task per kv head).
+const PARALLEL_ATTENTION_POSITIONS: usize = 64;
+
+/// [`attend`] compiled for AVX2 and FMA when the CPU has them (the loops vectorize 8 wide; the baseline
+/// target has 4), else portable.
+fn attend_dispatch(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::q8::avx2_usable() {
+            // SAFETY: the CPU has AVX2 and FMA.
+            return unsafe { attend_avx2(h, bi, kv, out) };
+        }
+    }
+    attend(h, bi, kv, out)
+}
+
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(h: &Heads, out: &mut [f32]) -> Option<()> {
-    attend(h, out)
+unsafe fn attend_avx2(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
+    attend(h, bi, kv, out)
 }
 
-/// Softmax(q·Kᵀ·scale)·V per head into `out` (`[b, nh, hd]`); `None` if a cache row is out of range. The `g`
-/// query heads that share a kv head are done together, so each cached key and value row is read once for all of
-/// them rather than once per query head (at a few hundred positions the cache is megabytes per step).
+/// Softmax(q·Kᵀ·scale)·V for the `g` query heads of sequence `bi` that share kv head `kv`, into `out`
+/// (`[g, hd]`); `None` if a cache row is out of range. The heads are done together, so each cached key and value
+/// row is read once for all of them rather than once per query head (at a few hundred positions the cache is
+/// megabytes per step).
 #[inline(always)]
-fn attend(h: &Heads, out: &mut [f32]) -> Option<()> {
+fn attend(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
     let (hd, g, t) = (h.hd, h.g, h.t);
     let mut p = vec![0f32; g * t];
-    for bi in 0..h.b {
-        for kv in 0..h.nh / g {
-            let first = bi * h.nh + kv * g;
-            let kb = h.k0 + bi * h.ks[0] + kv * h.ks[1];
-            let vb = h.v0 + bi * h.vs[0] + kv * h.vs[1];
-            for ti in 0..t {
-                let krow = h.kd.get(kb + ti * h.ks[2]..kb + ti * h.ks[2] + hd)?;
-                for j in 0..g {
-                    let qrow = &h.qd[(first + j) * hd..][..hd];
-                    p[j * t + ti] = dot(qrow, krow) * h.scale;
-                }
-            }
-            for pj in p.chunks_exact_mut(t) {
-                let max = pj.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-                let mut sum = 0f32;
-                for v in pj.iter_mut() {
-                    *v = (*v - max).exp();
-                    sum += *v;
-                }
-                pj.iter_mut().for_each(|v| *v /= sum);
-            }
-            let outs = &mut out[first * hd..(first + g) * hd];
-            for ti in 0..t {
-                let vrow = h.vd.get(vb + ti * h.vs[2]..vb + ti * h.vs[2] + hd)?;
-                for (j, orow) in outs.chunks_exact_mut(hd).enumerate() {
-                    let w = p[j * t + ti];
-                    for (o, x) in orow.iter_mut().zip(vrow) {
-                        *o += w * x;
-                    }
-                }
+    let first = bi * h.nh + kv * g;
+    let kb = h.k0 + bi * h.ks[0] + kv * h.ks[1];
+    let vb = h.v0 + bi * h.vs[0] + kv * h.vs[1];
+    for ti in 0..t {
+        let krow = h.kd.get(kb + ti * h.ks[2]..kb + ti * h.ks[2] + hd)?;
+        for j in 0..g {
+            let qrow = &h.qd[(first + j) * hd..][..hd];
+            p[j * t + ti] = dot(qrow, krow) * h.scale;
+        }
+    }
+    for pj in p.chunks_exact_mut(t) {
+        let max = pj.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+        let mut sum = 0f32;
+        for v in pj.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        pj.iter_mut().for_each(|v| *v /= sum);
+    }
+    for ti in 0..t {
+        let vrow = h.vd.get(vb + ti * h.vs[2]..vb + ti * h.vs[2] + hd)?;
+        for (j, orow) in out.chunks_exact_mut(hd).enumerate() {
+            let w = p[j * t + ti];
+            for (o, x) in orow.iter_mut().zip(vrow) {
+                *o += w * x;
             }
         }
     }
