@@ -383,27 +383,18 @@ pub fn peft_magnitude_key(layer: usize, t: LoraTarget) -> String {
     )
 }
 
-/// Parses a DoRA magnitude key into `(layer, target)`; tolerates an adapter name after it.
-fn parse_magnitude_key(key: &str) -> Option<(usize, LoraTarget)> {
-    let rest = key
-        .strip_prefix(PEFT_PREFIX)?
-        .strip_prefix("model.layers.")?;
-    let mut parts = rest.split('.');
-    let layer: usize = parts.next()?.parse().ok()?;
-    let parent = parts.next()?;
-    let t = LoraTarget::from_peft_name(parts.next()?)?;
-    if t.peft_parent() != parent || parts.next()? != "lora_magnitude_vector" {
-        return None;
-    }
-    match parts.collect::<Vec<_>>().as_slice() {
-        [] | [_] | [_, "weight"] => Some((layer, t)),
-        _ => None,
-    }
+/// Which tensor of an adapted module a PEFT key names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PeftPart {
+    A,
+    B,
+    /// DoRA's `lora_magnitude_vector`.
+    Magnitude,
 }
 
-/// Parses a PEFT key into `(layer, target, is_b)`. Tolerates an adapter name between `lora_A`
-/// and `weight` (`lora_A.default.weight`), as older PEFT versions saved.
-fn parse_peft_key(key: &str) -> Option<(usize, LoraTarget, bool)> {
+/// Parses a PEFT key into `(layer, target, part)`. Tolerates an adapter name before `weight`
+/// (`lora_A.default.weight`), as older PEFT versions saved; the magnitude has no `weight` of its own.
+fn parse_peft_key(key: &str) -> Option<(usize, LoraTarget, PeftPart)> {
     let rest = key
         .strip_prefix(PEFT_PREFIX)?
         .strip_prefix("model.layers.")?;
@@ -414,14 +405,15 @@ fn parse_peft_key(key: &str) -> Option<(usize, LoraTarget, bool)> {
     if t.peft_parent() != parent {
         return None;
     }
-    let is_b = match parts.next()? {
-        "lora_A" => false,
-        "lora_B" => true,
+    let part = match parts.next()? {
+        "lora_A" => PeftPart::A,
+        "lora_B" => PeftPart::B,
+        "lora_magnitude_vector" => PeftPart::Magnitude,
         _ => return None,
     };
     let tail: Vec<&str> = parts.collect();
-    match tail.as_slice() {
-        ["weight"] | [_, "weight"] => Some((layer, t, is_b)),
+    match (part, tail.as_slice()) {
+        (_, ["weight"] | [_, "weight"]) | (PeftPart::Magnitude, [] | [_]) => Some((layer, t, part)),
         _ => None,
     }
 }
@@ -527,7 +519,9 @@ impl LoraSet {
             BTreeMap::new();
         let mut magnitudes: BTreeMap<(usize, LoraTarget), Tensor> = BTreeMap::new();
         for (key, t) in tensors {
-            if let Some((l, tgt)) = parse_magnitude_key(&key) {
+            let (l, tgt, part) = parse_peft_key(&key)
+                .ok_or_else(|| ModelError::Adapter(format!("unsupported tensor `{key}`")))?;
+            if part == PeftPart::Magnitude {
                 if !config.use_dora {
                     return Err(ModelError::Adapter(format!(
                         "tensor `{key}` is a DoRA magnitude but use_dora is false"
@@ -542,8 +536,6 @@ impl LoraSet {
                 magnitudes.insert((l, tgt), t.to_dtype(DType::F32)?);
                 continue;
             }
-            let (l, tgt, is_b) = parse_peft_key(&key)
-                .ok_or_else(|| ModelError::Adapter(format!("unsupported tensor `{key}`")))?;
             if t.rank() != 2 {
                 return Err(ModelError::Adapter(format!(
                     "tensor `{key}` has shape {:?}, expected rank 2",
@@ -552,7 +544,11 @@ impl LoraSet {
             }
             let t = t.to_dtype(DType::F32)?;
             let e = halves.entry((l, tgt)).or_default();
-            if is_b { e.1 = Some(t) } else { e.0 = Some(t) }
+            if part == PeftPart::B {
+                e.1 = Some(t)
+            } else {
+                e.0 = Some(t)
+            }
         }
         let mut set = Self::empty(config);
         for ((l, t), (a, b)) in halves {
@@ -862,5 +858,44 @@ impl AdapterRegistry {
             .collect();
         v.sort();
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peft_keys_parse_with_and_without_an_adapter_name() {
+        let q = "base_model.model.model.layers.3.self_attn.q_proj";
+        let ok = |k: &str| parse_peft_key(&format!("{q}.{k}"));
+        assert_eq!(ok("lora_A.weight"), Some((3, LoraTarget::Q, PeftPart::A)));
+        assert_eq!(
+            ok("lora_B.default.weight"),
+            Some((3, LoraTarget::Q, PeftPart::B))
+        );
+        assert_eq!(
+            ok("lora_magnitude_vector"),
+            Some((3, LoraTarget::Q, PeftPart::Magnitude))
+        );
+        assert_eq!(
+            ok("lora_magnitude_vector.default.weight"),
+            Some((3, LoraTarget::Q, PeftPart::Magnitude))
+        );
+        // A and B need their `weight`; a wrong parent or part is not ours.
+        assert_eq!(ok("lora_A"), None);
+        assert_eq!(ok("lora_C.weight"), None);
+        assert_eq!(
+            parse_peft_key("base_model.model.model.layers.3.mlp.q_proj.lora_A.weight"),
+            None
+        );
+        assert_eq!(
+            parse_peft_key(&peft_magnitude_key(1, LoraTarget::Down)).map(|k| k.2),
+            Some(PeftPart::Magnitude)
+        );
+        assert_eq!(
+            parse_peft_key(&peft_key(1, LoraTarget::Down, true)),
+            Some((1, LoraTarget::Down, PeftPart::B))
+        );
     }
 }
