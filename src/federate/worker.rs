@@ -18,7 +18,8 @@ use super::coordinator::atomic_write;
 use super::dp::{DpConfig, DpEngine, DpError, DpReport, RdpAccountant};
 use super::wire::{self, AdapterConfig, Rounding, WireError};
 use crate::engine::message::{Delta, now_unix_ms};
-use crate::train::{Provenance, sha256_hex};
+use crate::train::artifact::{delta_id, publish_delta, staging_dir};
+use crate::train::{Provenance, TrainError, sha256_hex};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -32,6 +33,9 @@ pub enum WorkerError {
     Wire(#[from] WireError),
     #[error(transparent)]
     Dp(#[from] DpError),
+    /// Publishing the aggregate as a local delta.
+    #[error(transparent)]
+    Publish(#[from] TrainError),
 }
 
 fn file_err(path: &Path, e: impl std::fmt::Display) -> WorkerError {
@@ -237,8 +241,8 @@ impl Worker {
         }
     }
 
-    /// Writes the aggregate as a PEFT delta directory (temp directory + rename), with a provenance that names
-    /// the round and the local delta it came from.
+    /// Writes the aggregate as a PEFT delta directory (as the trainer publishes one), with a provenance that
+    /// names the round and the local delta it came from.
     fn write_aggregate(
         &self,
         aggregate: &[wire::Tensor],
@@ -249,9 +253,8 @@ impl Worker {
         let meta = HashMap::from([("format".to_owned(), "pt".to_owned())]);
         let bytes = wire::encode_safetensors(aggregate, Rounding::NearestEven, Some(meta))?;
         let sha = sha256_hex(&bytes);
-        let id = format!("delta-{}", &sha[..16]);
         let provenance = Provenance {
-            delta_id: id.clone(),
+            delta_id: delta_id(&bytes),
             base_sha256: local.base_sha256.clone(),
             recipe_sha256: local.recipe_sha256.clone(),
             recipe: local.recipe.clone(),
@@ -266,31 +269,14 @@ impl Worker {
             }),
             created_at_unix_ms: now_unix_ms(),
         };
-        let dest = self.deltas_dir.join(&id);
-        if !dest.exists() {
-            let tmp = self.deltas_dir.join(format!(
-                ".tmp-federate-{}-{}",
-                std::process::id(),
-                now_unix_ms()
-            ));
-            let prov = serde_json::to_vec_pretty(&provenance).map_err(|e| file_err(&tmp, e))?;
-            for (name, data) in [
-                ("adapter_model.safetensors", bytes.as_slice()),
-                ("adapter_config.json", config_bytes),
-                ("provenance.json", prov.as_slice()),
-            ] {
-                let p = tmp.join(name);
-                atomic_write(&p, data).map_err(|e| file_err(&p, e))?;
-            }
-            std::fs::rename(&tmp, &dest).map_err(|e| file_err(&dest, e))?;
+        let tmp = staging_dir(&self.deltas_dir)?;
+        for (name, data) in [
+            ("adapter_model.safetensors", bytes.as_slice()),
+            ("adapter_config.json", config_bytes),
+        ] {
+            let p = tmp.join(name);
+            std::fs::write(&p, data).map_err(|e| file_err(&p, e))?;
         }
-        Ok(Delta {
-            id,
-            path: dest.display().to_string(),
-            base_sha256: provenance.base_sha256,
-            recipe_sha256: provenance.recipe_sha256,
-            data_digest: provenance.data_digest,
-            parent: provenance.parent,
-        })
+        Ok(publish_delta(&self.deltas_dir, &tmp, &provenance)?)
     }
 }

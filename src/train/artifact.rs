@@ -2,7 +2,7 @@
 //! and renamed into place, so a reader never sees half a delta.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -61,15 +61,13 @@ pub fn recipe_sha256(cfg: &TrainConfig) -> Result<String> {
     Ok(sha256_hex(&serde_json::to_vec(cfg)?))
 }
 
-/// Writes `adapter` under `root/<id>/` (id = `delta-` + the first 16 hex of the adapter bytes'
-/// SHA-256) with its llama.cpp GGUF export and `provenance.json`, atomically, and returns the [`Delta`] message. The caller
-/// fills `provenance` except `delta_id`.
-pub fn save_delta(
-    root: &Path,
-    adapter: &LoraSet,
-    model: &ModelConfig,
-    mut provenance: Provenance,
-) -> Result<Delta> {
+/// A delta's id: `delta-` + the first 16 hex of the SHA-256 of its `adapter_model.safetensors` bytes.
+pub fn delta_id(safetensors: &[u8]) -> String {
+    format!("delta-{}", &sha256_hex(safetensors)[..16])
+}
+
+/// A fresh staging directory under `root` for a delta being written (see [`publish_delta`]).
+pub fn staging_dir(root: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(root).map_err(|e| io_err(root, e))?;
     let tmp = root.join(format!(
         ".tmp-{}-{}",
@@ -77,46 +75,59 @@ pub fn save_delta(
         crate::engine::message::now_unix_ms()
     ));
     let _ = std::fs::remove_dir_all(&tmp);
-    adapter.save_peft(&tmp, model)?;
-    let st = tmp.join("adapter_model.safetensors");
-    let bytes = std::fs::read(&st).map_err(|e| io_err(&st, e))?;
-    let id = format!("delta-{}", &sha256_hex(&bytes)[..16]);
-    provenance.delta_id = id.clone();
-    // The same adapter for llama.cpp (`--lora adapter.gguf`); DoRA has no llama.cpp form.
-    let gguf = !adapter.config.use_dora;
-    if gguf {
-        adapter.save_gguf(tmp.join(GGUF_FILE), model)?;
-    }
+    std::fs::create_dir_all(&tmp).map_err(|e| io_err(&tmp, e))?;
+    Ok(tmp)
+}
+
+/// Publishes the delta written into `tmp` as `root/<provenance.delta_id>`: writes `provenance.json`, syncs every
+/// file, and renames the directory into place, so a reader never sees half a delta. Identical bytes already
+/// published (a rerun) are kept and ours dropped. Returns the [`Delta`] message.
+pub fn publish_delta(root: &Path, tmp: &Path, provenance: &Provenance) -> Result<Delta> {
     let prov_path = tmp.join("provenance.json");
-    std::fs::write(&prov_path, serde_json::to_vec_pretty(&provenance)?)
+    std::fs::write(&prov_path, serde_json::to_vec_pretty(provenance)?)
         .map_err(|e| io_err(&prov_path, e))?;
-    for name in [
-        "adapter_model.safetensors",
-        "adapter_config.json",
-        GGUF_FILE,
-        "provenance.json",
-    ] {
-        if name == GGUF_FILE && !gguf {
-            continue;
-        }
-        let p = tmp.join(name);
+    for entry in std::fs::read_dir(tmp).map_err(|e| io_err(tmp, e))? {
+        let p = entry.map_err(|e| io_err(tmp, e))?.path();
         std::fs::File::open(&p)
             .and_then(|f| f.sync_all())
             .map_err(|e| io_err(&p, e))?;
     }
-    let dest = root.join(&id);
+    let dest = root.join(&provenance.delta_id);
     if dest.exists() {
-        // Same bytes already published (a rerun): keep the first, drop ours.
-        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = std::fs::remove_dir_all(tmp);
     } else {
-        std::fs::rename(&tmp, &dest).map_err(|e| io_err(&dest, e))?;
+        std::fs::rename(tmp, &dest).map_err(|e| io_err(&dest, e))?;
+        if let Ok(d) = std::fs::File::open(root) {
+            let _ = d.sync_all();
+        }
     }
     Ok(Delta {
-        id,
+        id: provenance.delta_id.clone(),
         path: dest.display().to_string(),
-        base_sha256: provenance.base_sha256,
-        recipe_sha256: provenance.recipe_sha256,
-        data_digest: provenance.data_digest,
-        parent: provenance.parent,
+        base_sha256: provenance.base_sha256.clone(),
+        recipe_sha256: provenance.recipe_sha256.clone(),
+        data_digest: provenance.data_digest.clone(),
+        parent: provenance.parent.clone(),
     })
+}
+
+/// Writes `adapter` under `root/<id>/` (id: [`delta_id`]) with its llama.cpp GGUF export (not for DoRA, which
+/// llama.cpp cannot load) and `provenance.json`, atomically, and returns the [`Delta`] message. The caller fills
+/// `provenance` except `delta_id`.
+pub fn save_delta(
+    root: &Path,
+    adapter: &LoraSet,
+    model: &ModelConfig,
+    mut provenance: Provenance,
+) -> Result<Delta> {
+    let tmp = staging_dir(root)?;
+    adapter.save_peft(&tmp, model)?;
+    let st = tmp.join("adapter_model.safetensors");
+    let bytes = std::fs::read(&st).map_err(|e| io_err(&st, e))?;
+    provenance.delta_id = delta_id(&bytes);
+    // The same adapter for llama.cpp (`--lora adapter.gguf`).
+    if !adapter.config.use_dora {
+        adapter.save_gguf(tmp.join(GGUF_FILE), model)?;
+    }
+    publish_delta(root, &tmp, &provenance)
 }
