@@ -238,12 +238,7 @@ impl Actor for EvalGate {
     }
 
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Delta(delta) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let delta = crate::engine::expect_delta(port, message)?;
         // Inside a pool, candle's rayon ops (and the model's parallel projections) run inline on its threads
         // instead of being handed over from this engine thread op by op.
         let pool = self.pool()?;

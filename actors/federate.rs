@@ -22,7 +22,7 @@ use crate::engine::{
     Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox, PortSpec,
 };
 use crate::federate::client::Client;
-use crate::federate::coordinator::secret_env_var;
+use crate::federate::coordinator::{read_private_file, secret_env_var};
 use crate::federate::dp::DpConfig;
 use crate::federate::tls::ClientTls;
 use crate::federate::worker::{Worker, WorkerError, is_aggregate};
@@ -89,16 +89,7 @@ impl FederateParams {
     fn secret(&self, node: &str) -> Result<Vec<u8>, ActorError> {
         match &self.secret_file {
             Some(path) => {
-                #[cfg(unix)]
-                {
-                    use std::os::unix::fs::PermissionsExt;
-                    let meta = std::fs::metadata(path).map_err(|e| build_err(node, format!("{}: {e}", path.display())))?;
-                    if meta.permissions().mode() & 0o077 != 0 {
-                        return Err(build_err(node, format!("{} is readable by group/others; chmod 600 it", path.display())));
-                    }
-                }
-                let text =
-                    std::fs::read_to_string(path).map_err(|e| build_err(node, format!("{}: {e}", path.display())))?;
+                let text = read_private_file(path).map_err(|e| build_err(node, e))?;
                 let secret = text.trim();
                 if secret.is_empty() {
                     return Err(build_err(node, format!("{} is empty", path.display())));
@@ -264,12 +255,7 @@ impl Actor for Federate {
     }
 
     fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Delta(delta) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let delta = crate::engine::expect_delta(port, message)?;
         self.collect(out, false)?;
         if is_aggregate(delta) {
             tracing::debug!(node = %self.node, delta = %delta.id, "an aggregate as received is not contributed again");

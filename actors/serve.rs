@@ -276,12 +276,7 @@ impl Serve {
 
 impl Actor for Serve {
     fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
-        let Message::Delta(delta) = message else {
-            return Err(ActorError::Unexpected {
-                port: port.to_owned(),
-                got: message.message_type(),
-            });
-        };
+        let delta = crate::engine::expect_delta(port, message)?;
         self.swap_to(Some(delta))
     }
 

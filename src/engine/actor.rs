@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::edge::EdgeSender;
-use super::message::{Message, MessageType, Sample};
+use super::message::{Delta, Message, MessageType, Sample};
 
 /// A port an actor kind declares, with the one message type it carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +80,20 @@ pub fn expect_sample<'a>(
 ) -> Result<&'a std::sync::Arc<Sample>, ActorError> {
     match message {
         Message::Sample(sample) => Ok(sample),
+        other => Err(ActorError::Unexpected {
+            port: port.to_owned(),
+            got: other.message_type(),
+        }),
+    }
+}
+
+/// The delta a [`Message::Delta`] carries, or the error an actor returns for any other message on `port`.
+pub fn expect_delta<'a>(
+    port: &str,
+    message: &'a Message,
+) -> Result<&'a std::sync::Arc<Delta>, ActorError> {
+    match message {
+        Message::Delta(delta) => Ok(delta),
         other => Err(ActorError::Unexpected {
             port: port.to_owned(),
             got: other.message_type(),

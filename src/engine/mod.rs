@@ -12,7 +12,7 @@ pub mod validate;
 
 pub use actor::{
     Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Outbox, PortSpec, Produce,
-    expect_sample,
+    expect_delta, expect_sample,
 };
 pub use message::{Message, MessageType};
 pub use runtime::{RunReport, RunningGraph, start};

@@ -61,6 +61,23 @@ impl std::fmt::Debug for Secrets {
     }
 }
 
+/// Reads a file that holds secrets, refusing it (on Unix) when group or others may read it. The error names
+/// the file.
+pub fn read_private_file(path: &Path) -> Result<String, String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(format!(
+                "{} is readable by group/others; chmod 600 it",
+                path.display()
+            ));
+        }
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Environment variable prefix: `HEARTH_FEDERATE_SECRET_<NAME>` with the name upper-cased and non-alphanumerics
 /// turned into `_`.
 pub const SECRET_ENV_PREFIX: &str = "HEARTH_FEDERATE_SECRET_";
@@ -73,20 +90,7 @@ impl Secrets {
     /// Reads `name=secret` lines (`#` comments, blank lines ignored). On Unix the file must not be readable by
     /// group or others.
     pub fn from_file(path: &Path) -> Result<Secrets, CoordinatorError> {
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let meta = std::fs::metadata(path)
-                .map_err(|e| CoordinatorError::Secrets(format!("{}: {e}", path.display())))?;
-            if meta.permissions().mode() & 0o077 != 0 {
-                return Err(CoordinatorError::Secrets(format!(
-                    "{} is readable by group/others; chmod 600 it",
-                    path.display()
-                )));
-            }
-        }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| CoordinatorError::Secrets(format!("{}: {e}", path.display())))?;
+        let text = read_private_file(path).map_err(CoordinatorError::Secrets)?;
         let mut m = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
