@@ -118,3 +118,30 @@ pub fn fast_cfg() -> TrainConfig {
         ..TrainConfig::default()
     }
 }
+
+/// The gradients of one trainer after a first step (B = 0 at init makes ∂L/∂A = 0 by construction), each
+/// asserted finite and non-zero; returned by name.
+pub fn nonzero_gradients_after_one_step(
+    m: &Transformer,
+    tok: &Tokenizer,
+    mut cfg: TrainConfig,
+) -> Vec<String> {
+    cfg.steps = 1;
+    let mut tr = hearth::train::LoraTrainer::new(m, tok, cfg, None).unwrap();
+    tr.train_cycle(&mixed(), |_| {}).unwrap();
+    let grads = tr.gradients(&mixed()).unwrap();
+    grads
+        .into_iter()
+        .map(|(k, g)| {
+            let n = g
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(n > 0.0 && n.is_finite(), "{k}: gradient norm² {n}");
+            k
+        })
+        .collect()
+}
