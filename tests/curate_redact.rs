@@ -54,6 +54,18 @@ fn structured_types() {
             PiiType::Phone,
         ),
         ("Phone: 0494 92 82 32", "0494 92 82 32", PiiType::Phone),
+        // typed in lower case, still mod-97 valid
+        (
+            "my iban is gb82west12345698765432",
+            "gb82west12345698765432",
+            PiiType::Iban,
+        ),
+        // an issuer range outside the brand table, Luhn-valid, called a card
+        (
+            "points won on credit card 060426070011 transactions",
+            "060426070011",
+            PiiType::CreditCard,
+        ),
         (
             "card 4111 1111 1111 1111 exp 09/27",
             "4111 1111 1111 1111",
@@ -146,6 +158,8 @@ fn validators_reject_lookalikes() {
         "Order 1087318719189048 has not shipped yet",
         "card 4111 1111 1111 1112",
         "IBAN GB82 WEST 1234 5698 7654 33",
+        "mixed case Gb82wEst12345698765432 is some other token",
+        "ticket 060426070011 was reopened",
         "ssn 666-12-3456 and 000-12-3456 and 123-00-4567",
         "bad ip 300.1.2.3 and 1.2.3",
         "foo@bar is not an address, nor is a@b.c1",

@@ -143,6 +143,17 @@ fn private_keys_db_urls_and_assignments() {
     );
     let assign = format!("db_password = \"{}\"", rnd(31, 18, AL));
     assert_eq!(rules_for(&s, &assign).len(), 1);
+    // A certificate is public: its base64 is no secret; a private key beside it still is.
+    let cert = format!("-----BEGIN CERTIFICATE-----\n{body}-----END CERTIFICATE-----");
+    assert!(
+        rules_for(&s, &cert).is_empty(),
+        "{:?}",
+        rules_for(&s, &cert)
+    );
+    let both = format!("{cert}\n{pem}");
+    assert_eq!(rules_for(&s, &both), vec![(pem.clone(), "private-key")]);
+    // the same base64 outside any block is a bare token
+    assert!(!rules_for(&s, &body).is_empty());
 }
 
 #[test]
@@ -160,6 +171,13 @@ fn placeholders_hashes_code_and_sentinels_are_not_secrets() {
         "password=<SECRET:secret-assignment> and key <API_KEY> and <SECRET:github-pat>",
         "Use the placeholder YOUR_API_KEY_HERE in the sample config.",
         "postgres://user:${DB_PASSWORD}@localhost/db",
+        // documentation URLs and placeholder passwords
+        "let url = Url::parse(\"ftp://rms:secret123@example.com\")?;",
+        "moz://foo:bar@servo/baz",
+        // constant names, CamelCase types with numbers, encoder test vectors
+        "ClientHandshakeTrafficSecret => \"CLIENT_HANDSHAKE_TRAFFIC_SECRET\",",
+        "Box::new(ChaCha20Poly1305MessageDecrypter { dec_key, dec_offset })",
+        "assert_eq!(\"/wMHCw8TFxsfIycrLzM3Oz9DR0tPU1dbX2Nna29zd3t/g4eLj5OXm5+jp6uv\", out);",
     ] {
         assert!(
             s.scan(text).is_empty(),

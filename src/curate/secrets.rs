@@ -669,7 +669,20 @@ impl SecretScanner {
             }
         }
         if self.config.bare_tokens && !self.config.disabled_rules.iter().any(|d| d == BARE_RULE) {
+            let before = out.len();
             self.bare_tokens(text, &mut out);
+            if out.len() > before && text.contains("-----BEGIN ") {
+                let public = public_pem_blocks(text);
+                let mut k = before;
+                while k < out.len() {
+                    let f = &out[k];
+                    if public.iter().any(|&(s, e)| s <= f.start && f.end <= e) {
+                        out.swap_remove(k);
+                    } else {
+                        k += 1;
+                    }
+                }
+            }
         }
         // Our own `<SECRET:rule>` sentinels look like `secret: value`; never flag them.
         if text.as_bytes().contains(&b'<') && text.contains("<SECRET:") {
@@ -716,14 +729,39 @@ impl SecretScanner {
             }
             Check::UrlPassword => {
                 let v = secret;
-                !(v.starts_with('$')
+                // RFC 2606 hosts are documentation (`ftp://rms:secret123@example.com`) unless
+                // the password itself looks generated
+                let host = text[e..]
+                    .strip_prefix('@')
+                    .unwrap_or("")
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-'))
+                    .next()
+                    .unwrap_or("")
+                    .to_ascii_lowercase();
+                let doc_host = ["example.com", "example.org", "example.net"]
+                    .iter()
+                    .any(|d| host == *d || host.ends_with(&format!(".{d}")))
+                    || [".example", ".test", ".invalid"]
+                        .iter()
+                        .any(|t| host.ends_with(t));
+                !(doc_host && entropy(v.as_bytes()) < 3.2
+                    || v.starts_with('$')
                     || v.starts_with('{')
                     || v.starts_with('%')
                     || v.starts_with('<')
                     || v.chars().all(|c| c == '*' || c == 'x' || c == 'X')
                     || matches!(
                         v.to_ascii_lowercase().as_str(),
-                        "password" | "pass" | "passwd" | "pwd" | "secret" | "token" | "pw"
+                        "password"
+                            | "pass"
+                            | "passwd"
+                            | "pwd"
+                            | "secret"
+                            | "token"
+                            | "pw"
+                            | "foo"
+                            | "bar"
+                            | "baz"
                     ))
             }
             Check::Assignment => self.assignment_value_ok(secret),
@@ -758,6 +796,14 @@ impl SecretScanner {
         let other = vb.len() - digits - upper - lower;
         // Identifiers (snake_case, CamelCase, dotted paths) are code, not secrets.
         if digits == 0 && other <= 1 {
+            return false;
+        }
+        // a constant's name (`"CLIENT_HANDSHAKE_TRAFFIC_SECRET"`): upper-case words joined by `_`
+        if lower == 0
+            && digits == 0
+            && v.split('_')
+                .all(|w| w.len() >= 2 && w.bytes().all(|c| c.is_ascii_uppercase()))
+        {
             return false;
         }
         if digits == vb.len() {
@@ -849,7 +895,11 @@ impl SecretScanner {
         {
             return false;
         }
-        if english_segments(tok) >= 2 || decodes_to_text(tok) {
+        if english_segments(tok) >= 2
+            || camel_case_identifier(tok)
+            || decodes_to_text(tok)
+            || decodes_to_progression(tok)
+        {
             return false;
         }
         // identifiers joined by _ or - (snake/kebab/Camel words) have long letter runs
@@ -868,6 +918,28 @@ impl SecretScanner {
         }
         entropy(tok) >= self.config.min_entropy_base64
     }
+}
+
+/// Byte ranges of PEM blocks whose label names no private key (`CERTIFICATE`, `PUBLIC KEY`):
+/// their base64 is public by design, so it is not a bare secret token.
+fn public_pem_blocks(text: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (s, _) in text.match_indices("-----BEGIN ") {
+        let rest = &text[s + 11..];
+        let Some(label_end) = rest.find("-----") else {
+            continue;
+        };
+        let label = &rest[..label_end];
+        if label.len() > 64 || label.contains('\n') || label.contains("PRIVATE") {
+            continue;
+        }
+        let body = s + 11 + label_end + 5;
+        let end = text[body..]
+            .find("-----END ")
+            .map_or(text.len(), |p| body + p + 9);
+        out.push((s, end));
+    }
+    out
 }
 
 /// End of a private-key block that starts its body at `from`: after the `-----END …-----`
@@ -942,30 +1014,87 @@ fn english_segments(tok: &[u8]) -> usize {
     n
 }
 
-/// True if the token is standard base64 of mostly printable text (test vectors, encoded
-/// prose), which is data rather than a credential.
-fn decodes_to_text(tok: &[u8]) -> bool {
-    let val = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => u32::from(c - b'A'),
-            b'a'..=b'z' => u32::from(c - b'a') + 26,
-            b'0'..=b'9' => u32::from(c - b'0') + 52,
-            b'+' | b'-' => 62,
-            b'/' | b'_' => 63,
-            _ => return None,
-        })
-    };
+/// True if the token is a CamelCase identifier with numbers (`ChaCha20Poly1305Decrypter`):
+/// every capital starts a lower-case run of 2+ letters and no lower-case run stands alone.
+/// A random base62 token almost always has a lone lower-case letter somewhere.
+fn camel_case_identifier(tok: &[u8]) -> bool {
+    if !tok.iter().all(u8::is_ascii_alphanumeric) {
+        return false;
+    }
+    let mut i = 0;
+    let mut words = 0;
+    while i < tok.len() {
+        let c = tok[i];
+        if c.is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        if !c.is_ascii_uppercase() {
+            return false;
+        }
+        let s = i;
+        i += 1;
+        while i < tok.len() && tok[i].is_ascii_lowercase() {
+            i += 1;
+        }
+        if i - s < 3 {
+            return false;
+        }
+        words += 1;
+    }
+    words >= 3
+}
+
+/// Standard base64 alphabet value of a byte (URL-safe `-`/`_` accepted).
+fn b64_val(c: u8) -> Option<u32> {
+    Some(match c {
+        b'A'..=b'Z' => u32::from(c - b'A'),
+        b'a'..=b'z' => u32::from(c - b'a') + 26,
+        b'0'..=b'9' => u32::from(c - b'0') + 52,
+        b'+' | b'-' => 62,
+        b'/' | b'_' => 63,
+        _ => return None,
+    })
+}
+
+/// Decodes base64 (padding ignored); `None` if any byte is outside the alphabet.
+fn b64_decode(tok: &[u8]) -> Option<Vec<u8>> {
     let body: Vec<u8> = tok.iter().copied().filter(|&c| c != b'=').collect();
     let mut out = Vec::with_capacity(body.len());
     for chunk in body.chunks(4) {
         let mut acc = 0u32;
         for (k, &c) in chunk.iter().enumerate() {
-            let Some(v) = val(c) else { return false };
-            acc |= v << (18 - 6 * k);
+            acc |= b64_val(c)? << (18 - 6 * k);
         }
         let bytes = acc.to_be_bytes();
         out.extend_from_slice(&bytes[1..chunk.len()]);
     }
+    Some(out)
+}
+
+/// True if the token is base64 of a byte progression (`/wMHCw8TFxsf…` is 0xff, 0x03, 0x07 …):
+/// encoder test vectors, not key material.
+fn decodes_to_progression(tok: &[u8]) -> bool {
+    let Some(out) = b64_decode(tok) else {
+        return false;
+    };
+    if out.len() < 8 {
+        return false;
+    }
+    let step = out[1].wrapping_sub(out[0]);
+    let same = out
+        .windows(2)
+        .filter(|w| w[1].wrapping_sub(w[0]) == step)
+        .count();
+    same * 10 >= (out.len() - 1) * 9
+}
+
+/// True if the token is standard base64 of mostly printable text (test vectors, encoded
+/// prose), which is data rather than a credential.
+fn decodes_to_text(tok: &[u8]) -> bool {
+    let Some(out) = b64_decode(tok) else {
+        return false;
+    };
     !out.is_empty()
         && out
             .iter()

@@ -36,8 +36,9 @@ static PHONE: LazyLock<Regex> = LazyLock::new(|| {
         r"(?i-u)(?:\+[ ]?)?(?:\([0-9]{1,5}\)[ .\-]?)?[0-9](?:[0-9]|[ .\-][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-]?[0-9]){3,22}(?:[ ]?(?:x|ext\.?|extension)[ ]?[0-9]{1,6})?",
     )
 });
+/// Upper or lower case (`gb42nawi…` typed in a chat); mixed case is rejected in [`ibans`].
 static IBAN: LazyLock<Regex> =
-    LazyLock::new(|| re(r"(?-u)[A-Z]{2}[0-9]{2}(?:[ ]?[A-Z0-9]){10,32}"));
+    LazyLock::new(|| re(r"(?i-u)[A-Z]{2}[0-9]{2}(?:[ ]?[A-Z0-9]){10,32}"));
 static IPV6: LazyLock<Regex> = LazyLock::new(|| re(r"(?i-u)[0-9a-f]{0,4}(?::[0-9a-f]{0,4}){2,7}"));
 static MAC: LazyLock<Regex> =
     LazyLock::new(|| re(r"(?i-u)[0-9a-f]{2}(?::[0-9a-f]{2}){5}|[0-9a-f]{2}(?:-[0-9a-f]{2}){5}"));
@@ -118,7 +119,7 @@ struct Stats {
     colons: usize,
     at: bool,
     slash: bool,
-    /// `[A-Z]{2}[0-9]{2}`: an IBAN's country and check digits.
+    /// `[A-Za-z]{2}[0-9]{2}`: an IBAN's country and check digits.
     iban_head: bool,
     /// Longest run of hex digits.
     hex_run: usize,
@@ -149,8 +150,8 @@ fn stats(b: &[u8]) -> Stats {
                 st.digits += 1;
                 if i >= 3
                     && b[i - 1].is_ascii_digit()
-                    && b[i - 2].is_ascii_uppercase()
-                    && b[i - 3].is_ascii_uppercase()
+                    && b[i - 2].is_ascii_alphabetic()
+                    && b[i - 3].is_ascii_alphabetic()
                 {
                     st.iban_head = true;
                 }
@@ -602,7 +603,7 @@ fn ibans(b: &[u8], out: &mut Vec<Cand>) {
         if s > 0 && alnum(b[s - 1]) {
             continue;
         }
-        let cc = [b[s], b[s + 1]];
+        let cc = [b[s].to_ascii_uppercase(), b[s + 1].to_ascii_uppercase()];
         let Some(&(_, want)) = IBAN_LEN.iter().find(|(c, _)| **c == cc) else {
             continue;
         };
@@ -618,6 +619,12 @@ fn ibans(b: &[u8], out: &mut Vec<Cand>) {
         if chars.len() != want || (e < b.len() && alnum(b[e])) {
             continue;
         }
+        // one case throughout: `Gb42…` mixes and is some other identifier
+        let lower = chars.iter().any(u8::is_ascii_lowercase);
+        if lower && chars.iter().any(u8::is_ascii_uppercase) {
+            continue;
+        }
+        chars.make_ascii_uppercase();
         if iban_mod97(&chars) {
             out.push(Cand::new(
                 s,
@@ -910,8 +917,12 @@ fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
             if !shape_ok || !luhn(&digits) {
                 continue;
             }
-            let Some(strong) = card_brand(&digits) else {
-                continue;
+            let strong = match card_brand(&digits) {
+                Some(strong) => strong,
+                // an issuer range the table lacks (old Maestro `0604…`), called a card just
+                // before it: Luhn plus that cue is enough
+                None if has_any(&before_ctx(b, s, 24), &["card"]) => false,
+                None => continue,
             };
             let ctx = before_ctx(b, s, 48);
             if !strong && !has_any(&ctx, CARD_CTX) {
