@@ -441,7 +441,8 @@ impl Redactor {
         };
         structured::detect(text, &ctx, &mut cands);
         if self.on(PiiType::ApiKey) {
-            for f in self.secrets.scan_bytes(text) {
+            // the redactor's own re-scan (see `find_bytes`) closes secrets too
+            for f in self.secrets.scan_once(text) {
                 // A URL password is reported as URL credentials by the structured pass.
                 if f.rule == "url-password" {
                     continue;
