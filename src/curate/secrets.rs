@@ -9,7 +9,7 @@
 use std::io::{BufRead, Write};
 use std::sync::LazyLock;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
@@ -402,8 +402,11 @@ static COMPILED: LazyLock<Compiled> = LazyLock::new(|| {
             kw_rule.push(i);
         }
     }
+    // A DFA: the overlapping keyword pass reads every byte of every record, and a few
+    // hundred short keywords make a small table.
     let ac = AhoCorasickBuilder::new()
         .ascii_case_insensitive(true)
+        .kind(Some(AhoCorasickKind::DFA))
         .match_kind(MatchKind::Standard)
         .build(&kws)
         // Constant keyword list; building cannot fail for these few short literals.

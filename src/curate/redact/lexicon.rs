@@ -2,6 +2,7 @@
 //! detectors. The lists ship in `data/*.txt` (written for hearth) and are compiled in, so the
 //! redactor needs no files or downloads at run time.
 
+use compact_str::CompactString;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::LazyLock;
@@ -111,13 +112,13 @@ impl Tok<'_> {
 }
 
 /// A token's folded key: borrowed from the text when already folded (plain lower-case
-/// ASCII), else folded into an inline buffer (ASCII words up to 24 bytes), else a `String`.
-/// Tokenizing short records thus allocates nothing per word.
+/// ASCII), else an owned [`CompactString`], which keeps keys up to 24 bytes inline and
+/// hands out `&str` without re-checking UTF-8 (the detectors read keys many times per
+/// token). Tokenizing short records thus allocates nothing per word.
 #[derive(Debug, Clone)]
 pub(crate) enum Key<'a> {
     Borrowed(&'a str),
-    Inline([u8; 24], u8),
-    Owned(String),
+    Owned(CompactString),
 }
 
 impl<'a> Key<'a> {
@@ -127,14 +128,12 @@ impl<'a> Key<'a> {
             .all(|&c| c.is_ascii_lowercase() || c == b'-' || c == b'\'')
         {
             Key::Borrowed(word)
-        } else if b.len() <= 24 && word.is_ascii() {
-            let mut buf = [0u8; 24];
-            for (d, c) in buf.iter_mut().zip(b) {
-                *d = c.to_ascii_lowercase();
-            }
-            Key::Inline(buf, b.len() as u8)
+        } else if word.is_ascii() {
+            let mut k = CompactString::from(word);
+            k.make_ascii_lowercase();
+            Key::Owned(k)
         } else {
-            Key::Owned(fold(word))
+            Key::Owned(CompactString::from(fold(word)))
         }
     }
 }
@@ -144,8 +143,6 @@ impl std::ops::Deref for Key<'_> {
     fn deref(&self) -> &str {
         match self {
             Key::Borrowed(s) => s,
-            // lower-cased ASCII is valid UTF-8
-            Key::Inline(b, n) => std::str::from_utf8(&b[..*n as usize]).unwrap_or(""),
             Key::Owned(s) => s,
         }
     }
@@ -175,7 +172,8 @@ fn joiner(c: char) -> bool {
 
 /// Splits text into word, number and punctuation tokens.
 pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
-    let mut toks = Vec::with_capacity(text.len() / 5);
+    // about one token per three bytes in chat text (words, spaces, punctuation)
+    let mut toks = Vec::with_capacity(text.len() / 3 + 4);
     let b = text.as_bytes();
     let n = b.len();
     // ASCII bytes are decoded directly; only non-ASCII chars go through UTF-8 decoding
@@ -291,7 +289,7 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
     }
     // Mark `<LABEL>` and `<SECRET:rule>` sentinels so re-redaction leaves them alone.
     for i in 0..toks.len() {
-        if toks[i].is_punct(text, '<') {
+        if b[toks[i].s] == b'<' {
             let mut j = i + 1;
             while j < toks.len() && j < i + 8 && !toks[j].is_punct(text, '>') && !toks[j].sp_before
             {
