@@ -133,7 +133,7 @@ impl<'a> Key<'a> {
             k.make_ascii_lowercase();
             Key::Owned(k)
         } else {
-            Key::Owned(CompactString::from(fold(word)))
+            Key::Owned(fold_key(word))
         }
     }
 }
@@ -307,7 +307,39 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
 
 /// Lower-cases and strips common Latin diacritics so `Jürgen` matches `jurgen`.
 pub(crate) fn fold(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+    fold_into(s, String::with_capacity(s.len()))
+}
+
+/// [`fold`] into an inline string, for token keys (no heap allocation up to 24 bytes).
+fn fold_key(s: &str) -> CompactString {
+    fold_into(s, CompactString::with_capacity(s.len()))
+}
+
+/// What [`fold_into`] writes to: `String` for word lists, `CompactString` for token keys.
+trait FoldSink: Extend<char> {
+    fn push(&mut self, c: char);
+    fn push_str(&mut self, s: &str);
+}
+
+impl FoldSink for String {
+    fn push(&mut self, c: char) {
+        String::push(self, c);
+    }
+    fn push_str(&mut self, s: &str) {
+        String::push_str(self, s);
+    }
+}
+
+impl FoldSink for CompactString {
+    fn push(&mut self, c: char) {
+        CompactString::push(self, c);
+    }
+    fn push_str(&mut self, s: &str) {
+        CompactString::push_str(self, s);
+    }
+}
+
+fn fold_into<S: FoldSink>(s: &str, mut out: S) -> S {
     for c in s.chars() {
         if c.is_ascii() {
             out.push(c.to_ascii_lowercase());
@@ -513,6 +545,9 @@ mod tests {
     fn fold_and_model() {
         assert_eq!(fold("Jürgen"), "jurgen");
         assert_eq!(fold("Straße"), "strasse");
+        for w in ["Jürgen", "Straße", "ÆTHELRED", "Αθήνα", "Šárka-Ottová"] {
+            assert_eq!(fold_key(w).as_str(), fold(w));
+        }
         let l = &*LEX;
         assert!(l.class("jurgen") & IN_FIRST != 0);
         assert!(l.name_score("kowalczyk") > l.name_score("information"));
