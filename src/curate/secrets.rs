@@ -383,6 +383,10 @@ struct Compiled {
     /// smaller NFA, so capture search is far cheaper); used while no captured value exceeds
     /// 200 bytes, which makes its matches identical to the rule's (see `scan_once`).
     fast: Vec<Option<Regex>>,
+    /// Per rule with long counted repetitions, the pattern with every upper bound dropped
+    /// (`{0,40}` -> `{0,}`): it matches wherever the rule does (a superset), and its lazy DFA
+    /// stays small, so "no match here" is cheap; the rule itself runs only after a yes.
+    probe: Vec<Option<Regex>>,
     ac: AhoCorasick,
     /// AC pattern index -> rule index.
     kw_rule: Vec<usize>,
@@ -419,9 +423,24 @@ static COMPILED: LazyLock<Compiled> = LazyLock::new(|| {
             })
         })
         .collect();
+    let bounded = regex::Regex::new(r"\{(\d+),(\d+)\}").expect("constant regex");
+    let probe = RULES
+        .iter()
+        .map(|r| {
+            let wide = bounded.captures_iter(r.pattern).any(|c| {
+                let n = |k: usize| c[k].parse::<u32>().unwrap_or(0);
+                n(2).saturating_sub(n(1)) >= 16
+            });
+            wide.then(|| {
+                let open = bounded.replace_all(r.pattern, "{$1,}");
+                Regex::new(&open).expect("constant secret rule regex")
+            })
+        })
+        .collect();
     Compiled {
         regexes,
         fast,
+        probe,
         ac,
         kw_rule,
     }
@@ -624,10 +643,20 @@ impl SecretScanner {
             if !hit[i] {
                 continue;
             }
+            // Bytes every match of the rule contains: a cheap no before the regex (the
+            // assignment rule's lazy DFA is large and costly to warm on short records).
+            let needs_byte = match rule.check {
+                Check::Assignment => !(b.contains(&b'=') || b.contains(&b':')),
+                Check::UrlPassword => !b.contains(&b'@'),
+                _ => false,
+            };
+            if needs_byte {
+                continue;
+            }
             let re = &c.regexes[i];
             // The lazy DFA answers "no match" fast; capture search (a backtracker on short
             // texts) runs only when there is something to capture.
-            if !re.is_match(text) {
+            if !c.probe[i].as_ref().unwrap_or(re).is_match(text) {
                 continue;
             }
             // Every path of the bounded regex is a path of the open one, so while no group
@@ -1272,6 +1301,19 @@ mod tests {
     #[test]
     fn rules_compile_and_have_keywords() {
         assert_eq!(COMPILED.regexes.len(), RULES.len());
+        // the assignment and URL rules get a probe (long bounds), fixed-length keys do not
+        let probed = |name: &str| {
+            let i = RULES.iter().position(|r| r.name == name);
+            i.is_some_and(|i| COMPILED.probe[i].is_some())
+        };
+        assert!(probed("secret-assignment") && probed("url-password"));
+        assert!(!probed("aws-access-key-id"));
+        let text = "db_password = \"hunter2hunter2\" and ftp://u:pw123456@h.io";
+        for (i, re) in COMPILED.regexes.iter().enumerate() {
+            if re.is_match(text) {
+                assert!(COMPILED.probe[i].as_ref().is_none_or(|p| p.is_match(text)));
+            }
+        }
         assert!(RULES.iter().all(|r| !r.keywords.is_empty()));
     }
 
