@@ -239,6 +239,110 @@ fn names_and_addresses() {
     ));
 }
 
+/// International address shapes: number-last streets, separate street-type words, address
+/// blocks with region codes and quoted-mail prefixes, and cue-introduced streets.
+#[test]
+fn international_address_shapes() {
+    let r = red();
+    let cases: &[(&str, &str)] = &[
+        // a building name after the house number, and a name word before it
+        (
+            "Send it to Lindgarden 14 Maple Forks\n Suite 12\n TROMSØ\n Norway 90210",
+            "Lindgarden 14 Maple Forks\n Suite 12\n TROMSØ\n Norway 90210",
+        ),
+        // PO box with a leading number and a street name after it
+        (
+            "Mail: 4411 P.O. Box 77 Hazel Union\n Apt. 5\n Springfield\n Norway 12345",
+            "4411 P.O. Box 77 Hazel Union\n Apt. 5\n Springfield\n Norway 12345",
+        ),
+        // separate lower-case street types (Hungarian, Norwegian), several name words
+        (
+            "It is at 12 Kossuth Lajos u. 7. today",
+            "12 Kossuth Lajos u. 7",
+        ),
+        ("we are at 3 Bakken terrasse 19 now", "3 Bakken terrasse 19"),
+        // region code lines: letters, lower case, a number
+        (
+            "address: 81 Elm Street\nRivertown\n, QX\n 40421",
+            "81 Elm Street\nRivertown\n, QX\n 40421",
+        ),
+        (
+            "address: 81 Elm Street\nRivertown\n, 12\n 40421",
+            "81 Elm Street\nRivertown\n, 12\n 40421",
+        ),
+        // a town of two words, one of them a known place, before a state code
+        (
+            "ship to 5 Oak Road\nPorto Alegre\n, RS\n Brazil 90010",
+            "5 Oak Road\nPorto Alegre\n, RS\n Brazil 90010",
+        ),
+        // quoted mail with several prefix marks per line
+        (
+            "??? 2201 Amberweg 4\n??? Suite 9\n??? Uruguay 11000",
+            "2201 Amberweg 4\n??? Suite 9\n??? Uruguay 11000",
+        ),
+        // cue + number-last street without a type word
+        ("She lives on Calle Mayor Baja 12.", "Calle Mayor Baja 12"),
+        (
+            "He lives on the east side of Ribeira Nova 88.",
+            "Ribeira Nova 88",
+        ),
+        // Spanish abbreviations, Italian particles
+        (
+            "The shop is at C/ Olmos Altos 9 in town",
+            "C/ Olmos Altos 9",
+        ),
+        ("Teo lives on Via dei Gelsi 4 street.", "Via dei Gelsi 4"),
+        // lower-case street words after a numbered prefix type, unit ends the street
+        (
+            "my address is 9 rue des peupliers Rivaud Apt. 3 SAINT-LO France",
+            "9 rue des peupliers Rivaud Apt. 3 SAINT-LO France",
+        ),
+        // a direction after the street type, a unit before the street
+        (
+            "taxi to 12 Harbour Street West\n Suite 2\n Oakvale\n New Zealand",
+            "12 Harbour Street West\n Suite 2\n Oakvale\n New Zealand",
+        ),
+        (
+            "Ms. Dana Oberg Suite 14 5521 Birkevej 3",
+            "Suite 14 5521 Birkevej 3",
+        ),
+        // military address in lower case
+        (
+            "unit 2211 box 0042\ndpo ae 09876",
+            "unit 2211 box 0042\ndpo ae 09876",
+        ),
+        // parenthesised glosses after town and country
+        (
+            "office: 7 Oak Road\nΛΕΥΚΑΡΑ (LEFKARA)\n, LA\n Cyprus (Greek) 7700",
+            "7 Oak Road\nΛΕΥΚΑΡΑ (LEFKARA)\n, LA\n Cyprus (Greek) 7700",
+        ),
+    ];
+    for (text, want) in cases {
+        assert!(
+            has(&r, text, want, PiiType::Address),
+            "{text:?} -> {:?}",
+            types(&r, text)
+        );
+    }
+    // hard negatives for the same shapes
+    for text in [
+        "Meet me at Gate 12 after the talk.",
+        "Meet me at Terminal 2",
+        "meet me at Starbucks 5 minutes later",
+        "We live on Level 3 of the tower.",
+        "send 2 via email please",
+        "the unit 4 box 2 is full",
+        "Release 2 tie 3 games, said the coach.",
+        "He wrote chapter 5 Main Ideas of the book.",
+    ] {
+        assert!(
+            !types(&r, text).iter().any(|(_, t)| *t == PiiType::Address),
+            "{text:?} -> {:?}",
+            types(&r, text)
+        );
+    }
+}
+
 #[test]
 fn unicode_offsets_are_chars() {
     let r = red();

@@ -6,8 +6,8 @@
 use std::sync::LazyLock;
 
 use super::lexicon::{
-    C_POST_TYPE, C_PREFIX_TYPE, C_STRONG_SUFFIX, C_UNIT, C_WEAK_SUFFIX, IN_COMMON, IN_PLACES, Kind,
-    StaticSet, Tok, static_set as set,
+    C_POST_TYPE, C_PREFIX_TYPE, C_STRONG_SUFFIX, C_TITLE, C_UNIT, C_WEAK_SUFFIX, IN_COMMON,
+    IN_FIRST, IN_PLACES, Kind, LEX, StaticSet, Tok, static_set as set,
 };
 
 /// The word lists that become class bits on tokens.
@@ -54,7 +54,8 @@ static PREFIX_TYPE: LazyLock<StaticSet> = LazyLock::new(|| {
         "rue avenue boulevard bd chemin allee impasse place quai route cours square via viale piazza \
          corso largo vicolo strada calle avenida paseo plaza camino carrer ronda glorieta travesia rua \
          travessa praca estrada alameda ul ulica aleja al plac rambla carretera callejon pasaje vale \
-         contrada piazzale lungomare",
+         contrada piazzale lungomare av avda c λεωφόρος οδός οδος улица ул проспект пр переулок \
+         бульвар",
     )
 });
 /// Endings of one-word street names (German, Dutch, Nordic, Finnish, Icelandic …), folded.
@@ -66,10 +67,22 @@ const COMPOUND_SUFFIX: &[&str] = &[
     "gränd", "grand",
 ];
 /// Separate street-type words that follow the name (Hungarian, Greek transliterations …).
-static POST_TYPE: LazyLock<StaticSet> =
-    LazyLock::new(|| set("ut utca u kapu ter korut sor str odos"));
+static POST_TYPE: LazyLock<StaticSet> = LazyLock::new(|| {
+    set(
+        "ut utca u utja kapu ter korut sor str odos rkp rakpart terrasse vei veg veien gate gata \
+             gaten vej gade plass tee tie iela gatve",
+    )
+});
 static UNIT: LazyLock<StaticSet> = LazyLock::new(|| {
     set("apt apartment suite ste unit flat floor fl room rm studio bldg building box")
+});
+/// Places inside a building or site that take a number (`Gate 12`): never a street name.
+static VENUE: LazyLock<StaticSet> = LazyLock::new(|| {
+    set(
+        "gate terminal platform pier dock berth track stage booth table exit door entrance level \
+         floor room hall lot bay counter window desk seat row section zone area block wing hangar \
+         studio lab ward bed building house chapter page step version",
+    )
 });
 const CUES: &[&str] = &[
     "address",
@@ -84,6 +97,19 @@ const CUES: &[&str] = &[
     "moved to",
     "mail to",
     "send it to",
+    "lives on",
+    "live on",
+    "living on",
+    "located on",
+    "is at",
+    "sent to",
+    "send to",
+    "drops you off at",
+    "drop me off at",
+    "enter on",
+    "meet me at",
+    "meet you at",
+    "return to",
     "adresse",
     "direccion",
     "indirizzo",
@@ -130,8 +156,12 @@ fn compound_street(t: &Tok) -> bool {
 const PARTICLES: &[&str] = &[
     "de", "du", "des", "la", "le", "les", "del", "della", "di", "da", "dos", "das", "do", "der",
     "den", "van", "von", "am", "an", "im", "sur", "sous", "en", "y", "e", "i", "l'", "d'", "of",
-    "the",
+    "the", "dei", "degli", "delle", "ten", "ter",
 ];
+
+/// Particles inside town names only (`Črni Vrh nad Idrijo`, `Ostrov nad Ohří`, `Stratford
+/// upon Avon`); too ambiguous inside street names.
+const TOWN_PARTICLES: &[&str] = &["nad", "pod", "na", "u", "upon", "bei"];
 
 fn is_particle(t: &Tok) -> bool {
     t.kind == Kind::Word && !t.cap && PARTICLES.contains(&key(t))
@@ -171,11 +201,15 @@ fn postcode(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
 fn sep(toks: &[Tok], i: usize, text: &str) -> (usize, bool) {
     let mut j = i;
     let mut strong = toks.get(j).is_some_and(|t| t.nl_before);
+    let mut in_mark = false;
     while let Some(t) = toks.get(j) {
-        // commas, and line-prefix marks of quoted or listed text (`>`, `???`, `*`)
+        // commas, and line-prefix marks of quoted or listed text (`>`, `???`, `*`): any run of
+        // punctuation opening a line
         let line_mark = t.kind == Kind::Punct
             && !t.is_punct(text, '#')
-            && (t.nl_before || (j > i && toks[j - 1].kind == Kind::Punct && toks[j - 1].nl_before));
+            && !t.is_punct(text, '(')
+            && (t.nl_before || in_mark);
+        in_mark = line_mark;
         if t.is_punct(text, ',') || line_mark {
             strong = true;
             j += 1;
@@ -190,14 +224,15 @@ fn sep(toks: &[Tok], i: usize, text: &str) -> (usize, bool) {
 }
 
 /// A run of capitalised (or all-caps) words forming a town name, with particles and hyphens.
-fn city(toks: &[Tok], i: usize) -> Option<usize> {
+fn city(toks: &[Tok], text: &str, i: usize) -> Option<usize> {
     let mut j = i;
     let mut words = 0;
     while let Some(t) = toks.get(j) {
         if j > i && t.nl_before {
             break;
         }
-        if is_capword(t) || (words > 0 && is_particle(t)) {
+        let town_particle = t.kind == Kind::Word && !t.cap && TOWN_PARTICLES.contains(&key(t));
+        if is_capword(t) || (words > 0 && (is_particle(t) || town_particle)) {
             if is_capword(t) {
                 words += 1;
             }
@@ -213,11 +248,32 @@ fn city(toks: &[Tok], i: usize) -> Option<usize> {
     while j > i && !is_capword(&toks[j - 1]) {
         j -= 1;
     }
+    // an all-caps line (`LOW STREET`) is an address-block town even if made of common words
     let all_common = toks[i..j]
         .iter()
         .filter(|t| is_capword(t))
-        .all(|t| t.is(IN_COMMON) && !t.is(IN_PLACES));
-    (words > 0 && !all_common).then_some(j)
+        .all(|t| t.is(IN_COMMON) && !t.is(IN_PLACES) && !t.all_caps);
+    (words > 0 && !all_common).then(|| paren_tail(toks, j, text))
+}
+
+/// Skips a parenthesised gloss on the same line after a town or country (`ΑΓΛΑΝΤΖΙΑ
+/// (ΑΓΛΑΓΓΙΑ)`, `Cyprus (Greek)`): one or two capitalised words in brackets.
+fn paren_tail(toks: &[Tok], j: usize, text: &str) -> usize {
+    if !toks
+        .get(j)
+        .is_some_and(|t| t.is_punct(text, '(') && !t.nl_before)
+    {
+        return j;
+    }
+    let mut k = j + 1;
+    while k < toks.len() && k < j + 3 && is_capword(&toks[k]) && !toks[k].nl_before {
+        k += 1;
+    }
+    if k > j + 1 && toks.get(k).is_some_and(|t| t.is_punct(text, ')')) {
+        k + 1
+    } else {
+        j
+    }
 }
 
 /// Up to three capitalised or all-caps words on one line, not all common words (a town with
@@ -233,7 +289,7 @@ fn town_run(toks: &[Tok], i: usize) -> Option<usize> {
     (j > i && !all_common).then_some(j)
 }
 
-fn country(toks: &[Tok], i: usize) -> Option<usize> {
+fn country(toks: &[Tok], text: &str, i: usize) -> Option<usize> {
     let t = toks.get(i)?;
     if !is_capword(t) {
         return None;
@@ -245,11 +301,23 @@ fn country(toks: &[Tok], i: usize) -> Option<usize> {
     ) {
         let n = toks.get(i + 1)?;
         if is_capword(n) {
-            return Some(i + 2);
+            return Some(paren_tail(toks, i + 2, text));
         }
         return None;
     }
-    t.is(IN_PLACES).then_some(i + 1)
+    t.is(IN_PLACES).then(|| paren_tail(toks, i + 1, text))
+}
+
+/// A short region code in an address block: up to three letters (`VWV`, `mp`) or a one- or
+/// two-digit number (`13`).
+fn region_code(t: &Tok, text: &str) -> bool {
+    let s = t.text(text);
+    !t.sentinel
+        && match t.kind {
+            Kind::Word => s.chars().count() <= 3 && s.chars().all(char::is_alphabetic),
+            Kind::Num => s.len() <= 2 && s.bytes().all(|c| c.is_ascii_digit()),
+            Kind::Punct => false,
+        }
 }
 
 fn is_state(t: &Tok, text: &str) -> bool {
@@ -294,13 +362,16 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
     let mut prev_zip = false;
     let mut prev_unit = false;
     for _ in 0..8 {
-        // `u. 97.` / `tér 19.` at a line end: the house number's dot, not a full stop
+        // `u. 97.` / `tér 19.` at a line end or before a unit (`13. Suite 104`): the house
+        // number's dot, not a full stop
         if k >= 1
             && toks
                 .get(k)
                 .is_some_and(|t| t.is_punct(text, '.') && !t.sp_before)
             && toks[k - 1].kind == Kind::Num
-            && toks.get(k + 1).is_some_and(|t| t.nl_before)
+            && toks
+                .get(k + 1)
+                .is_some_and(|t| t.nl_before || (is_capword(t) && t.is(C_UNIT)))
         {
             k += 1;
         }
@@ -334,7 +405,7 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
             segs += 1;
             strong_seg = true;
             // `12345 City`
-            if let Some(e) = city(toks, k).filter(|_| !toks[k].nl_before) {
+            if let Some(e) = city(toks, text, k).filter(|_| !toks[k].nl_before) {
                 k = e;
             } else {
                 prev_zip = true;
@@ -347,7 +418,27 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
             strong_seg = true;
             continue;
         }
-        if let Some(e) = country(toks, j).filter(|_| strong || prev_zip) {
+        // `, VWV\n 04494`, `, 13\n 44939`, `, mp 35739`: a region code after a town line,
+        // then a postcode or a country
+        if strong
+            && segs > 0
+            && region_code(&toks[j], text)
+            && let (n, _) = sep(toks, j + 1, text)
+            && toks
+                .get(n)
+                .is_some_and(|z| is_zip(z, text) || country(toks, text, n).is_some())
+        {
+            k = j + 1;
+            segs += 1;
+            continue;
+        }
+        // a country, unless it opens a longer town name that an address segment follows
+        // (`Porto Alegre, RS`, `Colorado Springs, CO`)
+        if let Some(e) = country(toks, text, j).filter(|&e| {
+            (strong || prev_zip)
+                && !(e == j + 1
+                    && city(toks, text, j).is_some_and(|c| c > e && addr_follows(toks, c, text)))
+        }) {
             k = e;
             segs += 1;
             if toks.get(k).is_some_and(|t| is_zip(t, text)) {
@@ -364,6 +455,7 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
             && let Some(e) = town_run(toks, j)
             && toks.get(e).is_none_or(|t| {
                 t.nl_before
+                    || t.kind == Kind::Word && !t.cap
                     || t.kind == Kind::Punct
                         && matches!(t.text(text), "." | "," | "?" | "!" | ";" | ")")
             })
@@ -376,7 +468,7 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
             break;
         }
         // `Spain 97197`, `Greenlander 26364`: a place line ending in a postcode
-        if let Some(e) = city(toks, j)
+        if let Some(e) = city(toks, text, j)
             && toks.get(e).is_some_and(|z| is_zip(z, text) && !z.nl_before)
         {
             k = e + 1;
@@ -384,17 +476,9 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
             strong_seg = true;
             continue;
         }
-        if let Some(e) = city(toks, j) {
+        if let Some(e) = city(toks, text, j) {
             // a town must be followed by another address segment, or be a known place
-            let (n, _) = sep(toks, e, text);
-            let next_is_addr = toks.get(n).is_some_and(|t| {
-                is_zip(t, text)
-                    || (is_state(t, text) && toks.get(n + 1).is_some_and(|z| is_zip(z, text)))
-                    || t.all_caps && t.kind == Kind::Word && t.text(text).len() == 2
-            }) || postcode(toks, n, text).is_some()
-                || country(toks, n).is_some()
-                || military_line(toks, n, text).is_some()
-                || unit(toks, n, text).is_some();
+            let next_is_addr = addr_follows(toks, e, text);
             let known = e == j + 1 && toks[j].is(IN_PLACES);
             if next_is_addr || known || prev_zip {
                 k = e;
@@ -413,6 +497,27 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
         break;
     }
     (k, segs, strong_seg)
+}
+
+/// True if another address segment follows token `e` (after a separator): a ZIP, state,
+/// postcode, country, military line, unit, or a place line ending in a postcode
+/// (`Greenlander 07609`).
+fn addr_follows(toks: &[Tok], e: usize, text: &str) -> bool {
+    let (n, _) = sep(toks, e, text);
+    toks.get(n).is_some_and(|t| {
+        is_zip(t, text)
+            || (is_state(t, text) && toks.get(n + 1).is_some_and(|z| is_zip(z, text)))
+            || t.all_caps && t.kind == Kind::Word && t.text(text).len() == 2
+            || region_code(t, text)
+                && toks
+                    .get(sep(toks, n + 1, text).0)
+                    .is_some_and(|z| is_zip(z, text))
+    }) || postcode(toks, n, text).is_some()
+        || country(toks, text, n).is_some()
+        || military_line(toks, n, text).is_some()
+        || unit(toks, n, text).is_some()
+        || city(toks, text, n)
+            .is_some_and(|c| toks.get(c).is_some_and(|z| is_zip(z, text) && !z.nl_before))
 }
 
 fn cue_before(text: &str, s: usize) -> bool {
@@ -452,7 +557,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             && key(b) == "box"
             && toks.get(i + 5).is_some_and(|n| n.kind == Kind::Num)
         {
-            return Some((i, i + 6, Level::Strong));
+            return Some((lead_no(toks, i, text), i + 6, Level::Strong));
         }
         if (k == "po" || k == "postbox" || k == "pobox") && t.cap {
             let mut j = i + 1;
@@ -464,16 +569,18 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
                 }
             }
             if toks.get(j).is_some_and(|n| n.kind == Kind::Num) {
-                return Some((i, j + 1, Level::Strong));
+                return Some((lead_no(toks, i, text), j + 1, Level::Strong));
             }
         }
-        if (k == "psc" || k == "unit") && t.cap {
-            // PSC 7951, Box 9972 / Unit 5477 Box 8244
+        if k == "psc" || k == "unit" {
+            // PSC 7951, Box 9972 / Unit 5477 Box 8244; in lower case only before an
+            // APO/FPO/DPO line (`unit 1009 box 0219\ndpo ap 51065`)
             let n = toks.get(i + 1)?;
             if n.kind == Kind::Num {
                 let (j, _) = sep(toks, i + 2, text);
                 if toks.get(j).is_some_and(|b| key(b) == "box")
                     && toks.get(j + 1).is_some_and(|n| n.kind == Kind::Num)
+                    && (t.cap || military_line(toks, sep(toks, j + 2, text).0, text).is_some())
                 {
                     return Some((i, j + 2, Level::Strong));
                 }
@@ -504,17 +611,38 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             let mut j = i + 1;
             if toks.get(j).is_some_and(|x| x.is_punct(text, '.')) {
                 j += 1;
-            } else if matches!(k, "ul" | "al" | "bd") {
+            } else if k == "c" && toks.get(j).is_some_and(|x| x.is_punct(text, '/')) {
+                // `C/ Mayor 5` (Spanish `calle`)
+                j += 1;
+            } else if matches!(k, "ul" | "al" | "bd" | "c" | "пр") {
                 return None;
             }
             let start_words = j;
             let mut caps = 0;
+            // after a house number (`26 rue des lieutenants Thomazo`) lower-case name words
+            // that are no ordinary English words count too
+            let numbered = i >= 1 && is_house_no(&toks[i - 1], text) && !t.nl_before;
+            let name_word = |x: &Tok| {
+                is_capword(x)
+                    || numbered
+                        && x.kind == Kind::Word
+                        && !x.cap
+                        && !x.sentinel
+                        && !is_particle(x)
+                        && !x.is(IN_COMMON | C_UNIT | C_STRONG_SUFFIX)
+            };
+            let mut last_name = j;
             while let Some(x) = toks.get(j) {
                 if x.nl_before || x.sentinel {
                     break;
                 }
-                if is_capword(x) {
+                // a unit (`Apt. 087`) ends the street name
+                if is_capword(x) && x.is(C_UNIT) && unit(toks, j, text).is_some() {
+                    break;
+                }
+                if name_word(x) {
                     caps += 1;
+                    last_name = j + 1;
                 } else if !is_particle(x) {
                     break;
                 }
@@ -523,9 +651,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
                     break;
                 }
             }
-            while j > start_words && !is_capword(&toks[j - 1]) {
-                j -= 1;
-            }
+            j = j.min(last_name);
             if caps == 0 {
                 return None;
             }
@@ -545,6 +671,10 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             } else if i >= 2 && toks[i - 1].is_punct(text, ',') && is_house_no(&toks[i - 2], text) {
                 s = i - 2;
                 strong = true;
+            }
+            // bare abbreviations (`Av`, `C/`) are too short to stand without a number
+            if !strong && matches!(k, "av" | "avda" | "c" | "ул" | "пр") {
+                return None;
             }
             return Some((
                 s,
@@ -586,14 +716,18 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
                 return Some((s, e, Level::Strong));
             }
         }
-        // Hungarian/Greek: Rákóczi út 66.
+        // Hungarian/Greek/Nordic: Rákóczi út 66., Kálmán Imre u. 12., Árpád fejedelem útja 62.,
+        // Stensås terrasse 38: up to three name words (a leading common word only right
+        // before the type) then a lower-case street type and a number
         if is_capword(t)
-            && let Some(pt) = toks.get(i + 1)
-            && pt.kind == Kind::Word
-            && !pt.cap
-            && pt.is(C_POST_TYPE)
+            && let Some(p) = (i + 1..(i + 4).min(toks.len())).find(|&p| {
+                let pt = &toks[p];
+                pt.kind == Kind::Word && !pt.cap && pt.is(C_POST_TYPE) && !pt.nl_before
+            })
+            && (i + 1..p).all(|m| toks[m].kind == Kind::Word && !toks[m].nl_before)
+            && (p == i + 1 || !t.is(IN_COMMON) || t.is(IN_PLACES))
         {
-            let mut j = i + 2;
+            let mut j = p + 1;
             if toks.get(j).is_some_and(|x| x.is_punct(text, '.')) {
                 j += 1;
             }
@@ -604,6 +738,43 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
                     i
                 };
                 return Some((s, j + 1, Level::Strong));
+            }
+        }
+        // G: number-last street right after an address cue (`lives on Joaquin Suarez 2906`,
+        // `enter on Hoge Wei 32`): a name run (not only common words) and a house number
+        if is_capword(t)
+            && (i == 0 || !is_capword(&toks[i - 1]))
+            && i >= 1
+            && (toks[i - 1].is_punct(text, ':')
+                || matches!(key(&toks[i - 1]), "on" | "at" | "to" | "of" | "in"))
+            && cue_before(text, t.s)
+        {
+            let mut j = i;
+            while j < toks.len()
+                && j < i + 4
+                && !toks[j].nl_before
+                && (is_capword(&toks[j]) || (j > i && is_particle(&toks[j])))
+            {
+                j += 1;
+            }
+            while j > i + 1 && !is_capword(&toks[j - 1]) {
+                j -= 1;
+            }
+            // a venue with a number (`Gate 12`, `Terminal 2`) is no street; a lone word must
+            // look like a name
+            let words: Vec<&Tok> = toks[i..j].iter().filter(|x| is_capword(x)).collect();
+            let named = words.iter().any(|x| !x.is(IN_COMMON) || x.is(IN_PLACES))
+                && !words.iter().any(|x| VENUE.contains(key(x)))
+                && (words.len() >= 2
+                    || words.iter().any(|x| {
+                        !x.key.is_ascii() || x.is(IN_PLACES) || LEX.name_score(&x.key) > 0.0
+                    }));
+            if named
+                && toks
+                    .get(j)
+                    .is_some_and(|x| is_house_no(x, text) && !x.nl_before)
+            {
+                return Some((i, j + 1, Level::Strong));
             }
         }
         // F: street words without a number; accepted only with a postcode later
@@ -657,6 +828,16 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
     None
 }
 
+/// Start of a PO box core at token `i`, with a leading postcode-like number on the same line
+/// (`0912 P.O. Box 287`).
+fn lead_no(toks: &[Tok], i: usize, text: &str) -> usize {
+    if i >= 1 && !toks[i].nl_before && is_house_no(&toks[i - 1], text) {
+        i - 1
+    } else {
+        i
+    }
+}
+
 fn last_word(toks: &[Tok], e: usize) -> usize {
     let mut k = e - 1;
     while k > 0 && toks[k].kind != Kind::Word {
@@ -700,6 +881,29 @@ fn us_street_words(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
             {
                 e += 1;
             }
+            // `Devon Street West`, `Main St NW`
+            if toks.get(e).is_some_and(|x| {
+                !x.nl_before
+                    && x.kind == Kind::Word
+                    && x.cap
+                    && matches!(
+                        x.text(text),
+                        "North"
+                            | "South"
+                            | "East"
+                            | "West"
+                            | "N"
+                            | "S"
+                            | "E"
+                            | "W"
+                            | "NE"
+                            | "NW"
+                            | "SE"
+                            | "SW"
+                    )
+            }) {
+                e += 1;
+            }
             best = Some(e);
         }
         if !t.cap {
@@ -719,10 +923,39 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     intersections(text, toks, out);
     let mut i = 0;
     while i < toks.len() {
-        let Some((mut s, e, level)) = core(toks, i, text) else {
+        let Some((mut s, mut e, level)) = core(toks, i, text) else {
             i += 1;
             continue;
         };
+        // `Storgarden 52 Trajanka Forks`, `P.O. Box 149 Monika Union`: a core ending in a
+        // number continues with street words on the same line (a building or estate name)
+        if toks[e - 1].kind == Kind::Num
+            && toks.get(e).is_some_and(|x| !x.nl_before)
+            && let Some(x) = us_street_words(toks, e, text)
+        {
+            e = x;
+        }
+        // `Storgarden 52 Trajanka Forks`: one or two name words before a number-first street
+        // (not common words, given names, units or titles)
+        if level != Level::NeedsCode
+            && toks[s].kind == Kind::Num
+            && !toks[s].nl_before
+            && toks.get(s + 1).is_some_and(is_capword)
+            && toks[e - 1].kind == Kind::Word
+        {
+            let lead = |x: &Tok| {
+                is_capword(x)
+                    && !x.is(IN_COMMON | IN_FIRST | C_UNIT | C_TITLE)
+                    && out.last().is_none_or(|c| c.end <= x.s)
+            };
+            let mut b = s;
+            while b > 0 && s - b < 2 && lead(&toks[b - 1]) && !toks[b].nl_before {
+                b -= 1;
+            }
+            if b < s && (b == 0 || toks[b].nl_before || !is_capword(&toks[b - 1])) {
+                s = b;
+            }
+        }
         // `9554 62 Rue Gafsa`, `704 1436 Redbud Drive`: a building or unit number before the
         // house number
         if level == Level::Strong
@@ -733,6 +966,18 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             && !toks[s - 1].sentinel
             && toks[s - 1].text(text).bytes().all(|c| c.is_ascii_digit())
             && toks[s - 1].e - toks[s - 1].s <= 6
+            && out.last().is_none_or(|c| c.end <= toks[s - 1].s)
+        {
+            s -= 1;
+        }
+        // `Suite 541 6343 Skogstien 106`: a unit line written before the street
+        if s >= 2
+            && toks[s].kind == Kind::Num
+            && !toks[s].nl_before
+            && is_capword(&toks[s - 1])
+            && toks[s - 1].is(C_UNIT)
+            && toks[s - 1].kind == Kind::Word
+            && unit(toks, s - 1, text) == Some(s + 1)
             && out.last().is_none_or(|c| c.end <= toks[s - 1].s)
         {
             s -= 1;
