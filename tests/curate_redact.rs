@@ -343,6 +343,57 @@ fn international_address_shapes() {
     }
 }
 
+/// Person cues: name lists ending before a verb, lower-case names after a person field label,
+/// and firm names made of family names (an organisation, not people).
+#[test]
+fn person_lists_fields_and_firms() {
+    let r = red();
+    let text = "Honestly, Krebbel and Salinas were the best engineers.";
+    assert!(
+        has(&r, text, "Krebbel", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    assert!(
+        has(&r, text, "Salinas", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    assert!(
+        !has(&r, text, "Honestly", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    let text = "name:    oddny k. varsami\nphone: n/a";
+    assert!(
+        has(&r, text, "oddny k. varsami", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    let text = "our founders: Morrison, Rogers and Torres.";
+    assert!(
+        has(&r, text, "Torres", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    // hard negatives: config values after `name:`, firm names on a letterhead or before an
+    // organisation word
+    for text in [
+        "name: server01",
+        "name: nginx",
+        "Dana Whitfield\nBarnett, Melton and Garcia\n12 Main Street",
+        "The Clark, Romero and Hall Orchestra was founded in 1977.",
+    ] {
+        let found = types(&r, text);
+        assert!(
+            !found
+                .iter()
+                .any(|(v, t)| *t == PiiType::Person && v != "Dana Whitfield"),
+            "{text:?} -> {found:?}"
+        );
+    }
+}
+
 #[test]
 fn unicode_offsets_are_chars() {
     let r = red();

@@ -184,6 +184,23 @@ const HEADERS: &[&str] = &[
     "tenant",
     "guest",
 ];
+/// Field labels whose value is a person (`name: …`), for lower-case values.
+const PERSON_FIELDS: &[&str] = &[
+    "name",
+    "contact",
+    "customer",
+    "patient",
+    "client",
+    "tenant",
+    "guest",
+    "employee",
+    "holder",
+    "owner",
+    "sender",
+    "recipient",
+    "attn",
+    "author",
+];
 const DETERMINERS: &[&str] = &[
     "the", "a", "an", "this", "that", "our", "their", "its", "every", "each",
 ];
@@ -703,6 +720,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
     name_lists(text, toks, out);
     // ---- second mention: a word already accepted as part of a name is a name elsewhere too
     if keys.is_empty() {
+        firm_names(text, toks, out);
         return;
     }
     let taken: Vec<(usize, usize)> = out
@@ -725,6 +743,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             ));
         }
     }
+    firm_names(text, toks, out);
 }
 
 /// Names the caller already knows, matched word by word on folded keys.
@@ -796,6 +815,50 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
                 && flags_of(x) & (IN_COMMON | IN_PLACES) == 0
                 && !PRONOUNS.contains(&x.key.as_ref())
         };
+        // `name:    hyuuma t. maida`: a lower-case run after a person field label, with
+        // initials, up to its line end
+        if plain(t)
+            && !person_at(out, t.s, t.e)
+            && i >= 2
+            && toks[i - 1].is_punct(text, ':')
+            && !t.nl_before
+            && PERSON_FIELDS.contains(&toks[i - 2].key.as_ref())
+        {
+            // letters only (no `server01`), and a given name with a family name (a lone
+            // word after `name:` is as often a config value)
+            let alpha = |x: &Tok| x.key.chars().all(char::is_alphabetic);
+            let mut e = i;
+            let mut words = 1;
+            let mut j = i + 1;
+            while j < n && !toks[j].nl_before && j < i + 6 {
+                let x = &toks[j];
+                if plain(x) {
+                    e = j;
+                    words += 1;
+                } else if !(x.kind == Kind::Word && !x.cap && x.key.len() == 1
+                    || x.is_punct(text, '.') && toks[j - 1].key.len() == 1)
+                {
+                    break;
+                }
+                j += 1;
+            }
+            // the whole line is the name
+            if words >= 2
+                && (i..=e).all(|m| toks[m].kind != Kind::Word || alpha(&toks[m]))
+                && toks.get(e + 1).is_none_or(|x| x.nl_before)
+            {
+                out.push(Cand::new(
+                    t.s,
+                    toks[e].e,
+                    PiiType::Person,
+                    "name-lower",
+                    0.65,
+                    prio::PERSON,
+                ));
+                i = e + 1;
+                continue;
+            }
+        }
         if plain(t) && !person_at(out, t.s, t.e) && cue(&words_before(toks, i), NAMING_CUES) {
             let e = if toks.get(i + 1).is_some_and(|x| plain(x) && !x.nl_before) {
                 i + 1
@@ -878,6 +941,52 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     }
 }
 
+/// Firm names made of three family names (`Barnett, Melton and Garcia` on a letterhead line,
+/// `The Clark, Romero and Hall Orchestra`): an organisation, so its words are no person.
+/// Only the firm shape counts: exactly three single capitalised words, none only a given
+/// name, alone on their line, or after `The`, or before an organisation word or `and`.
+fn firm_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+    let n = toks.len();
+    let single = |k: usize| {
+        toks.get(k).is_some_and(|x| {
+            capword(x)
+                && x.key != "and"
+                && (!x.is(IN_FIRST) || x.is(IN_LAST))
+                && !x.is(IN_COMMON | IN_PLACES)
+        })
+    };
+    let mut i = 0;
+    while i + 4 < n {
+        let shape = single(i)
+            && toks[i + 1].is_punct(text, ',')
+            && single(i + 2)
+            && (toks[i + 3].key == "and" || toks[i + 3].is_punct(text, '&'))
+            && single(i + 4)
+            && !toks[i + 1..=i + 4].iter().any(|x| x.nl_before);
+        if !shape {
+            i += 1;
+            continue;
+        }
+        let before_ok =
+            line_start(toks, i, text) || i >= 1 && toks[i - 1].key == "the" && !toks[i].nl_before;
+        let after_ok = toks.get(i + 5).is_none_or(|x| {
+            x.nl_before
+                || x.kind == Kind::Word && (x.is(C_ORG) || x.key == "and")
+                || x.is_punct(text, '&')
+        });
+        if before_ok && after_ok {
+            let (s, e) = (toks[i].s, toks[i + 4].e);
+            out.retain(|c| {
+                !(c.ty == Some(PiiType::Person)
+                    && c.detector != "known-name"
+                    && c.start >= s
+                    && c.end <= e)
+            });
+        }
+        i += 5;
+    }
+}
+
 /// Lists of single names (`Kónya, Becker and Vasquez`, `silvana, adam, chad and caleb`): when
 /// one member is already a name, or most members are listed given names, the others are
 /// names too.
@@ -890,16 +999,26 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
                 && x.cap == cap
                 && (!cap || capword(x))
                 && x.key != "and"
-                // a single word: not followed by another word
-                && toks
-                    .get(k + 1)
-                    .is_none_or(|y| y.kind != Kind::Word || y.key == "and")
+                // a single word: not followed by another word of its case (`Torpy and
+                // Salinas were …` ends a list of capitalised names)
+                && toks.get(k + 1).is_none_or(|y| {
+                    y.kind != Kind::Word || y.key == "and" || (cap && !y.cap && !y.nl_before)
+                })
         })
     };
     let mut i = 0;
     while i < n {
         let cap = toks[i].cap;
-        if !member(i, cap) || (i >= 1 && toks[i - 1].kind == Kind::Word && !toks[i - 1].nl_before) {
+        // a sentence-opening word no list knows and not spelled like a name (`Honestly, …`)
+        // is no list member
+        let opener = cap
+            && sentence_start(toks, i, text)
+            && flags_of(&toks[i]) == 0
+            && LEX.name_score(&toks[i].key) < 0.0;
+        if !member(i, cap)
+            || opener
+            || (i >= 1 && toks[i - 1].kind == Kind::Word && !toks[i - 1].nl_before)
+        {
             i += 1;
             continue;
         }
