@@ -376,9 +376,19 @@ fn person_lists_fields_and_firms() {
         "{:?}",
         types(&r, text)
     );
+    // a name used for a creative work
+    let text = "I loved a Maren Haugvik album";
+    assert!(
+        has(&r, text, "Maren Haugvik", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
     // hard negatives: config values after `name:`, firm names on a letterhead or before an
-    // organisation word
+    // organisation word, brands and holidays before a work noun
     for text in [
+        "I watched the Marvel movie yesterday",
+        "We went to the Christmas concert",
+        "The Disney film was long",
         "name: server01",
         "name: nginx",
         "Dana Whitfield\nBarnett, Melton and Garcia\n12 Main Street",

@@ -184,6 +184,36 @@ const HEADERS: &[&str] = &[
     "tenant",
     "guest",
 ];
+/// Creative works named after their author or performer (`the Hemingway novel`).
+const WORKS: &[&str] = &[
+    "novel",
+    "novels",
+    "concert",
+    "concerts",
+    "song",
+    "songs",
+    "album",
+    "albums",
+    "film",
+    "films",
+    "movie",
+    "movies",
+    "biography",
+    "memoir",
+    "painting",
+    "paintings",
+    "poem",
+    "poems",
+    "lyrics",
+    "tour",
+    "interview",
+    "lecture",
+    "essay",
+    "essays",
+    "sonata",
+    "symphony",
+    "opera",
+];
 /// Field labels whose value is a person (`name: …`), for lower-case values.
 const PERSON_FIELDS: &[&str] = &[
     "name",
@@ -636,6 +666,12 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 && toks
                     .get(e_tok + 3)
                     .is_some_and(|x| x.kind == Kind::Word && OWNED.contains(&x.key.as_ref()));
+            // `the Hemingway novel`, `a Nina Simone concert`: a name used for a creative work
+            // by its author or performer
+            let work = q == content.len()
+                && next.is_some_and(|x| {
+                    x.kind == Kind::Word && !x.cap && WORKS.contains(&x.key.as_ref())
+                });
             let strong_cue = header
                 || after_name
                 || seen
@@ -645,8 +681,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 || vocative
                 || person_verb
                 || cue(&before, STRONG_CUES);
-            let any_cue = strong_cue || cue(&before, CUES);
-            let det = before.last().is_some_and(|w| DETERMINERS.contains(w));
+            let any_cue = strong_cue || work || cue(&before, CUES);
+            let det = before.last().is_some_and(|w| DETERMINERS.contains(w)) && !work;
             let mut score: f32 = evs[p..q].iter().map(Ev::score).sum();
             let words = q - p;
             if words >= 2 && evs[p..q].iter().all(|e| !e.common) {
