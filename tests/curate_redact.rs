@@ -270,6 +270,11 @@ fn international_address_shapes() {
             "address: 81 Elm Street\nRivertown\n, 12\n 40421",
             "81 Elm Street\nRivertown\n, 12\n 40421",
         ),
+        // `, and` before the next address is no region code
+        (
+            "ship to 81 Elm Street\nRivertown\n, QX\n 40421, and 12345 Oak Road Suite 4",
+            "81 Elm Street\nRivertown\n, QX\n 40421",
+        ),
         // a town of two words, one of them a known place, before a state code
         (
             "ship to 5 Oak Road\nPorto Alegre\n, RS\n Brazil 90010",

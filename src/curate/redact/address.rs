@@ -314,10 +314,34 @@ fn region_code(t: &Tok, text: &str) -> bool {
     let s = t.text(text);
     !t.sentinel
         && match t.kind {
-            Kind::Word => s.chars().count() <= 3 && s.chars().all(char::is_alphabetic),
+            Kind::Word => {
+                s.chars().count() <= 3
+                    && s.chars().all(char::is_alphabetic)
+                    && !matches!(
+                        &*t.key,
+                        "and" | "or" | "the" | "to" | "in" | "at" | "on" | "of" | "for" | "via"
+                    )
+            }
             Kind::Num => s.len() <= 2 && s.bytes().all(|c| c.is_ascii_digit()),
             Kind::Punct => false,
         }
+}
+
+/// A region code at `j` followed by a postcode that closes the address (nothing but
+/// lower-case words or punctuation after it on its line) or by a country.
+fn region_then_code(toks: &[Tok], j: usize, text: &str) -> bool {
+    if !toks.get(j).is_some_and(|t| region_code(t, text)) {
+        return false;
+    }
+    let (n, _) = sep(toks, j + 1, text);
+    let Some(z) = toks.get(n) else {
+        return false;
+    };
+    (is_zip(z, text)
+        && toks
+            .get(n + 1)
+            .is_none_or(|x| x.nl_before || x.kind == Kind::Punct || x.kind == Kind::Word && !x.cap))
+        || country(toks, text, n).is_some()
 }
 
 fn is_state(t: &Tok, text: &str) -> bool {
@@ -420,14 +444,7 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
         }
         // `, VWV\n 04494`, `, 13\n 44939`, `, mp 35739`: a region code after a town line,
         // then a postcode or a country
-        if strong
-            && segs > 0
-            && region_code(&toks[j], text)
-            && let (n, _) = sep(toks, j + 1, text)
-            && toks
-                .get(n)
-                .is_some_and(|z| is_zip(z, text) || country(toks, text, n).is_some())
-        {
+        if strong && segs > 0 && region_then_code(toks, j, text) {
             k = j + 1;
             segs += 1;
             continue;
@@ -508,11 +525,8 @@ fn addr_follows(toks: &[Tok], e: usize, text: &str) -> bool {
         is_zip(t, text)
             || (is_state(t, text) && toks.get(n + 1).is_some_and(|z| is_zip(z, text)))
             || t.all_caps && t.kind == Kind::Word && t.text(text).len() == 2
-            || region_code(t, text)
-                && toks
-                    .get(sep(toks, n + 1, text).0)
-                    .is_some_and(|z| is_zip(z, text))
-    }) || postcode(toks, n, text).is_some()
+    }) || region_then_code(toks, n, text)
+        || postcode(toks, n, text).is_some()
         || country(toks, text, n).is_some()
         || military_line(toks, n, text).is_some()
         || unit(toks, n, text).is_some()
