@@ -381,6 +381,13 @@ fn person_lists_fields_and_firms() {
         "{:?}",
         types(&r, text)
     );
+    // employer and place cues yield to a listed given name
+    let text = "I work for Anna Berglund";
+    assert!(
+        has(&r, text, "Anna Berglund", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
     // a name used for a creative work
     let text = "I loved a Maren Haugvik album";
     assert!(
@@ -391,6 +398,9 @@ fn person_lists_fields_and_firms() {
     // hard negatives: config values after `name:`, firm names on a letterhead or before an
     // organisation word, brands and holidays before a work noun
     for text in [
+        "I work for Kaltenbrunn Vossberg",
+        "in Villanueva del Pardo there is a market",
+        "We stayed a week in Castellvell Daroca",
         "I watched the Marvel movie yesterday",
         "We went to the Christmas concert",
         "The Disney film was long",

@@ -184,6 +184,33 @@ const HEADERS: &[&str] = &[
     "tenant",
     "guest",
 ];
+/// Words before an employer's name.
+const ORG_CUES: &[&[&str]] = &[
+    &["work", "for"],
+    &["works", "for"],
+    &["worked", "for"],
+    &["working", "for"],
+    &["work", "at"],
+    &["works", "at"],
+    &["worked", "at"],
+    &["working", "at"],
+    &["employed", "by"],
+    &["acquired", "by"],
+    &["shares", "of"],
+];
+/// Words before a place name.
+const PLACE_CUES: &[&[&str]] = &[
+    &["in"],
+    &["near"],
+    &["city"],
+    &["town"],
+    &["village"],
+    &["returned", "to"],
+    &["moved", "to"],
+    &["flew", "to"],
+    &["travelled", "to"],
+    &["traveled", "to"],
+];
 /// Creative works named after their author or performer (`the Hemingway novel`).
 const WORKS: &[&str] = &[
     "novel",
@@ -717,6 +744,12 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 score = score.max(2.0);
             }
             if org {
+                score -= 4.0;
+            }
+            // `I work for Wolters Kluwer`, `in Villafranca del Cid`: an employer or a place,
+            // unless a listed given name says otherwise
+            let given = evs[p..q].iter().any(|e| e.first && !e.common && !e.place);
+            if !given && !has_title && (cue(&before, ORG_CUES) || cue(&before, PLACE_CUES)) {
                 score -= 4.0;
             }
             if score >= 2.0 {
