@@ -381,6 +381,19 @@ fn person_lists_fields_and_firms() {
         "{:?}",
         types(&r, text)
     );
+    // names led by several particles, greetings with `Okay`
+    let text = "Thanks de la Fuenteovejuna!";
+    assert!(
+        has(&r, text, "de la Fuenteovejuna", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    let text = "Okay Mikayla, I'll remember that.";
+    assert!(
+        has(&r, text, "Mikayla", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
     // employer and place cues yield to a listed given name
     let text = "I work for Anna Berglund";
     assert!(
@@ -398,6 +411,8 @@ fn person_lists_fields_and_firms() {
     // hard negatives: config values after `name:`, firm names on a letterhead or before an
     // organisation word, brands and holidays before a work noun
     for text in [
+        "Okay Google, play some music",
+        "Sure, the build is green.",
         "I work for Kaltenbrunn Vossberg",
         "in Villanueva del Pardo there is a market",
         "We stayed a week in Castellvell Daroca",

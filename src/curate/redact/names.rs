@@ -284,6 +284,16 @@ fn is_particle(t: &Tok) -> bool {
     t.kind == Kind::Word && !t.cap && PARTICLES.contains(&t.key.as_ref())
 }
 
+/// True if the particle at `i` leads, through at most two more particles on the same line, to
+/// a capitalised word (`de la Daniel`, `van de Darnau`).
+fn particles_to_name(toks: &[Tok], i: usize) -> bool {
+    let mut k = i + 1;
+    while k < toks.len() && k < i + 3 && is_particle(&toks[k]) && !toks[k].nl_before {
+        k += 1;
+    }
+    toks.get(k).is_some_and(|x| capword(x) && !x.nl_before)
+}
+
 fn capword(t: &Tok) -> bool {
     t.kind == Kind::Word && t.cap && !t.sentinel && (!t.all_caps || t.key.chars().count() <= 2)
 }
@@ -515,7 +525,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
         if !title_here {
             let next_cap = toks.get(i + 1).is_some_and(|x| capword(x) && !x.nl_before);
             let cap_particle = t.cap && next_cap && CAP_PARTICLES.contains(&t.key.as_ref());
-            let starts = capword(t) || (is_particle(t) && next_cap);
+            let starts = capword(t) || (is_particle(t) && particles_to_name(toks, i));
             if cap_particle {
                 // `Le Blanchard`, `Van Dijk`: keep the particle with the name
             } else
@@ -581,7 +591,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 j += 1;
                 continue;
             }
-            if is_particle(w) && toks.get(j + 1).is_some_and(|x| capword(x) && !x.nl_before) {
+            if is_particle(w) && particles_to_name(toks, j) {
                 j += 1;
                 continue;
             }
@@ -656,12 +666,14 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 && !HEADERS.contains(&toks[first_tok].key.as_ref())
                 && !evs[p..q].iter().any(|e| e.common || e.place);
             // `Hi Ann,`, `Hello Ann!`: a greeting addressing someone
-            let vocative = before
-                .last()
-                .is_some_and(|w| matches!(*w, "hi" | "hello" | "hey" | "bye" | "thanks"))
-                && next.is_none_or(|x| {
-                    x.kind == Kind::Punct && matches!(x.text(text), "," | "!" | "." | "?")
-                });
+            let vocative = before.last().is_some_and(|w| {
+                matches!(
+                    *w,
+                    "hi" | "hello" | "hey" | "bye" | "thanks" | "okay" | "ok" | "sure"
+                )
+            }) && next.is_none_or(|x| {
+                x.kind == Kind::Punct && matches!(x.text(text), "," | "!" | "." | "?")
+            });
             // `Ann said`, `Ann shouted at …`: a verb only people do
             let person_verb = next
                 .is_some_and(|x| x.kind == Kind::Word && !x.cap && x.is(C_PERSON_VERB))
