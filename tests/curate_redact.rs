@@ -394,6 +394,19 @@ fn person_lists_fields_and_firms() {
         "{:?}",
         types(&r, text)
     );
+    // a name with its e-mail in brackets, a name after `my friend`
+    let text = "Please draft a reply to Reginald (rg@example.org) today";
+    assert!(
+        has(&r, text, "Reginald", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    let text = "Write a card for my friend Mona, she loves hiking.";
+    assert!(
+        has(&r, text, "Mona", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
     // employer and place cues yield to a listed given name
     let text = "I work for Anna Berglund";
     assert!(
@@ -411,6 +424,7 @@ fn person_lists_fields_and_firms() {
     // hard negatives: config values after `name:`, firm names on a letterhead or before an
     // organisation word, brands and holidays before a work noun
     for text in [
+        "Write to Support <help@example.com> for access",
         "Okay Google, play some music",
         "Sure, the build is green.",
         "I work for Kaltenbrunn Vossberg",

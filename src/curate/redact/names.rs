@@ -151,6 +151,17 @@ const STRONG_CUES: &[&[&str]] = &[
     &["my", "husband"],
     &["my", "brother"],
     &["my", "sister"],
+    &["my", "friend"],
+    &["my", "colleague"],
+    &["my", "boss"],
+    &["my", "mom"],
+    &["my", "dad"],
+    &["my", "mother"],
+    &["my", "father"],
+    &["my", "partner"],
+    &["my", "neighbour"],
+    &["my", "neighbor"],
+    &["my", "cousin"],
     &["dear"],
     &["says"],
     &["said"],
@@ -711,7 +722,19 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 && next.is_some_and(|x| {
                     x.kind == Kind::Word && !x.cap && WORKS.contains(&x.key.as_ref())
                 });
+            // `Jenna Houston (jh@example.com)`, `Eerden <x@y.de>`: a name with its e-mail
+            let with_email = next.is_some_and(|x| {
+                (x.is_punct(text, '(') || x.is_punct(text, '<')) && {
+                    let rest = &text[x.e..];
+                    rest.find([')', '>']).is_some_and(|c| {
+                        c <= 100
+                            && rest[..c].contains('@')
+                            && !rest[..c].contains(char::is_whitespace)
+                    })
+                }
+            });
             let strong_cue = header
+                || with_email
                 || after_name
                 || seen
                 || possessive
