@@ -407,6 +407,19 @@ fn person_lists_fields_and_firms() {
         "{:?}",
         types(&r, text)
     );
+    // a name heading an address, an account holder
+    let text = "Ship the package to Remigio, 12 Oak Road, Springfield, IL 62704.";
+    assert!(
+        has(&r, text, "Remigio", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    let text = "Send it to IBAN DE89370400440532013000, account holder Zacharie.";
+    assert!(
+        has(&r, text, "Zacharie", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
     // employer and place cues yield to a listed given name
     let text = "I work for Anna Berglund";
     assert!(
@@ -425,6 +438,7 @@ fn person_lists_fields_and_firms() {
     // organisation word, brands and holidays before a work noun
     for text in [
         "Write to Support <help@example.com> for access",
+        "We'll meet Thursday at Brightwell, 12 Oak Road, Springfield, IL 62704.",
         "Okay Google, play some music",
         "Sure, the build is green.",
         "I work for Kaltenbrunn Vossberg",

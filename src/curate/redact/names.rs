@@ -151,6 +151,7 @@ const STRONG_CUES: &[&[&str]] = &[
     &["my", "husband"],
     &["my", "brother"],
     &["my", "sister"],
+    &["account", "holder"],
     &["my", "friend"],
     &["my", "colleague"],
     &["my", "boss"],
@@ -733,8 +734,17 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                     })
                 }
             });
+            // `Ship it to Remigio, 12 Oak Road`: a name heading an address (after `at` it is
+            // rather a venue: `meet at Incadence, 4 Rue …`)
+            let before_address = before.last().is_none_or(|w| *w != "at")
+                && next.is_some_and(|x| x.is_punct(text, ','))
+                && toks.get(e_tok + 2).is_some_and(|a| {
+                    out.iter()
+                        .any(|c| c.ty == Some(PiiType::Address) && c.start == a.s)
+                });
             let strong_cue = header
                 || with_email
+                || before_address
                 || after_name
                 || seen
                 || possessive
