@@ -420,6 +420,13 @@ fn person_lists_fields_and_firms() {
         "{:?}",
         types(&r, text)
     );
+    // a name opening the sentence before `and` and an accepted name
+    let text = "Basilio and Julian Fisher are both on the list.";
+    assert!(
+        has(&r, text, "Basilio", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
     // employer and place cues yield to a listed given name
     let text = "I work for Anna Berglund";
     assert!(

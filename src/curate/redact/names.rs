@@ -830,6 +830,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
         }
         i = j.max(i + 1);
     }
+    before_and(text, toks, out);
     lowercase_names(text, toks, out);
     name_lists(text, toks, out);
     // ---- second mention: a word already accepted as part of a name is a name elsewhere too
@@ -1052,6 +1053,59 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             ));
         }
         i += 1;
+    }
+}
+
+/// `Basilio and Julian Fisher are …`: a name run opening its sentence right before `and` and
+/// an accepted name, when each of its words is a listed name or spelled like one.
+fn before_and(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+    let starts: Vec<usize> = out
+        .iter()
+        .filter(|c| c.ty == Some(PiiType::Person))
+        .map(|c| c.start)
+        .collect();
+    for st in starts {
+        let Ok(k) = toks.binary_search_by_key(&st, |t| t.s) else {
+            continue;
+        };
+        if k < 2 || toks[k - 1].key != "and" || toks[k].nl_before || toks[k - 1].nl_before {
+            continue;
+        }
+        let e = k - 2;
+        let mut b = e;
+        let namey = |x: &Tok| {
+            capword(x) && {
+                let ev = evidence(x);
+                ev.known() || !ev.blocker() && ev.ng > 0.0
+            }
+        };
+        if !namey(&toks[e]) {
+            continue;
+        }
+        while b > 0
+            && e - b < 3
+            && !toks[b].nl_before
+            && (namey(&toks[b - 1]) || is_particle(&toks[b - 1]) || {
+                let x = &toks[b - 1];
+                x.cap && CAP_PARTICLES.contains(&x.key.as_ref())
+            })
+        {
+            b -= 1;
+        }
+        if !sentence_start(toks, b, text)
+            || person_at(out, toks[b].s, toks[e].e)
+            || PRONOUNS.contains(&toks[b].key.as_ref())
+        {
+            continue;
+        }
+        out.push(Cand::new(
+            toks[b].s,
+            toks[e].e,
+            PiiType::Person,
+            "name-pair",
+            0.65,
+            prio::PERSON,
+        ));
     }
 }
 
