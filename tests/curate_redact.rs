@@ -427,6 +427,19 @@ fn person_lists_fields_and_firms() {
         "{:?}",
         types(&r, text)
     );
+    // a common word as a name right after someone's `name is`
+    let text = "She was born in May. Her maiden name is Hope.";
+    assert!(
+        has(&r, text, "Hope", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+    let text = "The file name is Config.";
+    assert!(
+        !has(&r, text, "Config", PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
     // employer and place cues yield to a listed given name
     let text = "I work for Anna Berglund";
     assert!(

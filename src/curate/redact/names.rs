@@ -831,6 +831,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
         i = j.max(i + 1);
     }
     before_and(text, toks, out);
+    named_common_word(text, toks, out);
     lowercase_names(text, toks, out);
     name_lists(text, toks, out);
     // ---- second mention: a word already accepted as part of a name is a name elsewhere too
@@ -1053,6 +1054,39 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             ));
         }
         i += 1;
+    }
+}
+
+/// `Her maiden name is Key.`: after someone's `name is`, a capitalised word that closes the
+/// sentence is a name even when it is also an ordinary word.
+fn named_common_word(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+    for i in 3..toks.len() {
+        let t = &toks[i];
+        if !capword(t)
+            || t.nl_before
+            || toks[i - 1].key != "is"
+            || toks[i - 2].key != "name"
+            || !matches!(
+                &*toks[i - 3].key,
+                "my" | "his" | "her" | "your" | "their" | "maiden" | "first" | "last" | "middle"
+            )
+            || person_at(out, t.s, t.e)
+        {
+            continue;
+        }
+        let closes = toks.get(i + 1).is_none_or(|x| {
+            x.nl_before || x.kind == Kind::Punct && matches!(x.text(text), "." | "!" | "," | ";")
+        });
+        if closes {
+            out.push(Cand::new(
+                t.s,
+                t.e,
+                PiiType::Person,
+                "name-cue",
+                0.65,
+                prio::PERSON,
+            ));
+        }
     }
 }
 
