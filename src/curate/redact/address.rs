@@ -534,14 +534,23 @@ fn addr_follows(toks: &[Tok], e: usize, text: &str) -> bool {
             .is_some_and(|c| toks.get(c).is_some_and(|z| is_zip(z, text) && !z.nl_before))
 }
 
+/// The cues as one ASCII-case-insensitive automaton (the cues are ASCII): one pass over the
+/// window instead of lower-casing it and searching it once per cue.
+static CUE_AC: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| {
+    aho_corasick::AhoCorasick::builder()
+        .ascii_case_insensitive(true)
+        .build(CUES)
+        // constant literals: cannot fail
+        .expect("constant address cue automaton")
+});
+
+/// True if an address cue (`lives at`, `ship to` …) occurs in the 48 bytes before `s`.
 fn cue_before(text: &str, s: usize) -> bool {
-    let lo = s.saturating_sub(48);
-    let mut lo = lo;
+    let mut lo = s.saturating_sub(48);
     while !text.is_char_boundary(lo) {
         lo += 1;
     }
-    let w = text[lo..s].to_lowercase();
-    CUES.iter().any(|c| w.contains(c))
+    CUE_AC.is_match(&text[lo..s])
 }
 
 /// How much evidence a street core carries on its own.
@@ -1121,5 +1130,22 @@ fn intersections(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             if a_typed || b_typed { 0.85 } else { 0.7 },
             prio::ADDRESS,
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cue_before` matches ASCII-case-insensitively, which equals lower-casing the window
+    /// only while every cue is lower-case ASCII.
+    #[test]
+    fn cues_are_lower_case_ascii_and_found_in_any_case() {
+        assert!(
+            CUES.iter()
+                .all(|c| c.bytes().all(|b| !b.is_ascii_uppercase() && b.is_ascii()))
+        );
+        assert!(cue_before("She LIVES AT ", 13));
+        assert!(!cue_before("She lives at ", 5));
     }
 }
