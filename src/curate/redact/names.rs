@@ -916,6 +916,18 @@ fn person_at(out: &[Cand], s: usize, e: usize) -> bool {
 /// Names typed in lower case: a given name followed by a family name (`olga krylova`,
 /// `eric g. samoylova`), or a lone listed name after a strong cue (`my name is vitoria`,
 /// `mr. elliott`) or as a speaker label (`mika: …`).
+/// A lower-case name (`name-lower`): weaker evidence than capitalisation, hence 0.65.
+fn lower_name(start: usize, end: usize) -> Cand {
+    Cand::new(
+        start,
+        end,
+        PiiType::Person,
+        "name-lower",
+        0.65,
+        prio::PERSON,
+    )
+}
+
 fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     let n = toks.len();
     let mut i = 0;
@@ -963,14 +975,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
                 && (i..=e).all(|m| toks[m].kind != Kind::Word || alpha(&toks[m]))
                 && toks.get(e + 1).is_none_or(|x| x.nl_before)
             {
-                out.push(Cand::new(
-                    t.s,
-                    toks[e].e,
-                    PiiType::Person,
-                    "name-lower",
-                    0.65,
-                    prio::PERSON,
-                ));
+                out.push(lower_name(t.s, toks[e].e));
                 i = e + 1;
                 continue;
             }
@@ -981,14 +986,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             } else {
                 i
             };
-            out.push(Cand::new(
-                t.s,
-                toks[e].e,
-                PiiType::Person,
-                "name-lower",
-                0.65,
-                prio::PERSON,
-            ));
+            out.push(lower_name(t.s, toks[e].e));
             i = e + 1;
             continue;
         }
@@ -1016,14 +1014,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
                         || flags_of(x) == 0 && x.key.len() >= 4 && LEX.name_score(&x.key) >= 0.4)
             });
         if pair {
-            out.push(Cand::new(
-                t.s,
-                toks[j].e,
-                PiiType::Person,
-                "name-lower",
-                0.65,
-                prio::PERSON,
-            ));
+            out.push(lower_name(t.s, toks[j].e));
             i = j + 1;
             continue;
         }
@@ -1044,14 +1035,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
                 .get(i + 1)
                 .is_some_and(|x| x.kind == Kind::Word && !x.cap && x.is(C_PERSON_VERB));
         if titled || speaker || subject || cue(&before, STRONG_CUES) {
-            out.push(Cand::new(
-                t.s,
-                t.e,
-                PiiType::Person,
-                "name-lower",
-                0.65,
-                prio::PERSON,
-            ));
+            out.push(lower_name(t.s, t.e));
         }
         i += 1;
     }
