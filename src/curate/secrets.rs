@@ -1156,8 +1156,20 @@ fn is_word_byte(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80
 }
 
+/// Bytes of a base64/url-safe token, as a table: the bare-token pass tests every byte.
+static TOK_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'_' | b'-');
+        c += 1;
+    }
+    t
+};
+
 fn is_tok_byte(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=' | b'_' | b'-')
+    TOK_BYTES[c as usize]
 }
 
 static PLACEHOLDER_AC: LazyLock<AhoCorasick> = LazyLock::new(|| {

@@ -170,6 +170,30 @@ fn joiner(c: char) -> bool {
     matches!(c, '-' | '\'' | '’' | '/')
 }
 
+// Classes of ASCII bytes inside a word or number (0: none): the tokenizer's inner loop reads
+// one table entry per byte.
+const DIGIT: u8 = 1;
+const LOWER: u8 = 2;
+const UPPER: u8 = 3;
+static ASCII_CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut c = 0;
+    while c < 128 {
+        let b = c as u8;
+        t[c] = if b.is_ascii_digit() {
+            DIGIT
+        } else if b.is_ascii_lowercase() {
+            LOWER
+        } else if b.is_ascii_uppercase() {
+            UPPER
+        } else {
+            0
+        };
+        c += 1;
+    }
+    t
+};
+
 /// Splits text into word, number and punctuation tokens.
 pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
     // about one token per three bytes in chat text (words, spaces, punctuation)
@@ -203,9 +227,10 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
             let mut upper_letters = c.is_uppercase() as usize;
             let mut letters = c.is_alphabetic() as usize;
             loop {
-                while e < n && b[e].is_ascii_alphanumeric() {
-                    upper_letters += b[e].is_ascii_uppercase() as usize;
-                    letters += b[e].is_ascii_alphabetic() as usize;
+                while e < n && ASCII_CLASS[b[e] as usize] != 0 {
+                    let k = ASCII_CLASS[b[e] as usize];
+                    upper_letters += usize::from(k == UPPER);
+                    letters += usize::from(k != DIGIT);
                     e += 1;
                 }
                 if e >= n {
