@@ -9,7 +9,7 @@
 use std::io::{BufRead, Write};
 use std::sync::LazyLock;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
@@ -406,11 +406,8 @@ static COMPILED: LazyLock<Compiled> = LazyLock::new(|| {
             kw_rule.push(i);
         }
     }
-    // A DFA: the overlapping keyword pass reads every byte of every record, and a few
-    // hundred short keywords make a small table.
     let ac = AhoCorasickBuilder::new()
         .ascii_case_insensitive(true)
-        .kind(Some(AhoCorasickKind::DFA))
         .match_kind(MatchKind::Standard)
         .build(&kws)
         // Constant keyword list; building cannot fail for these few short literals.
@@ -645,12 +642,12 @@ impl SecretScanner {
             }
             // Bytes every match of the rule contains: a cheap no before the regex (the
             // assignment rule's lazy DFA is large and costly to warm on short records).
-            let needs_byte = match rule.check {
+            let lacks_required_byte = match rule.check {
                 Check::Assignment => !(b.contains(&b'=') || b.contains(&b':')),
                 Check::UrlPassword => !b.contains(&b'@'),
                 _ => false,
             };
-            if needs_byte {
+            if lacks_required_byte {
                 continue;
             }
             let re = &c.regexes[i];

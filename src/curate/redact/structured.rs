@@ -251,8 +251,6 @@ static KW: LazyLock<KwGate> = LazyLock::new(|| {
     KwGate {
         ac: aho_corasick::AhoCorasick::builder()
             .ascii_case_insensitive(true)
-            // a DFA: this pass reads every byte of records with digits or slashes
-            .kind(Some(aho_corasick::AhoCorasickKind::DFA))
             .build(&pats)
             // constant literals: cannot fail
             .expect("constant keyword automaton"),
