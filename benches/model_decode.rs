@@ -1,7 +1,8 @@
 //! Decode throughput. `cargo bench --bench model_decode` runs a synthetic Q8_0 model; set
 //! `HEARTH_GGUF=/path/model.gguf` to measure a real one (e.g. SmolLM2-135M). Prints prefill and
 //! steady decode tokens/s (best of 3), without and with a rank-8 adapter on all projections.
-//! Set `RAYON_NUM_THREADS=1` for the single-thread serving figure.
+//! Set `RAYON_NUM_THREADS=1` for the single-thread serving figure. Under `cargo test --all-targets` (no
+//! `--bench` argument, an unoptimised build) it only smoke-tests a two-layer model for a few steps.
 
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let smoke = !std::env::args().any(|a| a == "--bench");
     let dir = std::env::temp_dir().join(format!("hearth-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let path = match std::env::var("HEARTH_GGUF") {
@@ -26,7 +28,7 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             let mut spec = TinySpec::new(Arch::Llama);
             spec.hidden_size = 512;
             spec.intermediate_size = 1536;
-            spec.num_layers = 8;
+            spec.num_layers = if smoke { 2 } else { 8 };
             spec.num_heads = 8;
             spec.num_kv_heads = 4;
             spec.head_dim = 64;
@@ -57,10 +59,10 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let b = Tensor::randn(0f32, 0.01, p.b.dims(), &Device::Cpu)?;
         adapter.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
     }
-    let steps = 64;
+    let (steps, rounds) = if smoke { (4, 1) } else { (64, 3) };
     for (name, lora) in [("base", None), ("lora r8 all", Some(&adapter))] {
         let (mut prefill, mut decode) = (0f64, 0f64);
-        for _ in 0..3 {
+        for _ in 0..rounds {
             let mut cache = model.new_cache();
             let input = Tensor::from_slice(&prompt, (1, prompt.len()), &Device::Cpu)?;
             let t = Instant::now();
@@ -82,7 +84,7 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // Batched decode (equal-length rows): total tokens/s, i.e. what a server gains by batching.
     for batch in [2usize, 4] {
         let mut best = 0f64;
-        for _ in 0..3 {
+        for _ in 0..rounds {
             let mut cache = model.new_cache();
             let rows: Vec<u32> = prompt
                 .iter()

@@ -212,3 +212,33 @@ fn streamed_text_always_equals_final_text() {
         }
     }
 }
+
+/// Inside a pool of several threads, `generate` keeps the other threads spinning for each step's forks (see
+/// `with_spinning_pool`): every call returns, and the tokens equal those of one thread and of no pool at all.
+#[test]
+fn generation_in_a_pool_of_any_size_gives_the_same_tokens() {
+    let (m, tok, _d) = setup();
+    let prompt = tok.encode("the cat sat on the mat", false).unwrap();
+    let cfg = GenerateConfig {
+        max_tokens: 24,
+        temperature: 0.9,
+        seed: 7,
+        ..Default::default()
+    };
+    let in_pool = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| generate(&m, &tok, &prompt, None, &cfg, |_| true).unwrap())
+    };
+    let one = in_pool(1);
+    assert_eq!(one.tokens.len(), 24);
+    for threads in [2, 3, 4] {
+        assert_eq!(in_pool(threads), one, "{threads} threads");
+    }
+    assert_eq!(
+        generate(&m, &tok, &prompt, None, &cfg, |_| true).unwrap(),
+        one
+    );
+}
