@@ -86,8 +86,27 @@ pub fn matmul(
         ));
     }
     let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
-    // Computed output-row major ([n_out, m]) so threads own disjoint slices; transposed after for m > 1.
+    // Computed output-row major ([n_out, m]) so threads own disjoint slices: that is `y` itself for one row
+    // (decode; for the output head a second 200 KB buffer and its copy per token), transposed into `y` after
+    // for more.
+    if m == 1 {
+        dot_rows_split(w, n_out, k, &rows, y);
+        return Ok(());
+    }
     let mut out = vec![0f32; n_out * m];
+    dot_rows_split(w, n_out, k, &rows, &mut out);
+    for o in 0..n_out {
+        for r in 0..m {
+            y[r * n_out + o] = out[o * m + r];
+        }
+    }
+    Ok(())
+}
+
+/// [`dot_rows`] over all `n_out` rows, split across the current rayon pool when the matrix is large enough.
+fn dot_rows_split(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
+    let m = rows.len();
+    let row_bytes = k / QK8_0 * BLOCK_BYTES;
     let threads = rayon::current_num_threads();
     if threads > 1 && n_out * k >= PARALLEL_MIN_WEIGHTS {
         use rayon::prelude::*;
@@ -102,23 +121,13 @@ pub fn matmul(
                     &w[first * row_bytes..(first + n) * row_bytes],
                     n,
                     k,
-                    &rows,
+                    rows,
                     chunk,
                 );
             });
     } else {
-        dot_rows(w, n_out, k, &rows, &mut out);
+        dot_rows(w, n_out, k, rows, out);
     }
-    if m == 1 {
-        y.copy_from_slice(&out);
-    } else {
-        for o in 0..n_out {
-            for r in 0..m {
-                y[r * n_out + o] = out[o * m + r];
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Whether the CPU has AVX2, FMA and F16C: what this module's fast paths (and the decode loops in
