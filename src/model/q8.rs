@@ -4,12 +4,13 @@
 //! reached ~41% of the read bandwidth here (SmolLM2: 31 tokens/s on one thread through the serve engine). This
 //! kernel reads the packed GGUF blocks in place (no copy; 34 bytes per 32 weights), converts scales through a
 //! table, does the int8 dot with AVX2 (`maddubs` on |w| and sign(x, w), the llama.cpp formulation) or, where
-//! the CPU has AVX-VNNI or AVX-512 VNNI, `vpdpbusd` on `w + 128` with the offset undone per block, keeps eight independent accumulator chains (eight weight
-//! rows at once, each activation block loaded once for all eight), prefetches 16 rows ahead in software (the
-//! interleaved short row streams do not train the hardware prefetcher; this alone doubled decode), and splits
-//! rows across the current rayon pool only when a matrix is large enough to pay for it. The activation is
-//! quantized to Q8_0 exactly as candle and llama.cpp do (d = amax/127, round to nearest), so results match
-//! theirs up to the order of float additions. Other CPUs get a portable scalar loop.
+//! the CPU has AVX-VNNI or AVX-512 VNNI, `vpdpbusd` on `w + 128` with the offset undone per block, keeps eight
+//! independent accumulator chains (eight weight rows at once, each activation block loaded once for all
+//! eight), prefetches 16 rows ahead in software (the interleaved short row streams do not train the hardware
+//! prefetcher; this alone doubled decode), and splits rows across the current rayon pool only when a matrix is
+//! large enough to pay for it. The activation is quantized to Q8_0 exactly as candle and llama.cpp do
+//! (d = amax/127, round to nearest), so results match theirs up to the order of float additions. Other CPUs
+//! get a portable scalar loop.
 
 /// Weights per Q8_0 block.
 pub const QK8_0: usize = 32;
@@ -236,7 +237,8 @@ mod x86 {
 
     /// f32 for every f16 bit pattern (256 KiB, of which a model's scales touch a few KB). A scale then costs a
     /// 16-bit load and a broadcast load, where F16C's convert is two more uops on the vector ports that the
-    /// int8 dot needs (measured in cache: +8% on the AVX-512 VNNI path, +6% on AVX2).
+    /// int8 dot needs (measured in cache, with a build running beside it: ~+10% on the AVX-512 VNNI path,
+    /// +6-10% on AVX2).
     fn f16_table() -> &'static [f32] {
         static TABLE: OnceLock<Box<[f32]>> = OnceLock::new();
         TABLE.get_or_init(|| {

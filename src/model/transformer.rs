@@ -381,7 +381,7 @@ fn lora_rows(p: &LoraRows, x: &[f32], y: &mut [f32]) {
             *axj = p.scale * dot(&p.a[j * p.inp..(j + 1) * p.inp], row);
         }
         d.fill(0.0);
-        for (&axj, b) in ax.iter().zip(p.b_by_rank.chunks_exact(p.out)) {
+        for (&axj, b) in ax.iter().zip(p.b_by_rank.chunks_exact(p.out.max(1))) {
             for (dv, &bv) in d.iter_mut().zip(b) {
                 *dv += bv * axj;
             }
