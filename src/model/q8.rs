@@ -51,17 +51,40 @@ fn quantize_row_generic(x: &[f32]) -> QuantRow {
     let mut offset_fix = Vec::with_capacity(blocks);
     let mut qs = vec![0i8; x.len()];
     for (xb, qb) in x.chunks_exact(QK8_0).zip(qs.chunks_exact_mut(QK8_0)) {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // max |v| over the bits (ordered like the values for non-negative floats) so the loop vectorizes, which
+        // `f32::max` does not; a NaN counts as 0, as `f32::max` skips it.
+        let amax = f32::from_bits(
+            xb.iter()
+                .map(|v| match v.to_bits() & 0x7fff_ffff {
+                    b if b > 0x7f80_0000 => 0,
+                    b => b,
+                })
+                .max()
+                .unwrap_or(0),
+        );
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         for (q, v) in qb.iter_mut().zip(xb) {
-            *q = (v * inv).round() as i8;
+            *q = round_half_away(v * inv) as i8;
         }
         offset_fix.push(-128 * qb.iter().map(|&q| q as i32).sum::<i32>());
         // The scale is stored as f16 in a Q8_0 block; round it the same way so sums match candle's.
         d.push(half::f16::from_f32(scale).to_f32());
     }
     QuantRow { d, qs, offset_fix }
+}
+
+/// `f32::round` (halves away from zero) from `trunc`, which compiles to one vector instruction where `round`
+/// is a libm call per value (quantizing the activations was 3% of a decode step). Exact for every finite `x`:
+/// `x - trunc(x)` is exact, and so is the integer step.
+#[inline(always)]
+fn round_half_away(x: f32) -> f32 {
+    let t = x.trunc();
+    if (x - t).abs() >= 0.5 {
+        t + 1f32.copysign(x)
+    } else {
+        t
+    }
 }
 
 /// `y[r][o] = Σ_k x[r][k] · W[o][k]` for a row-major Q8_0 weight `[n_out, k]` given as its raw GGUF bytes.
@@ -520,6 +543,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The vectorizable rounding equals `f32::round` at and around every half step in the int8 range, and on
+    /// the edge values.
+    #[test]
+    fn round_half_away_is_f32_round() {
+        let mut xs = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            1e-30,
+            8388609.0,
+        ];
+        for i in -300..=300 {
+            let h = i as f32 * 0.5;
+            xs.extend([h, h.next_up(), h.next_down(), h + 0.25, h - 0.1]);
+        }
+        for x in xs {
+            assert_eq!(round_half_away(x).to_bits(), x.round().to_bits(), "{x}");
+        }
+        assert!(round_half_away(f32::NAN).is_nan());
     }
 
     #[test]
