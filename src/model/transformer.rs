@@ -1122,7 +1122,7 @@ fn attend_dispatch(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<(
             return unsafe { attend_avx2(h, bi, kv, out) };
         }
     }
-    attend(h, bi, kv, out)
+    attend::<false>(h, bi, kv, out)
 }
 
 /// # Safety
@@ -1130,21 +1130,43 @@ fn attend_dispatch(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_avx2(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
-    attend(h, bi, kv, out)
+    attend::<true>(h, bi, kv, out)
 }
 
 /// Softmax(q·Kᵀ·scale)·V for the `g` query heads of sequence `bi` that share kv head `kv`, into `out`
 /// (`[g, hd]`); `None` if a cache row is out of range. The heads are done together, so each cached key and value
 /// row is read once for all of them rather than once per query head (at a few hundred positions the cache is
 /// megabytes per step).
+/// `AVX2`: the caller runs with AVX2 and FMA, so the scores may use [`dot4_avx2`].
 #[inline(always)]
-fn attend(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
+fn attend<const AVX2: bool>(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
     let (hd, g, t) = (h.hd, h.g, h.t);
     let mut p = vec![0f32; g * t];
     let first = bi * h.nh + kv * g;
     let kb = h.k0 + bi * h.ks[0] + kv * h.ks[1];
     let vb = h.v0 + bi * h.vs[0] + kv * h.vs[1];
-    for ti in 0..t {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 && hd.is_multiple_of(8) {
+        // Four cached positions at a time: one horizontal reduction for four dot products, where a dot on its
+        // own spent more on summing its lanes than on the 64 products (~5% of a SmolLM2 decode step).
+        while done + 4 <= t {
+            let row = |i: usize| {
+                h.kd.get(kb + (done + i) * h.ks[2]..kb + (done + i) * h.ks[2] + hd)
+            };
+            let rows = [row(0)?, row(1)?, row(2)?, row(3)?];
+            for j in 0..g {
+                let qrow = &h.qd[(first + j) * hd..][..hd];
+                // SAFETY: `AVX2` says the CPU has AVX2 and FMA; every row holds `hd` values, a multiple of 8.
+                let d = unsafe { dot4_avx2(qrow, rows) };
+                for (i, v) in d.into_iter().enumerate() {
+                    p[j * t + done + i] = v * h.scale;
+                }
+            }
+            done += 4;
+        }
+    }
+    for ti in done..t {
         let krow = h.kd.get(kb + ti * h.ks[2]..kb + ti * h.ks[2] + hd)?;
         for j in 0..g {
             let qrow = &h.qd[(first + j) * hd..][..hd];
@@ -1170,6 +1192,34 @@ fn attend(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
         }
     }
     Some(())
+}
+
+/// `q · k[i]` for four rows `k` of `q.len()` values (a multiple of 8).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; every row in `k` is at least as long as `q`, and `q.len()` is a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's guarantees keep every load inside `q` and the rows.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for c in (0..q.len()).step_by(8) {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+            for (a, row) in acc.iter_mut().zip(k) {
+                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row.as_ptr().add(c)), *a);
+            }
+        }
+        let s = _mm256_hadd_ps(
+            _mm256_hadd_ps(acc[0], acc[1]),
+            _mm256_hadd_ps(acc[2], acc[3]),
+        );
+        let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), s);
+        out
+    }
 }
 
 /// A dot product in eight lanes, so it vectorizes without reassociating one long sum. Always inlined, so it
