@@ -1137,6 +1137,7 @@ unsafe fn attend_avx2(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Optio
 /// (`[g, hd]`); `None` if a cache row is out of range. The heads are done together, so each cached key and value
 /// row is read once for all of them rather than once per query head (at a few hundred positions the cache is
 /// megabytes per step).
+///
 /// `AVX2`: the caller runs with AVX2 and FMA, so the scores may use [`dot4_avx2`].
 #[inline(always)]
 fn attend<const AVX2: bool>(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
@@ -1145,6 +1146,8 @@ fn attend<const AVX2: bool>(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) ->
     let first = bi * h.nh + kv * g;
     let kb = h.k0 + bi * h.ks[0] + kv * h.ks[1];
     let vb = h.v0 + bi * h.vs[0] + kv * h.vs[1];
+    // Positions scored so far; only the x86 fast path below advances it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if AVX2 && hd.is_multiple_of(8) {
