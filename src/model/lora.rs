@@ -307,9 +307,10 @@ pub struct LoraPair {
     /// `m / ‖W + ΔW‖_row` for a pair that no longer changes (serving), computed on first use. A pair whose
     /// tensors train in place never fills it.
     pub(crate) dora_factor: std::sync::Arc<std::sync::OnceLock<Tensor>>,
-    /// `B` transposed to `[r, out]` for a pair that no longer changes, filled by the decode loops on first use
-    /// (they add `B·(A·x)` as `r` contiguous row updates); `None` inside when `B` is not contiguous f32.
-    pub(crate) b_by_rank: std::sync::Arc<std::sync::OnceLock<Option<Vec<f32>>>>,
+    /// `A` and `B` as the decode loops read them, for a pair that no longer changes, filled on first use;
+    /// `None` inside when a factor is not contiguous f32.
+    pub(crate) decode_factors:
+        std::sync::Arc<std::sync::OnceLock<Option<crate::model::transformer::DecodeFactors>>>,
 }
 
 impl LoraPair {
@@ -326,7 +327,7 @@ impl LoraPair {
             scale,
             magnitude,
             dora_factor: Default::default(),
-            b_by_rank: Default::default(),
+            decode_factors: Default::default(),
         }
     }
 
