@@ -35,7 +35,7 @@ fn quantize_row(x: &[f32]) -> QuantRow {
     #[cfg(target_arch = "x86_64")]
     {
         if x86::usable() {
-            // SAFETY: the CPU has AVX2, FMA and F16C.
+            // SAFETY: the CPU has AVX2 and FMA.
             return unsafe { x86::quantize_row(x) };
         }
     }
@@ -154,7 +154,7 @@ fn dot_rows_split(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], out: &mut
     }
 }
 
-/// Whether the CPU has AVX2, FMA and F16C: what this module's fast paths (and the decode loops in
+/// Whether the CPU has AVX2 and FMA: what this module's fast paths (and the decode loops in
 /// `transformer`, compiled for them) need.
 pub(crate) fn avx2_usable() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -172,7 +172,7 @@ fn dot_rows(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if x86::usable() {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked by `usable`); sizes were checked by `matmul`.
+            // SAFETY: the CPU has AVX2 and FMA (checked by `usable`); sizes were checked by `matmul`.
             unsafe { x86::dot_rows(w, n, k, rows, out) };
             return;
         }
@@ -215,19 +215,15 @@ mod x86 {
     /// [`super::quantize_row`] compiled with AVX2.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are available.
-    #[target_feature(enable = "avx2,fma,f16c")]
+    /// AVX2 and FMA are available.
+    #[target_feature(enable = "avx2,fma")]
     pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
         super::quantize_row_generic(x)
     }
 
     pub fn usable() -> bool {
         static USABLE: OnceLock<bool> = OnceLock::new();
-        *USABLE.get_or_init(|| {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        })
+        *USABLE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
     }
 
     /// Which int8 dot instruction the kernel uses: `maddubs` + `madd` (AVX2), or `vpdpbusd` in its VEX
@@ -322,7 +318,7 @@ mod x86 {
     }
 
     /// # Safety
-    /// AVX2, FMA and F16C must be available; `w` holds `n` rows of `k / 32` blocks, each row in `rows` has `k`
+    /// AVX2 and FMA must be available; `w` holds `n` rows of `k / 32` blocks, each row in `rows` has `k`
     /// quantized values, and `out` has `n * rows.len()` slots.
     pub unsafe fn dot_rows(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
         // SAFETY: the caller's guarantees, plus the VNNI instructions where `isa()` found them.
@@ -363,13 +359,13 @@ mod x86 {
         outs
     }
 
-    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    #[target_feature(enable = "avx2,fma,avxvnni")]
     unsafe fn dot_rows_avx_vnni(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
         // SAFETY: as for `dot_rows`.
         unsafe { body::<AVX_VNNI>(w, n, k, rows, out) }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
     unsafe fn dot_rows_avx512_vnni(
         w: &[u8],
         n: usize,
@@ -381,7 +377,7 @@ mod x86 {
         unsafe { body::<AVX512_VNNI>(w, n, k, rows, out) }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn dot_rows_avx2(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
         // SAFETY: as for `dot_rows`.
         unsafe { body::<AVX2>(w, n, k, rows, out) }
@@ -484,16 +480,18 @@ mod tests {
         out
     }
 
-    /// Each SIMD path this CPU has (AVX2, and the VNNI ones with their offset trick) agrees with the scalar
-    /// loop, for every row count, a ragged tail and activations at both ends of the int8 range.
+    /// `matmul` (the dispatched path: row split, transposition for several rows) and each SIMD path this CPU
+    /// has (AVX2, and the VNNI ones with their offset trick) agree with the scalar loop, for every row count, a
+    /// ragged tail and activations at both ends of the int8 range.
     #[test]
-    fn each_simd_path_agrees_with_scalar() {
+    fn simd_and_scalar_agree() {
         let (n, k) = (19, 128);
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i * 7919 % 255) as f32 - 127.0) / 13.0)
             .collect();
         let packed = pack(&w, k);
-        for m in 1..=3 {
+        let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+        for m in 1..=5 {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| match i % 5 {
                     0 => -3.0,
@@ -504,42 +502,18 @@ mod tests {
             let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
             let mut scalar = vec![0f32; n * m];
             dot_rows_scalar(&packed, n, k, &rows, &mut scalar);
-            #[cfg(target_arch = "x86_64")]
-            for (isa, out) in x86::dot_rows_each_isa(&packed, n, k, &rows) {
-                for (i, (a, b)) in out.iter().zip(&scalar).enumerate() {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * b.abs().max(1.0),
-                        "{isa} m={m} slot {i}: {a} vs {b}"
-                    );
-                }
-            }
-        }
-    }
-
-    /// The SIMD path (when the CPU has it) and the scalar path agree, for every row count and a ragged tail.
-    #[test]
-    fn simd_and_scalar_agree() {
-        let (n, k) = (13, 96);
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 7919 % 201) as f32 - 100.0) / 37.0)
-            .collect();
-        let packed = pack(&w, k);
-        for m in 1..=5 {
-            let x: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 104729 % 97) as f32 - 48.0) / 11.0)
-                .collect();
             let mut y = vec![0f32; m * n];
             matmul(&packed, n, k, &x, m, &mut y).unwrap();
-            let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
-            let mut scalar = vec![0f32; n * m];
-            dot_rows_scalar(&packed, n, k, &rows, &mut scalar);
             for r in 0..m {
                 for o in 0..n {
                     let (a, b) = (y[r * n + o], scalar[o * m + r]);
-                    assert!(
-                        (a - b).abs() <= 1e-4 * b.abs().max(1.0),
-                        "m={m} r={r} o={o}: {a} vs {b}"
-                    );
+                    assert!(close(a, b), "matmul m={m} r={r} o={o}: {a} vs {b}");
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            for (isa, out) in x86::dot_rows_each_isa(&packed, n, k, &rows) {
+                for (i, (&a, &b)) in out.iter().zip(&scalar).enumerate() {
+                    assert!(close(a, b), "{isa} m={m} slot {i}: {a} vs {b}");
                 }
             }
         }
