@@ -17,7 +17,10 @@ use candle_core::{CpuStorage, CustomOp1, D, DType, Device, Layout, Shape, Tensor
 
 use super::gguf::{Arch, GgufFile, ModelConfig};
 use super::lora::{LoraPair, LoraSet, LoraTarget};
+use super::q8::QuantizedRows;
 use super::{ModelError, Result};
+
+mod decode;
 
 /// A frozen weight: block-quantized and kept packed, or dense f32 (F32/F16/BF16 in the file, or a
 /// merged/dequantized copy).
@@ -466,26 +469,45 @@ fn q8_0_decode(
     let (n_out, k) = q.shape().dims2()?;
     let (n, _) = x2.dims2()?;
     let x2 = x2.contiguous()?;
-    let bytes = q.data()?;
-    let y = with_f32_slice(&x2, |x| {
+    let y = with_f32_slice(&x2, |x| -> Result<Option<Vec<f32>>> {
+        let xq = QuantizedRows::new(x, k).map_err(ModelError::Input)?;
         let mut y = vec![0f32; n * n_out];
-        super::q8::matmul(&bytes, n_out, k, x, n, &mut y).ok()?;
-        if let Some(p) = lora {
-            add_lora_rows(x, p, &mut y)?;
-        }
-        if let Some(f) = dora {
-            with_f32_slice(f, |f| {
-                for row in y.chunks_exact_mut(n_out) {
-                    row.iter_mut().zip(f).for_each(|(v, f)| *v *= f);
-                }
-            })?;
-        }
-        Some(y)
+        Ok(q8_0_into(q, x, &xq, lora, dora, &mut y)?.then_some(y))
     });
-    match y.flatten() {
+    match y.transpose()?.flatten() {
         Some(y) => Ok(Some(Tensor::from_vec(y, (n, n_out), x2.device())?)),
         None => Ok(None),
     }
+}
+
+/// [`q8_0_decode`] into `y` for `x` (rows of `in` values) already quantized as `xq`. `false` when a LoRA or
+/// DoRA tensor is not contiguous f32 on CPU; `y` then holds no usable result.
+fn q8_0_into(
+    q: &QTensor,
+    x: &[f32],
+    xq: &QuantizedRows,
+    lora: Option<&LoraPair>,
+    dora: Option<&Tensor>,
+    y: &mut [f32],
+) -> Result<bool> {
+    let n_out = q.shape().dims2()?.0;
+    super::q8::matmul_quantized(&q.data()?, n_out, xq, y).map_err(ModelError::Input)?;
+    if let Some(p) = lora
+        && add_lora_rows(x, p, y).is_none()
+    {
+        return Ok(false);
+    }
+    if let Some(f) = dora {
+        let scaled = with_f32_slice(f, |f| {
+            for row in y.chunks_exact_mut(n_out) {
+                row.iter_mut().zip(f).for_each(|(v, f)| *v *= f);
+            }
+        });
+        if scaled.is_none() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Positions served at most, whatever the file claims: RoPE tables are precomputed, and a
@@ -968,6 +990,15 @@ impl Transformer {
         if let Some(s) = lora {
             s.check_compatible(self)?;
         }
+        // One token of one sequence, nothing to differentiate: the serving decode step (decode.rs).
+        if b == 1
+            && l == 1
+            && !train
+            && let Some(c) = cache.as_deref_mut()
+            && lora.is_none_or(|s| s.iter().all(|(_, p)| !p.tracks()))
+        {
+            return self.decode_token(&tokens, c, lora);
+        }
         let mut x = match &self.embed {
             Weight::Quant(q) => q.embedding(&tokens)?,
             Weight::Dense(w) => {
@@ -1097,59 +1128,61 @@ impl Transformer {
 /// path. Returns `[b, 1, nh·hd]`, as the general path does.
 fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, g: usize) -> Result<Option<Tensor>> {
     let (b, nh, _, hd) = q.dims4()?;
-    let (_, nkv, t, _) = k.dims4()?;
-    if nkv * g != nh {
-        return Ok(None);
-    }
     let q = q.contiguous()?;
+    let mut out = vec![0f32; b * nh * hd];
+    match with_f32_slice(&q, |qd| attend_cached(qd, k, v, g, &mut out)).flatten() {
+        Some(()) => Ok(Some(Tensor::from_vec(out, (b, 1, nh * hd), &Device::Cpu)?)),
+        None => Ok(None),
+    }
+}
+
+/// [`decode_attention`] on the query's values `qd` (`[b, nh, hd]`), adding into `out` (same shape, zeroed by
+/// the caller). `None` when a layout does not fit.
+fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) -> Option<()> {
+    let (b, nkv, t, hd) = k.dims4().ok()?;
+    let nh = nkv * g;
+    if qd.len() != b * nh * hd || out.len() != qd.len() || v.dims4().ok()? != (b, nkv, t, hd) {
+        return None;
+    }
     let strided = |x: &Tensor| -> Option<(Vec<usize>, usize)> {
         let l = x.layout();
         (x.dtype() == DType::F32 && l.stride()[3] == 1)
             .then(|| (l.stride().to_vec(), l.start_offset()))
     };
-    let (Some((ks, k0)), Some((vs, v0))) = (strided(k), strided(v)) else {
-        return Ok(None);
-    };
+    let ((ks, k0), (vs, v0)) = (strided(k)?, strided(v)?);
     let scale = 1.0 / (hd as f32).sqrt();
-    let out = with_f32_slice(&q, |qd| {
-        let (k_store, _) = k.storage_and_layout();
-        let (v_store, _) = v.storage_and_layout();
-        let (candle_core::Storage::Cpu(kc), candle_core::Storage::Cpu(vc)) = (&*k_store, &*v_store)
-        else {
-            return None;
-        };
-        let heads = Heads {
-            qd,
-            kd: kc.as_slice::<f32>().ok()?,
-            vd: vc.as_slice::<f32>().ok()?,
-            ks: &ks,
-            vs: &vs,
-            k0,
-            v0,
-            nh,
-            hd,
-            g,
-            t,
-            scale,
-        };
-        let mut out = vec![0f32; b * nh * hd];
-        // One task per (sequence, kv head) when there are threads to share and enough cache to read.
-        let group = g * hd;
-        if rayon::current_num_threads() > 1 && t >= PARALLEL_ATTENTION_POSITIONS {
-            use rayon::prelude::*;
-            out.par_chunks_mut(group)
-                .enumerate()
-                .try_for_each(|(i, chunk)| attend_dispatch(&heads, i / nkv, i % nkv, chunk))?;
-        } else {
-            for (i, chunk) in out.chunks_mut(group).enumerate() {
-                attend_dispatch(&heads, i / nkv, i % nkv, chunk)?;
-            }
+    let (k_store, _) = k.storage_and_layout();
+    let (v_store, _) = v.storage_and_layout();
+    let (candle_core::Storage::Cpu(kc), candle_core::Storage::Cpu(vc)) = (&*k_store, &*v_store)
+    else {
+        return None;
+    };
+    let heads = Heads {
+        qd,
+        kd: kc.as_slice::<f32>().ok()?,
+        vd: vc.as_slice::<f32>().ok()?,
+        ks: &ks,
+        vs: &vs,
+        k0,
+        v0,
+        nh,
+        hd,
+        g,
+        t,
+        scale,
+    };
+    // One task per (sequence, kv head) when there are threads to share and enough cache to read.
+    let group = g * hd;
+    if rayon::current_num_threads() > 1 && t >= PARALLEL_ATTENTION_POSITIONS {
+        use rayon::prelude::*;
+        out.par_chunks_mut(group)
+            .enumerate()
+            .try_for_each(|(i, chunk)| attend_dispatch(&heads, i / nkv, i % nkv, chunk))
+    } else {
+        for (i, chunk) in out.chunks_mut(group).enumerate() {
+            attend_dispatch(&heads, i / nkv, i % nkv, chunk)?;
         }
-        Some(out)
-    });
-    match out.flatten() {
-        Some(out) => Ok(Some(Tensor::from_vec(out, (b, 1, nh * hd), &Device::Cpu)?)),
-        None => Ok(None),
+        Some(())
     }
 }
 

@@ -1,0 +1,233 @@
+//! One token of one sequence through the model over plain f32 buffers: the serving decode step.
+//!
+//! Through candle a decode step was about twenty small tensor ops per layer (norms, reshapes, transposes,
+//! rope, silu, products, residual adds), each allocating its output and some forking onto the pool; together
+//! about a fifth of a SmolLM2 step on one thread, where the weight products are the only part that must cost
+//! anything. Here each step reuses a handful of buffers, quantizes each projection input once for all the
+//! weights that read it (q/k/v, gate/up), and runs norms, rope, SiLU and the residual adds as loops. Weights
+//! other than Q8_0 still go through candle per product, and the math is the general path's: the same
+//! formulas in the same precision, so the two agree up to the order of float additions (tests compare them).
+
+use super::*;
+use crate::model::q8::QuantizedRows;
+
+/// Buffers of one decode step, each the size of one activation.
+struct Step {
+    x: Vec<f32>,
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    context: Vec<f32>,
+    out: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl Transformer {
+    /// Logits `[1, 1, vocab]` for `token` at position `cache.len()`, appending its keys and values to `cache`.
+    /// The caller has validated the token, the position, the cache and the adapter set, and `lora` trains
+    /// nothing (its factors may be cached).
+    pub(super) fn decode_token(
+        &self,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+        lora: Option<&LoraSet>,
+    ) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (h, nh, nkv, hd, ff) = (
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+        );
+        let pos = cache.len();
+        let embedded = match &self.embed {
+            Weight::Quant(q) => q.embedding(&tokens.flatten_all()?)?,
+            Weight::Dense(w) => w.index_select(&tokens.flatten_all()?, 0)?,
+        };
+        let mut s = Step {
+            x: embedded.flatten_all()?.to_vec1::<f32>()?,
+            normed: vec![0f32; h],
+            q: vec![0f32; nh * hd],
+            k: vec![0f32; nkv * hd],
+            v: vec![0f32; nkv * hd],
+            context: vec![0f32; nh * hd],
+            out: vec![0f32; h],
+            gate: vec![0f32; ff],
+            up: vec![0f32; ff],
+        };
+        let half = hd / 2;
+        let rope_row = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.narrow(0, pos, 1)?.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let (cos, sin) = (rope_row(&self.rope.cos)?, rope_row(&self.rope.sin)?);
+        let rope = |x: &mut [f32]| {
+            for head in x.chunks_exact_mut(hd) {
+                rotate(head, &cos[..half], &sin[..half], self.rope.interleaved);
+            }
+        };
+        for (li, blk) in self.blocks.iter().enumerate() {
+            let pair = |t| lora.and_then(|set| set.get(li, t));
+            rms_norm_into(&s.x, &blk.attn_norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
+            let xq = QuantizedInput::new(&s.normed, [&blk.q, &blk.k, &blk.v])?;
+            let (q, (k, v)) = rayon::join(
+                || blk.q.forward_into(&xq, pair(LoraTarget::Q), &mut s.q),
+                || {
+                    (
+                        blk.k.forward_into(&xq, pair(LoraTarget::K), &mut s.k),
+                        blk.v.forward_into(&xq, pair(LoraTarget::V), &mut s.v),
+                    )
+                },
+            );
+            q?;
+            k?;
+            v?;
+            if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
+                let (qn, kn) = (qn.to_vec1()?, kn.to_vec1()?);
+                for head in s.q.chunks_exact_mut(hd) {
+                    rms_norm_in_place(head, &qn, cfg.rms_eps);
+                }
+                for head in s.k.chunks_exact_mut(hd) {
+                    rms_norm_in_place(head, &kn, cfg.rms_eps);
+                }
+            }
+            rope(&mut s.q);
+            rope(&mut s.k);
+            let (kc, vc) = cache.append(
+                li,
+                &Tensor::from_slice(&s.k, (1, nkv, 1, hd), &Device::Cpu)?,
+                &Tensor::from_slice(&s.v, (1, nkv, 1, hd), &Device::Cpu)?,
+            )?;
+            s.context.fill(0.0);
+            if attend_cached(&s.q, &kc, &vc, nh / nkv, &mut s.context).is_none() {
+                return Err(ModelError::Input(
+                    "decode: the key/value cache does not have the model's layout".into(),
+                ));
+            }
+            let xq = QuantizedInput::new(&s.context, [&blk.o])?;
+            blk.o.forward_into(&xq, pair(LoraTarget::O), &mut s.out)?;
+            add_into(&mut s.x, &s.out);
+            rms_norm_into(&s.x, &blk.ffn_norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
+            let xq = QuantizedInput::new(&s.normed, [&blk.gate, &blk.up])?;
+            let (g, u) = rayon::join(
+                || {
+                    blk.gate
+                        .forward_into(&xq, pair(LoraTarget::Gate), &mut s.gate)
+                },
+                || blk.up.forward_into(&xq, pair(LoraTarget::Up), &mut s.up),
+            );
+            g?;
+            u?;
+            // SiLU(gate)·up, as candle's `silu` writes it: x / (1 + e^-x).
+            for (g, u) in s.gate.iter_mut().zip(&s.up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            let xq = QuantizedInput::new(&s.gate, [&blk.down])?;
+            blk.down
+                .forward_into(&xq, pair(LoraTarget::Down), &mut s.out)?;
+            add_into(&mut s.x, &s.out);
+        }
+        cache.len += 1;
+        rms_norm_into(&s.x, &self.norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
+        let mut logits = vec![0f32; cfg.vocab_size];
+        let xq = QuantizedInput::new(&s.normed, [&self.head])?;
+        self.head.forward_into(&xq, None, &mut logits)?;
+        Ok(Tensor::from_vec(
+            logits,
+            (1, 1, cfg.vocab_size),
+            &Device::Cpu,
+        )?)
+    }
+}
+
+/// A projection input, quantized once when any weight that reads it is Q8_0.
+pub(super) struct QuantizedInput<'a> {
+    x: &'a [f32],
+    q8: Option<QuantizedRows>,
+}
+
+impl<'a> QuantizedInput<'a> {
+    fn new<const N: usize>(x: &'a [f32], readers: [&QLinear; N]) -> Result<Self> {
+        let q8 = readers
+            .iter()
+            .any(|l| matches!(&l.weight, Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0))
+            .then(|| QuantizedRows::new(x, x.len()))
+            .transpose()
+            .map_err(ModelError::Input)?;
+        Ok(Self { x, q8 })
+    }
+}
+
+impl QLinear {
+    /// `y = W·x (+ scale·B·A·x, · DoRA factor)` for one row: through the Q8_0 kernel on the shared quantized
+    /// input where it applies, else through [`QLinear::forward`].
+    fn forward_into(
+        &self,
+        x: &QuantizedInput,
+        lora: Option<&LoraPair>,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let dora = match lora {
+            Some(p) => self.dora_factor(p)?,
+            None => None,
+        };
+        if let (Weight::Quant(q), Some(xq)) = (&self.weight, &x.q8)
+            && q.dtype() == GgmlDType::Q8_0
+            && q8_0_into(q, x.x, xq, lora, dora.as_ref(), y)?
+        {
+            return Ok(());
+        }
+        let t = Tensor::from_slice(x.x, (1, x.x.len()), &Device::Cpu)?;
+        let out = self.forward(&t, lora)?.flatten_all()?.to_vec1::<f32>()?;
+        if out.len() != y.len() {
+            return Err(ModelError::Input(format!(
+                "decode: a projection gave {} values for {}",
+                out.len(),
+                y.len()
+            )));
+        }
+        y.copy_from_slice(&out);
+        Ok(())
+    }
+}
+
+/// `y = x / rms(x) · w`, as candle's `rms_norm` computes it.
+fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let m = rms(x, eps);
+    for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
+        *y = x / m * w;
+    }
+}
+
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let m = rms(x, eps);
+    for (x, w) in x.iter_mut().zip(w) {
+        *x = *x / m * w;
+    }
+}
+
+fn rms(x: &[f32], eps: f32) -> f32 {
+    (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt()
+}
+
+fn add_into(x: &mut [f32], d: &[f32]) {
+    x.iter_mut().zip(d).for_each(|(x, d)| *x += d);
+}
+
+/// RoPE on one head at one position, as candle's `rope_i` (pairs `2i, 2i+1`; Llama GGUFs) or `rope` (pairs
+/// `i, i + d/2`; Qwen) computes it.
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
+    let half = x.len() / 2;
+    for (i, (&c, &s)) in cos.iter().zip(sin).enumerate() {
+        let (a, b) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + half)
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
