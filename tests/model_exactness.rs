@@ -366,7 +366,8 @@ fn kv_cache_decode_equals_full_recompute() {
                 .unwrap()
                 .to_vec2::<f32>()
                 .unwrap();
-            // Prefill 5, then one at a time.
+            // Prefill 5, then one at a time; also in a pool of 3 threads, where decode attention splits the
+            // cached positions into three ranges (80 is not a multiple of 3) and combines them.
             let mut cache = m.new_cache();
             let mut inc = m
                 .forward_ids(&ids[..5], Some(&mut cache), lora)
@@ -382,6 +383,22 @@ fn kv_cache_decode_equals_full_recompute() {
                 );
             }
             assert_eq!(cache.len(), ids.len());
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(3)
+                .build()
+                .unwrap();
+            let mut cache3 = m.new_cache();
+            m.forward_ids(&ids[..5], Some(&mut cache3), lora).unwrap();
+            for i in 5..ids.len() {
+                let row = pool.install(|| {
+                    m.forward_ids(&ids[i..i + 1], Some(&mut cache3), lora)
+                        .unwrap()
+                        .to_vec2::<f32>()
+                        .unwrap()
+                });
+                let e = rel_err(&row[0], &full[i]);
+                assert!(e < tol, "{arch:?} 3 threads pos {i}: {e}");
+            }
             // A fork continues independently of the original.
             let mut fork = cache.fork().unwrap();
             let a = m

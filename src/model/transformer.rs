@@ -492,22 +492,26 @@ fn q8_0_into(
 ) -> Result<bool> {
     let n_out = q.shape().dims2()?.0;
     super::q8::matmul_quantized(&q.data()?, n_out, xq, y).map_err(ModelError::Input)?;
+    Ok(adapt_rows(x, lora, dora, y))
+}
+
+/// Adds `scale·B·(A·x)` to the rows `y` of `x·Wᵀ` and applies the DoRA factor. `false` when a LoRA or DoRA
+/// tensor is not contiguous f32 on CPU; `y` then holds no usable result.
+fn adapt_rows(x: &[f32], lora: Option<&LoraPair>, dora: Option<&Tensor>, y: &mut [f32]) -> bool {
     if let Some(p) = lora
         && add_lora_rows(x, p, y).is_none()
     {
-        return Ok(false);
+        return false;
     }
-    if let Some(f) = dora {
-        let scaled = with_f32_slice(f, |f| {
-            for row in y.chunks_exact_mut(n_out) {
+    match dora {
+        Some(f) => with_f32_slice(f, |f| {
+            for row in y.chunks_exact_mut(f.len().max(1)) {
                 row.iter_mut().zip(f).for_each(|(v, f)| *v *= f);
             }
-        });
-        if scaled.is_none() {
-            return Ok(false);
-        }
+        })
+        .is_some(),
+        None => true,
     }
-    Ok(true)
 }
 
 /// Positions served at most, whatever the file claims: RoPE tables are precomputed, and a
@@ -1136,8 +1140,8 @@ fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, g: usize) -> Result<Opti
     }
 }
 
-/// [`decode_attention`] on the query's values `qd` (`[b, nh, hd]`), adding into `out` (same shape, zeroed by
-/// the caller). `None` when a layout does not fit.
+/// [`decode_attention`] on the query's values `qd` (`[b, nh, hd]`), into `out` (same shape). `None` when a
+/// layout does not fit.
 fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) -> Option<()> {
     let (b, nkv, t, hd) = k.dims4().ok()?;
     let nh = nkv * g;
@@ -1168,22 +1172,62 @@ fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) 
         nh,
         hd,
         g,
-        t,
         scale,
     };
-    // One task per (sequence, kv head) when there are threads to share and enough cache to read.
-    let group = g * hd;
-    if rayon::current_num_threads() > 1 && t >= PARALLEL_ATTENTION_POSITIONS {
-        use rayon::prelude::*;
-        out.par_chunks_mut(group)
-            .enumerate()
-            .try_for_each(|(i, chunk)| attend_dispatch(&heads, i / nkv, i % nkv, chunk))
+    // Tasks are (sequence, kv head, range of positions): with threads to share and enough cache to read, the
+    // positions split into one range per thread, so that SmolLM2's three kv heads make six tasks for two
+    // threads rather than three (one thread did two thirds of the attention). Each range leaves unnormalised
+    // partial sums, combined below.
+    let threads = rayon::current_num_threads();
+    let ranges = if threads > 1 && t >= PARALLEL_ATTENTION_POSITIONS {
+        threads.min(t)
     } else {
-        for (i, chunk) in out.chunks_mut(group).enumerate() {
-            attend_dispatch(&heads, i / nkv, i % nkv, chunk)?;
+        1
+    };
+    let part = g * hd + 2 * g;
+    let mut partials = vec![0f32; b * nkv * ranges * part];
+    let task = |i: usize, chunk: &mut [f32]| {
+        let (bi, kv, r) = (i / (nkv * ranges), i / ranges % nkv, i % ranges);
+        let (acc, stats) = chunk.split_at_mut(g * hd);
+        let (max, sum) = stats.split_at_mut(g);
+        let positions = t * r / ranges..t * (r + 1) / ranges;
+        attend_dispatch(&heads, bi, kv, positions, acc, max, sum)
+    };
+    if ranges > 1 {
+        use rayon::prelude::*;
+        partials
+            .par_chunks_mut(part)
+            .enumerate()
+            .try_for_each(|(i, chunk)| task(i, chunk))?;
+    } else {
+        for (i, chunk) in partials.chunks_mut(part).enumerate() {
+            task(i, chunk)?;
         }
-        Some(())
     }
+    // softmax·V = Σ_r e^(max_r − M)·acc_r / Σ_r e^(max_r − M)·sum_r, M the largest max.
+    for (o, p) in out
+        .chunks_exact_mut(g * hd)
+        .zip(partials.chunks_exact(ranges * part))
+    {
+        for j in 0..g {
+            let stat = |r: usize, k: usize| p[r * part + g * hd + k * g + j];
+            let m = (0..ranges)
+                .map(|r| stat(r, 0))
+                .fold(f32::NEG_INFINITY, f32::max);
+            let weights: Vec<f32> = (0..ranges).map(|r| (stat(r, 0) - m).exp()).collect();
+            let total: f32 = (0..ranges).map(|r| weights[r] * stat(r, 1)).sum();
+            let orow = &mut o[j * hd..(j + 1) * hd];
+            orow.fill(0.0);
+            for (r, w) in weights.iter().enumerate() {
+                let acc = &p[r * part + j * hd..r * part + (j + 1) * hd];
+                for (o, a) in orow.iter_mut().zip(acc) {
+                    *o += w * a;
+                }
+            }
+            orow.iter_mut().for_each(|o| *o /= total);
+        }
+    }
+    Some(())
 }
 
 /// One query position's attention inputs, as slices of the q tensor and the cache buffers.
@@ -1198,7 +1242,6 @@ struct Heads<'a> {
     nh: usize,
     hd: usize,
     g: usize,
-    t: usize,
     scale: f32,
 }
 
@@ -1207,38 +1250,64 @@ const PARALLEL_ATTENTION_POSITIONS: usize = 64;
 
 /// [`attend`] compiled for AVX2 and FMA when the CPU has them (the loops vectorize 8 wide; the baseline
 /// target has 4), else portable.
-fn attend_dispatch(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
+fn attend_dispatch(
+    h: &Heads,
+    bi: usize,
+    kv: usize,
+    positions: std::ops::Range<usize>,
+    acc: &mut [f32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) -> Option<()> {
     #[cfg(target_arch = "x86_64")]
     {
         if super::q8::avx2_usable() {
             // SAFETY: the CPU has AVX2 and FMA.
-            return unsafe { attend_avx2(h, bi, kv, out) };
+            return unsafe { attend_avx2(h, bi, kv, positions, acc, max, sum) };
         }
     }
-    attend::<false>(h, bi, kv, out)
+    attend::<false>(h, bi, kv, positions, acc, max, sum)
 }
 
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
-    attend::<true>(h, bi, kv, out)
+unsafe fn attend_avx2(
+    h: &Heads,
+    bi: usize,
+    kv: usize,
+    positions: std::ops::Range<usize>,
+    acc: &mut [f32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) -> Option<()> {
+    attend::<true>(h, bi, kv, positions, acc, max, sum)
 }
 
-/// Softmax(q·Kᵀ·scale)·V for the `g` query heads of sequence `bi` that share kv head `kv`, into `out`
-/// (`[g, hd]`); `None` if a cache row is out of range. The heads are done together, so each cached key and value
-/// row is read once for all of them rather than once per query head (at a few hundred positions the cache is
-/// megabytes per step).
+/// The `g` query heads of sequence `bi` that share kv head `kv`, over the cached `positions`: per head the
+/// largest score `max`, `sum` = Σ e^(score − max) and `acc` (`[g, hd]`) = Σ e^(score − max)·v, so that ranges
+/// combine into softmax(q·Kᵀ·scale)·V (see [`attend_cached`]); `None` if a cache row is out of range. The heads
+/// are done together, so each cached key and value row is read once for all of them rather than once per
+/// query head (at a few hundred positions the cache is megabytes per step).
 ///
 /// `AVX2`: the caller runs with AVX2 and FMA, so the scores may use [`dot4_avx2`].
 #[inline(always)]
-fn attend<const AVX2: bool>(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) -> Option<()> {
-    let (hd, g, t) = (h.hd, h.g, h.t);
+fn attend<const AVX2: bool>(
+    h: &Heads,
+    bi: usize,
+    kv: usize,
+    positions: std::ops::Range<usize>,
+    acc: &mut [f32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) -> Option<()> {
+    let (hd, g) = (h.hd, h.g);
+    let (start, t) = (positions.start, positions.len());
     let mut p = vec![0f32; g * t];
     let first = bi * h.nh + kv * g;
-    let kb = h.k0 + bi * h.ks[0] + kv * h.ks[1];
-    let vb = h.v0 + bi * h.vs[0] + kv * h.vs[1];
+    let kb = h.k0 + bi * h.ks[0] + kv * h.ks[1] + start * h.ks[2];
+    let vb = h.v0 + bi * h.vs[0] + kv * h.vs[1] + start * h.vs[2];
     // Positions scored so far; only the x86 fast path below advances it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
@@ -1269,18 +1338,21 @@ fn attend<const AVX2: bool>(h: &Heads, bi: usize, kv: usize, out: &mut [f32]) ->
             p[j * t + ti] = dot(qrow, krow) * h.scale;
         }
     }
-    for pj in p.chunks_exact_mut(t) {
-        let max = pj.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-        let mut sum = 0f32;
+    for ((pj, m), s) in p
+        .chunks_exact_mut(t.max(1))
+        .zip(max.iter_mut())
+        .zip(sum.iter_mut())
+    {
+        *m = pj.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+        *s = 0.0;
         for v in pj.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
+            *v = (*v - *m).exp();
+            *s += *v;
         }
-        pj.iter_mut().for_each(|v| *v /= sum);
     }
     for ti in 0..t {
         let vrow = h.vd.get(vb + ti * h.vs[2]..vb + ti * h.vs[2] + hd)?;
-        for (j, orow) in out.chunks_exact_mut(hd).enumerate() {
+        for (j, orow) in acc.chunks_exact_mut(hd).enumerate() {
             let w = p[j * t + ti];
             for (o, x) in orow.iter_mut().zip(vrow) {
                 *o += w * x;

@@ -9,7 +9,7 @@
 //! formulas in the same precision, so the two agree up to the order of float additions (tests compare them).
 
 use super::*;
-use crate::model::q8::QuantizedRows;
+use crate::model::q8::{QuantizedRows, matmul_quantized};
 
 /// Buffers of one decode step, each the size of one activation.
 struct Step {
@@ -71,19 +71,11 @@ impl Transformer {
         for (li, blk) in self.blocks.iter().enumerate() {
             let pair = |t| lora.and_then(|set| set.get(li, t));
             rms_norm_into(&s.x, &blk.attn_norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
-            let xq = QuantizedInput::new(&s.normed, [&blk.q, &blk.k, &blk.v])?;
-            let (q, (k, v)) = rayon::join(
-                || blk.q.forward_into(&xq, pair(LoraTarget::Q), &mut s.q),
-                || {
-                    (
-                        blk.k.forward_into(&xq, pair(LoraTarget::K), &mut s.k),
-                        blk.v.forward_into(&xq, pair(LoraTarget::V), &mut s.v),
-                    )
-                },
-            );
-            q?;
-            k?;
-            v?;
+            QuantizedInput::new(&s.normed).project(vec![
+                (&blk.q, pair(LoraTarget::Q), &mut s.q),
+                (&blk.k, pair(LoraTarget::K), &mut s.k),
+                (&blk.v, pair(LoraTarget::V), &mut s.v),
+            ])?;
             if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
                 let (qn, kn) = (qn.to_vec1()?, kn.to_vec1()?);
                 for head in s.q.chunks_exact_mut(hd) {
@@ -100,40 +92,37 @@ impl Transformer {
                 &Tensor::from_slice(&s.k, (1, nkv, 1, hd), &Device::Cpu)?,
                 &Tensor::from_slice(&s.v, (1, nkv, 1, hd), &Device::Cpu)?,
             )?;
-            s.context.fill(0.0);
             if attend_cached(&s.q, &kc, &vc, nh / nkv, &mut s.context).is_none() {
                 return Err(ModelError::Input(
                     "decode: the key/value cache does not have the model's layout".into(),
                 ));
             }
-            let xq = QuantizedInput::new(&s.context, [&blk.o])?;
-            blk.o.forward_into(&xq, pair(LoraTarget::O), &mut s.out)?;
+            QuantizedInput::new(&s.context).project(vec![(
+                &blk.o,
+                pair(LoraTarget::O),
+                &mut s.out,
+            )])?;
             add_into(&mut s.x, &s.out);
             rms_norm_into(&s.x, &blk.ffn_norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
-            let xq = QuantizedInput::new(&s.normed, [&blk.gate, &blk.up])?;
-            let (g, u) = rayon::join(
-                || {
-                    blk.gate
-                        .forward_into(&xq, pair(LoraTarget::Gate), &mut s.gate)
-                },
-                || blk.up.forward_into(&xq, pair(LoraTarget::Up), &mut s.up),
-            );
-            g?;
-            u?;
+            QuantizedInput::new(&s.normed).project(vec![
+                (&blk.gate, pair(LoraTarget::Gate), &mut s.gate),
+                (&blk.up, pair(LoraTarget::Up), &mut s.up),
+            ])?;
             // SiLU(gate)·up, as candle's `silu` writes it: x / (1 + e^-x).
             for (g, u) in s.gate.iter_mut().zip(&s.up) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
-            let xq = QuantizedInput::new(&s.gate, [&blk.down])?;
-            blk.down
-                .forward_into(&xq, pair(LoraTarget::Down), &mut s.out)?;
+            QuantizedInput::new(&s.gate).project(vec![(
+                &blk.down,
+                pair(LoraTarget::Down),
+                &mut s.out,
+            )])?;
             add_into(&mut s.x, &s.out);
         }
         cache.len += 1;
         rms_norm_into(&s.x, &self.norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
         let mut logits = vec![0f32; cfg.vocab_size];
-        let xq = QuantizedInput::new(&s.normed, [&self.head])?;
-        self.head.forward_into(&xq, None, &mut logits)?;
+        QuantizedInput::new(&s.normed).project(vec![(&self.head, None, &mut logits)])?;
         Ok(Tensor::from_vec(
             logits,
             (1, 1, cfg.vocab_size),
@@ -142,53 +131,68 @@ impl Transformer {
     }
 }
 
-/// A projection input, quantized once when any weight that reads it is Q8_0.
-pub(super) struct QuantizedInput<'a> {
+/// A projection input and, made on first use, its Q8_0 quantization: each stage's products share it.
+struct QuantizedInput<'a> {
     x: &'a [f32],
-    q8: Option<QuantizedRows>,
+    q8: std::cell::OnceCell<QuantizedRows>,
 }
+
+/// One product of a stage: the layer, its adapter pair if any, and where its output goes.
+type Projection<'l, 'y> = (&'l QLinear, Option<&'l LoraPair>, &'y mut [f32]);
 
 impl<'a> QuantizedInput<'a> {
-    fn new<const N: usize>(x: &'a [f32], readers: [&QLinear; N]) -> Result<Self> {
-        let q8 = readers
-            .iter()
-            .any(|l| matches!(&l.weight, Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0))
-            .then(|| QuantizedRows::new(x, x.len()))
-            .transpose()
-            .map_err(ModelError::Input)?;
-        Ok(Self { x, q8 })
+    fn new(x: &'a [f32]) -> Self {
+        Self {
+            x,
+            q8: std::cell::OnceCell::new(),
+        }
     }
-}
 
-impl QLinear {
-    /// `y = W·x (+ scale·B·A·x, · DoRA factor)` for one row: through the Q8_0 kernel on the shared quantized
-    /// input where it applies, else through [`QLinear::forward`].
-    fn forward_into(
-        &self,
-        x: &QuantizedInput,
-        lora: Option<&LoraPair>,
-        y: &mut [f32],
-    ) -> Result<()> {
-        let dora = match lora {
-            Some(p) => self.dora_factor(p)?,
-            None => None,
-        };
-        if let (Weight::Quant(q), Some(xq)) = (&self.weight, &x.q8)
-            && q.dtype() == GgmlDType::Q8_0
-            && q8_0_into(q, x.x, xq, lora, dora.as_ref(), y)?
-        {
-            return Ok(());
+    fn q8(&self) -> Result<&QuantizedRows> {
+        if let Some(q) = self.q8.get() {
+            return Ok(q);
         }
-        let t = Tensor::from_slice(x.x, (1, x.x.len()), &Device::Cpu)?;
-        let out = self.forward(&t, lora)?.flatten_all()?.to_vec1::<f32>()?;
-        if out.len() != y.len() {
-            return Err(ModelError::Input(format!(
-                "decode: a projection gave {} values for {}",
-                out.len(),
-                y.len()
-            )));
+        let q = QuantizedRows::new(self.x, self.x.len()).map_err(ModelError::Input)?;
+        Ok(self.q8.get_or_init(|| q))
+    }
+
+    /// `y = W·x (+ scale·B·A·x, · DoRA factor)` for each projection of a stage: the Q8_0 weights through the
+    /// kernel on the input quantized once, then their adapters; other weights through [`QLinear::forward`].
+    fn project(&self, outs: Vec<Projection>) -> Result<()> {
+        let (mut fused, mut rest) = (Vec::new(), Vec::new());
+        for (lin, pair, y) in outs {
+            match &lin.weight {
+                Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0 => {
+                    fused.push((lin, q.data()?, pair, y))
+                }
+                _ => rest.push((lin, pair, y)),
+            }
         }
-        y.copy_from_slice(&out);
+        for (_, w, _, y) in &mut fused {
+            let n_out = y.len();
+            matmul_quantized(w, n_out, self.q8()?, y).map_err(ModelError::Input)?;
+        }
+        for (lin, _, pair, y) in fused {
+            let dora = match pair {
+                Some(p) => lin.dora_factor(p)?,
+                None => None,
+            };
+            if !adapt_rows(self.x, pair, dora.as_ref(), y) {
+                rest.push((lin, pair, y));
+            }
+        }
+        for (lin, pair, y) in rest {
+            let t = Tensor::from_slice(self.x, (1, self.x.len()), &Device::Cpu)?;
+            let out = lin.forward(&t, pair)?.flatten_all()?.to_vec1::<f32>()?;
+            if out.len() != y.len() {
+                return Err(ModelError::Input(format!(
+                    "decode: a projection gave {} values for {}",
+                    out.len(),
+                    y.len()
+                )));
+            }
+            y.copy_from_slice(&out);
+        }
         Ok(())
     }
 }
