@@ -146,9 +146,22 @@ pub fn matmul_quantized(
         ));
     }
     let rows = &x.rows;
-    // Computed output-row major ([n_out, m]) so threads own disjoint slices: that is `y` itself for one row
-    // (decode; for the output head a second 200 KB buffer and its copy per token), transposed into `y` after
-    // for more.
+    // Few rows (decode, small batches) split the weight rows across threads, so the weights stream from memory
+    // once; computed output-row major ([n_out, m]) so that threads own disjoint slices, which is `y` itself for
+    // one row and is transposed into `y` after for more. Many rows (prefill) split the input rows instead: each
+    // thread writes whole rows of `y` in place, and re-reads weights that the cache mostly holds.
+    if m >= SPLIT_INPUT_ROWS {
+        let threads = rayon::current_num_threads();
+        let per = m.div_ceil(threads);
+        use rayon::prelude::*;
+        y.par_chunks_mut(per * n_out)
+            .zip(rows.par_chunks(per))
+            .for_each(|(y, rows)| {
+                let layout = OutLayout::by_input_row(n_out);
+                dot_rows(w, n_out, k, rows, y, layout);
+            });
+        return Ok(());
+    }
     if m == 1 {
         dot_rows_split(w, n_out, k, rows, y);
         return Ok(());
@@ -163,7 +176,41 @@ pub fn matmul_quantized(
     Ok(())
 }
 
-/// [`dot_rows`] over all `n_out` rows, split across the current rayon pool when the matrix is large enough.
+/// From this many input rows [`matmul_quantized`] splits the input rows across threads, not the weight rows.
+const SPLIT_INPUT_ROWS: usize = 16;
+
+/// Where the kernel writes the product of weight row `o` and input row `r`.
+#[derive(Clone, Copy, Debug)]
+struct OutLayout {
+    per_output: usize,
+    per_input_row: usize,
+}
+
+impl OutLayout {
+    /// `[n_out, m]`: output-row major, for `m` input rows.
+    fn by_output(m: usize) -> Self {
+        Self {
+            per_output: m,
+            per_input_row: 1,
+        }
+    }
+
+    /// `[m, n_out]`: the layout of `y`.
+    fn by_input_row(n_out: usize) -> Self {
+        Self {
+            per_output: 1,
+            per_input_row: n_out,
+        }
+    }
+
+    #[inline(always)]
+    fn at(self, o: usize, r: usize) -> usize {
+        o * self.per_output + r * self.per_input_row
+    }
+}
+
+/// [`dot_rows`] over all `n_out` rows, split across the current rayon pool when the matrix is large enough;
+/// `out` is `[n_out, m]`.
 fn dot_rows_split(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
     let m = rows.len();
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
@@ -183,10 +230,11 @@ fn dot_rows_split(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], out: &mut
                     k,
                     rows,
                     chunk,
+                    OutLayout::by_output(m),
                 );
             });
     } else {
-        dot_rows(w, n_out, k, rows, out);
+        dot_rows(w, n_out, k, rows, out, OutLayout::by_output(m));
     }
 }
 
@@ -203,25 +251,31 @@ pub(crate) fn avx2_usable() -> bool {
     }
 }
 
-/// `out[o * m + r]` for `n` weight rows in `w`.
-fn dot_rows(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
+/// The products of `n` weight rows in `w` with every input row, at `out[layout.at(o, r)]`.
+fn dot_rows(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32], layout: OutLayout) {
     #[cfg(target_arch = "x86_64")]
     {
         if x86::usable() {
             // SAFETY: the CPU has AVX2 and FMA (checked by `usable`); sizes were checked by `matmul`.
-            unsafe { x86::dot_rows(w, n, k, rows, out) };
+            unsafe { x86::dot_rows(w, n, k, rows, out, layout) };
             return;
         }
     }
-    dot_rows_scalar(w, n, k, rows, out);
+    dot_rows_scalar(w, n, k, rows, out, layout);
 }
 
 fn block_scale(b: &[u8]) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
 }
 
-fn dot_rows_scalar(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
-    let m = rows.len();
+fn dot_rows_scalar(
+    w: &[u8],
+    n: usize,
+    k: usize,
+    rows: &[QuantRow],
+    out: &mut [f32],
+    layout: OutLayout,
+) {
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
     for o in 0..n {
         let wrow = &w[o * row_bytes..(o + 1) * row_bytes];
@@ -236,7 +290,7 @@ fn dot_rows_scalar(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f
                     .sum();
                 acc += block_scale(wb) * x.d[b] * s as f32;
             }
-            out[o * m + r] = acc;
+            out[layout.at(o, r)] = acc;
         }
     }
 }
@@ -246,7 +300,7 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
-    use super::{BLOCK_BYTES, QK8_0, QuantRow};
+    use super::{BLOCK_BYTES, OutLayout, QK8_0, QuantRow};
 
     /// [`super::quantize_row`] compiled with AVX2.
     ///
@@ -415,13 +469,20 @@ mod x86 {
     /// # Safety
     /// AVX2 and FMA must be available; `w` holds `n` rows of `k / 32` blocks, each row in `rows` has `k`
     /// quantized values, and `out` has `n * rows.len()` slots.
-    pub unsafe fn dot_rows(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
+    pub unsafe fn dot_rows(
+        w: &[u8],
+        n: usize,
+        k: usize,
+        rows: &[QuantRow],
+        out: &mut [f32],
+        layout: OutLayout,
+    ) {
         // SAFETY: the caller's guarantees, plus the VNNI instructions where `isa()` found them.
         unsafe {
             match isa() {
-                AVX_VNNI => dot_rows_avx_vnni(w, n, k, rows, out),
-                AVX512_VNNI => dot_rows_avx512_vnni(w, n, k, rows, out),
-                _ => dot_rows_avx2(w, n, k, rows, out),
+                AVX_VNNI => dot_rows_avx_vnni(w, n, k, rows, out, layout),
+                AVX512_VNNI => dot_rows_avx512_vnni(w, n, k, rows, out, layout),
+                _ => dot_rows_avx2(w, n, k, rows, out, layout),
             }
         }
     }
@@ -435,11 +496,12 @@ mod x86 {
         rows: &[QuantRow],
     ) -> Vec<(&'static str, Vec<f32>)> {
         let mut outs = Vec::new();
-        let mut run = |name, f: unsafe fn(&[u8], usize, usize, &[QuantRow], &mut [f32])| {
+        type Path = unsafe fn(&[u8], usize, usize, &[QuantRow], &mut [f32], OutLayout);
+        let mut run = |name, f: Path| {
             let mut out = vec![0f32; n * rows.len()];
             // SAFETY: each path is run only where `usable` and the feature checks below found its instructions;
             // the sizes are the caller's (as for `dot_rows`).
-            unsafe { f(w, n, k, rows, &mut out) };
+            unsafe { f(w, n, k, rows, &mut out, OutLayout::by_output(rows.len())) };
             outs.push((name, out));
         };
         if usable() {
@@ -455,9 +517,16 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,avxvnni")]
-    unsafe fn dot_rows_avx_vnni(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
+    unsafe fn dot_rows_avx_vnni(
+        w: &[u8],
+        n: usize,
+        k: usize,
+        rows: &[QuantRow],
+        out: &mut [f32],
+        layout: OutLayout,
+    ) {
         // SAFETY: as for `dot_rows`.
-        unsafe { body::<AVX_VNNI>(w, n, k, rows, out) }
+        unsafe { body::<AVX_VNNI>(w, n, k, rows, out, layout) }
     }
 
     #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
@@ -467,15 +536,23 @@ mod x86 {
         k: usize,
         rows: &[QuantRow],
         out: &mut [f32],
+        layout: OutLayout,
     ) {
         // SAFETY: as for `dot_rows`.
-        unsafe { body::<AVX512_VNNI>(w, n, k, rows, out) }
+        unsafe { body::<AVX512_VNNI>(w, n, k, rows, out, layout) }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot_rows_avx2(w: &[u8], n: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
+    unsafe fn dot_rows_avx2(
+        w: &[u8],
+        n: usize,
+        k: usize,
+        rows: &[QuantRow],
+        out: &mut [f32],
+        layout: OutLayout,
+    ) {
         // SAFETY: as for `dot_rows`.
-        unsafe { body::<AVX2>(w, n, k, rows, out) }
+        unsafe { body::<AVX2>(w, n, k, rows, out, layout) }
     }
 
     /// # Safety
@@ -487,9 +564,9 @@ mod x86 {
         k: usize,
         rows: &[QuantRow],
         out: &mut [f32],
+        layout: OutLayout,
     ) {
         const G: usize = 8;
-        let m = rows.len();
         let blocks = k / QK8_0;
         let row_bytes = blocks * BLOCK_BYTES;
         let wp = w.as_ptr();
@@ -527,7 +604,7 @@ mod x86 {
                 }
                 for (j, a) in acc.iter().enumerate() {
                     // SAFETY: AVX is available.
-                    out[(o + j) * m + r] = unsafe { hsum(*a) };
+                    out[layout.at(o + j, r)] = unsafe { hsum(*a) };
                 }
             }
             o += G;
@@ -552,7 +629,7 @@ mod x86 {
                     }
                 }
                 // SAFETY: AVX is available.
-                out[o * m + r] = unsafe { hsum(acc) };
+                out[layout.at(o, r)] = unsafe { hsum(acc) };
             }
             o += 1;
         }
@@ -586,7 +663,8 @@ mod tests {
             .collect();
         let packed = pack(&w, k);
         let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
-        for m in 1..=5 {
+        // 20 rows: from 16, `matmul` splits the input rows and writes `y` in place.
+        for m in [1, 2, 3, 4, 5, 20] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| match i % 5 {
                     0 => -3.0,
@@ -596,7 +674,7 @@ mod tests {
                 .collect();
             let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
             let mut scalar = vec![0f32; n * m];
-            dot_rows_scalar(&packed, n, k, &rows, &mut scalar);
+            dot_rows_scalar(&packed, n, k, &rows, &mut scalar, OutLayout::by_output(m));
             let mut y = vec![0f32; m * n];
             matmul(&packed, n, k, &x, m, &mut y).unwrap();
             for r in 0..m {
