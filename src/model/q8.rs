@@ -1,4 +1,4 @@
-//! Q8_0 matrix products for decode (a few rows against a packed weight), faster than candle's.
+//! Q8_0 matrix products for serving (decode and prefill against packed weights), faster than candle's.
 //!
 //! Decode is bound by reading the weights: every token streams all of them once. candle 0.11's Q8_0 path
 //! reached ~41% of the read bandwidth here (SmolLM2: 31 tokens/s on one thread through the serve engine). This

@@ -1193,7 +1193,7 @@ fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) 
         let (acc, stats) = chunk.split_at_mut(g * hd);
         let (max, sum) = stats.split_at_mut(g);
         let positions = t * r / ranges..t * (r + 1) / ranges;
-        attend_dispatch(&heads, bi, kv, positions, acc, max, sum)
+        attend_dispatch(&heads, bi, kv, positions, Partial { acc, max, sum })
     };
     if ranges > 1 {
         use rayon::prelude::*;
@@ -1247,8 +1247,17 @@ struct Heads<'a> {
     scale: f32,
 }
 
-/// From this many cached positions, decode attention is split across threads (one task per kv head).
+/// From this many cached positions, decode attention is split across threads (a range of positions each).
 const PARALLEL_ATTENTION_POSITIONS: usize = 64;
+
+/// What [`attend`] leaves for one range of positions, per query head: the largest score `max`, `sum` =
+/// Σ e^(score − max) and `acc` (`[g, hd]`) = Σ e^(score − max)·v, so that ranges combine into
+/// softmax(q·Kᵀ·scale)·V (see [`attend_cached`]).
+struct Partial<'a> {
+    acc: &'a mut [f32],
+    max: &'a mut [f32],
+    sum: &'a mut [f32],
+}
 
 /// [`attend`] compiled for AVX2 and FMA when the CPU has them (the loops vectorize 8 wide; the baseline
 /// target has 4), else portable.
@@ -1257,18 +1266,16 @@ fn attend_dispatch(
     bi: usize,
     kv: usize,
     positions: std::ops::Range<usize>,
-    acc: &mut [f32],
-    max: &mut [f32],
-    sum: &mut [f32],
+    out: Partial,
 ) -> Option<()> {
     #[cfg(target_arch = "x86_64")]
     {
         if super::q8::avx2_usable() {
             // SAFETY: the CPU has AVX2 and FMA.
-            return unsafe { attend_avx2(h, bi, kv, positions, acc, max, sum) };
+            return unsafe { attend_avx2(h, bi, kv, positions, out) };
         }
     }
-    attend::<false>(h, bi, kv, positions, acc, max, sum)
+    attend::<false>(h, bi, kv, positions, out)
 }
 
 /// # Safety
@@ -1280,18 +1287,15 @@ unsafe fn attend_avx2(
     bi: usize,
     kv: usize,
     positions: std::ops::Range<usize>,
-    acc: &mut [f32],
-    max: &mut [f32],
-    sum: &mut [f32],
+    out: Partial,
 ) -> Option<()> {
-    attend::<true>(h, bi, kv, positions, acc, max, sum)
+    attend::<true>(h, bi, kv, positions, out)
 }
 
-/// The `g` query heads of sequence `bi` that share kv head `kv`, over the cached `positions`: per head the
-/// largest score `max`, `sum` = Σ e^(score − max) and `acc` (`[g, hd]`) = Σ e^(score − max)·v, so that ranges
-/// combine into softmax(q·Kᵀ·scale)·V (see [`attend_cached`]); `None` if a cache row is out of range. The heads
-/// are done together, so each cached key and value row is read once for all of them rather than once per
-/// query head (at a few hundred positions the cache is megabytes per step).
+/// The `g` query heads of sequence `bi` that share kv head `kv`, over the cached `positions`, into `out` (see
+/// [`Partial`]); `None` if a cache row is out of range. The heads are done together, so each cached key and
+/// value row is read once for all of them rather than once per query head (at a few hundred positions the
+/// cache is megabytes per step).
 ///
 /// `AVX2`: the caller runs with AVX2 and FMA, so the scores may use [`dot4_avx2`].
 #[inline(always)]
@@ -1300,9 +1304,7 @@ fn attend<const AVX2: bool>(
     bi: usize,
     kv: usize,
     positions: std::ops::Range<usize>,
-    acc: &mut [f32],
-    max: &mut [f32],
-    sum: &mut [f32],
+    out: Partial,
 ) -> Option<()> {
     let (hd, g) = (h.hd, h.g);
     let (start, t) = (positions.start, positions.len());
@@ -1340,6 +1342,7 @@ fn attend<const AVX2: bool>(
             p[j * t + ti] = dot(qrow, krow) * h.scale;
         }
     }
+    let Partial { acc, max, sum } = out;
     for ((pj, m), s) in p
         .chunks_exact_mut(t.max(1))
         .zip(max.iter_mut())
