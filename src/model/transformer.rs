@@ -211,7 +211,7 @@ impl QLinear {
         if let Weight::Quant(q) = &self.weight
             && q.dtype() == GgmlDType::Q8_0
             && no_grad
-            && let Some(y) = q8_0_decode(q, &x2, lora, dora.as_ref())?
+            && let Some(y) = q8_0_forward(q, &x2, lora, dora.as_ref())?
         {
             let mut out_dims = lead.to_vec();
             out_dims.push(self.out_features);
@@ -462,7 +462,7 @@ fn lora_rows<A: FactorValue, B: FactorValue>(p: &LoraRows<A, B>, x: &[f32], y: &
 /// `x·Wᵀ (+ scale·B·A·x)` for a Q8_0 weight through hearth's kernel in one pass and one tensor: the LoRA delta
 /// is added into the kernel's output buffer, where through candle it cost two tensors and an add per projection
 /// (~20% of a decode step with an adapter). `None` when an input is not contiguous f32 on CPU.
-fn q8_0_decode(
+fn q8_0_forward(
     q: &QTensor,
     x2: &Tensor,
     lora: Option<&LoraPair>,
@@ -482,7 +482,7 @@ fn q8_0_decode(
     }
 }
 
-/// [`q8_0_decode`] into `y` for `x` (rows of `in` values) already quantized as `xq`. `false` when a LoRA or
+/// [`q8_0_forward`] into `y` for `x` (rows of `in` values) already quantized as `xq`. `false` when a LoRA or
 /// DoRA tensor is not contiguous f32 on CPU; `y` then holds no usable result.
 fn q8_0_into(
     q: &QTensor,

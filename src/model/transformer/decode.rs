@@ -71,19 +71,21 @@ impl Transformer {
         };
         for (li, blk) in self.blocks.iter().enumerate() {
             let pair = |t| lora.and_then(|set| set.get(li, t));
-            rms_norm_into(&s.x, &blk.attn_norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
+            with_norm(&blk.attn_norm, |w| {
+                rms_norm_into(&s.x, w, cfg.rms_eps, &mut s.normed)
+            })?;
             QuantizedInput::new(&s.normed).project(vec![
                 (&blk.q, pair(LoraTarget::Q), &mut s.q),
                 (&blk.k, pair(LoraTarget::K), &mut s.k),
                 (&blk.v, pair(LoraTarget::V), &mut s.v),
             ])?;
             if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
-                let (qn, kn) = (qn.to_vec1()?, kn.to_vec1()?);
-                for head in s.q.chunks_exact_mut(hd) {
-                    rms_norm_in_place(head, &qn, cfg.rms_eps);
-                }
-                for head in s.k.chunks_exact_mut(hd) {
-                    rms_norm_in_place(head, &kn, cfg.rms_eps);
+                for (x, norm) in [(&mut s.q, qn), (&mut s.k, kn)] {
+                    with_norm(norm, |w| {
+                        for head in x.chunks_exact_mut(hd) {
+                            rms_norm_in_place(head, w, cfg.rms_eps);
+                        }
+                    })?;
                 }
             }
             rope(&mut s.q);
@@ -104,7 +106,9 @@ impl Transformer {
                 &mut s.out,
             )])?;
             add_into(&mut s.x, &s.out);
-            rms_norm_into(&s.x, &blk.ffn_norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
+            with_norm(&blk.ffn_norm, |w| {
+                rms_norm_into(&s.x, w, cfg.rms_eps, &mut s.normed)
+            })?;
             QuantizedInput::new(&s.normed).project(vec![
                 (&blk.gate, pair(LoraTarget::Gate), &mut s.gate),
                 (&blk.up, pair(LoraTarget::Up), &mut s.up),
@@ -121,7 +125,9 @@ impl Transformer {
             add_into(&mut s.x, &s.out);
         }
         cache.len += 1;
-        rms_norm_into(&s.x, &self.norm.to_vec1()?, cfg.rms_eps, &mut s.normed);
+        with_norm(&self.norm, |w| {
+            rms_norm_into(&s.x, w, cfg.rms_eps, &mut s.normed)
+        })?;
         let mut logits = vec![0f32; cfg.vocab_size];
         QuantizedInput::new(&s.normed).project(vec![(&self.head, None, &mut logits)])?;
         Ok(Tensor::from_vec(
@@ -196,6 +202,13 @@ impl<'a> QuantizedInput<'a> {
         }
         Ok(())
     }
+}
+
+/// Runs `f` on a norm weight's values where they lie (norm weights load as contiguous f32), not on a copy made
+/// every step.
+fn with_norm<R>(w: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    with_f32_slice(w, f)
+        .ok_or_else(|| ModelError::Input("decode: a norm weight is not contiguous f32".into()))
 }
 
 /// `y = x / rms(x) · w`, as candle's `rms_norm` computes it.
