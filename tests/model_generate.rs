@@ -213,12 +213,27 @@ fn streamed_text_always_equals_final_text() {
     }
 }
 
-/// Inside a pool of several threads, `generate` keeps the other threads spinning for each step's forks (see
-/// `with_spinning_pool`): every call returns, and the tokens equal those of one thread and of no pool at all.
+/// Inside a pool of several threads, `generate` keeps the other threads spinning for each step's splits (see
+/// `with_spinning_pool` and `model::team`): every call returns, and the tokens equal those of one thread and of
+/// no pool at all. The model is wide enough that every projection splits across threads (q alone is 2^16
+/// weights) and the prompt long enough that attention splits its positions too.
 #[test]
 fn generation_in_a_pool_of_any_size_gives_the_same_tokens() {
-    let (m, tok, _d) = setup();
-    let prompt = tok.encode("the cat sat on the mat", false).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wide.gguf");
+    let mut spec = TinySpec::new(Arch::Qwen3);
+    spec.dtype = GgmlDType::Q8_0;
+    (spec.hidden_size, spec.intermediate_size, spec.head_dim) = (256, 512, 64);
+    write_tiny_model(&path, &spec).unwrap();
+    let tok = Tokenizer::from_gguf_metadata(GgufFile::open(&path).unwrap().metadata()).unwrap();
+    let m = Transformer::from_gguf(&path).unwrap();
+    let prompt = tok
+        .encode(
+            &"the cat sat on the mat and then the dog sat on it. ".repeat(3),
+            false,
+        )
+        .unwrap();
+    assert!(prompt.len() >= 64, "{} prompt tokens", prompt.len());
     let cfg = GenerateConfig {
         max_tokens: 24,
         temperature: 0.9,

@@ -12,6 +12,7 @@ pub mod generate;
 pub mod gguf;
 pub mod lora;
 pub mod q8;
+pub mod team;
 pub mod tokenizer;
 pub mod transformer;
 

@@ -7,21 +7,26 @@
 //! the CPU has AVX-VNNI or AVX-512 VNNI, `vpdpbusd` on `w + 128` with the offset undone per block, keeps eight
 //! independent accumulator chains (eight weight rows at once, each activation block loaded once for all
 //! eight), prefetches 16 rows ahead in software (the interleaved short row streams do not train the hardware
-//! prefetcher; this alone doubled decode), and splits rows across the current rayon pool only when a matrix is
-//! large enough to pay for it. The activation is quantized to Q8_0 exactly as candle and llama.cpp do
+//! prefetcher; this alone doubled decode), and splits rows across threads (the decode team of `model::team`, or
+//! the current rayon pool) only when the work is large enough to pay for it. The activation is quantized to Q8_0 exactly as candle and llama.cpp do
 //! (d = amax/127, round to nearest), so results match theirs up to the order of float additions. Other CPUs
 //! get a portable scalar loop.
+
+use crate::model::team::SharedSlice;
 
 /// Weights per Q8_0 block.
 pub const QK8_0: usize = 32;
 /// Bytes per Q8_0 block: an f16 scale and 32 int8.
 pub const BLOCK_BYTES: usize = 34;
 
-/// Below this many weights in a matrix, one thread does it all: a rayon hand-off costs microseconds. Decode
+/// Below this many weights in a split, one thread does it all: a rayon hand-off costs microseconds. Decode
 /// keeps the pool's other threads spinning (`generate`), so a hand-off is cheap there and each core's own
 /// read bandwidth is the limit: splitting SmolLM2's 576×576 projections too measured ~4% faster per step
 /// on 2 threads than from 2^19 weights.
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
+
+/// Weight rows the kernel computes together (eight accumulator chains).
+const ROW_GROUP: usize = 8;
 
 /// One activation row quantized to Q8_0: per block a scale and 32 int8.
 struct QuantRow {
@@ -176,6 +181,73 @@ pub fn matmul_quantized(
     Ok(())
 }
 
+/// [`matmul_quantized`] of one input against several weights (`(w, y)` pairs, `n_out = y.len()`), as one
+/// parallel split over all their rows: q, k and v (or gate and up) then cost one hand-off between threads
+/// instead of three (or two), and the small k and v matrices no longer split on their own.
+pub fn matvec_quantized_many(
+    x: &QuantizedRows,
+    products: &mut [(&[u8], &mut [f32])],
+) -> Result<(), String> {
+    let k = x.k;
+    let row_bytes = k / QK8_0 * BLOCK_BYTES;
+    if x.rows.len() != 1 {
+        return Err(format!("q8_0 matvec: {} input rows, not one", x.rows.len()));
+    }
+    let mut weights = 0;
+    for (w, y) in products.iter() {
+        if w.len() != y.len() * row_bytes {
+            return Err(format!(
+                "q8_0 matvec: sizes do not agree (w {} bytes for {}x{k})",
+                w.len(),
+                y.len()
+            ));
+        }
+        weights += y.len() * k;
+    }
+    if rayon::current_num_threads() == 1 || weights < PARALLEL_MIN_WEIGHTS {
+        for (w, y) in products.iter_mut() {
+            dot_rows(w, y.len(), k, &x.rows, y, OutLayout::by_output(1));
+        }
+        return Ok(());
+    }
+    // Items are row groups numbered across the products in order; a range may span two products.
+    let parts: Vec<(&[u8], usize, SharedSlice<f32>)> = products
+        .iter_mut()
+        .map(|(w, y)| (*w, y.len(), SharedSlice::new(y)))
+        .collect();
+    let total: usize = parts.iter().map(|p| p.1.div_ceil(ROW_GROUP)).sum();
+    crate::model::team::for_each_range(total, |items| {
+        let mut first_group = 0;
+        for (w, n_out, y) in &parts {
+            let groups = n_out.div_ceil(ROW_GROUP);
+            let (a, b) = (
+                items.start.max(first_group) - first_group,
+                items
+                    .end
+                    .min(first_group + groups)
+                    .saturating_sub(first_group),
+            );
+            first_group += groups;
+            if a >= b {
+                continue;
+            }
+            let (first, end) = (a * ROW_GROUP, (b * ROW_GROUP).min(*n_out));
+            // SAFETY: `products` borrows every `y` mutably for this whole call, and item ranges are disjoint, so
+            // the rows `first..end` of this product are written by this range alone.
+            let out = unsafe { y.part(first..end) };
+            dot_rows(
+                &w[first * row_bytes..end * row_bytes],
+                end - first,
+                k,
+                &x.rows,
+                out,
+                OutLayout::by_output(1),
+            );
+        }
+    });
+    Ok(())
+}
+
 /// From this many input rows [`matmul_quantized`] splits the input rows across threads, not the weight rows.
 const SPLIT_INPUT_ROWS: usize = 16;
 
@@ -216,23 +288,18 @@ fn dot_rows_split(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], out: &mut
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
     let threads = rayon::current_num_threads();
     if threads > 1 && n_out * k >= PARALLEL_MIN_WEIGHTS {
-        use rayon::prelude::*;
-        // One chunk per thread, in whole row groups: decode matrices are too small for finer balancing to pay.
-        let chunk_rows = n_out.div_ceil(threads).next_multiple_of(8);
-        out.par_chunks_mut(chunk_rows * m)
-            .enumerate()
-            .for_each(|(i, chunk)| {
-                let first = i * chunk_rows;
-                let n = chunk.len() / m;
-                dot_rows(
-                    &w[first * row_bytes..(first + n) * row_bytes],
-                    n,
-                    k,
-                    rows,
-                    chunk,
-                    OutLayout::by_output(m),
-                );
-            });
+        // Items of eight weight rows (the kernel's row group), dealt in shrinking ranges as threads come free.
+        crate::model::team::items_mut(out, ROW_GROUP * m, |first, part| {
+            let (first, n) = (first * ROW_GROUP, part.len() / m);
+            dot_rows(
+                &w[first * row_bytes..(first + n) * row_bytes],
+                n,
+                k,
+                rows,
+                part,
+                OutLayout::by_output(m),
+            );
+        });
     } else {
         dot_rows(w, n_out, k, rows, out, OutLayout::by_output(m));
     }

@@ -1196,11 +1196,17 @@ fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) 
         attend_dispatch(&heads, bi, kv, positions, Partial { acc, max, sum })
     };
     if ranges > 1 {
-        use rayon::prelude::*;
-        partials
-            .par_chunks_mut(part)
-            .enumerate()
-            .try_for_each(|(i, chunk)| task(i, chunk))?;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        crate::model::team::items_mut(&mut partials, part, |first, tasks| {
+            for (i, chunk) in tasks.chunks_mut(part).enumerate() {
+                if task(first + i, chunk).is_none() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        if failed.into_inner() {
+            return None;
+        }
     } else {
         for (i, chunk) in partials.chunks_mut(part).enumerate() {
             task(i, chunk)?;

@@ -10,7 +10,7 @@
 //! precision, so the two agree up to the order of float additions (tests compare them).
 
 use super::*;
-use crate::model::q8::{QuantizedRows, matmul_quantized};
+use crate::model::q8::{QuantizedRows, matvec_quantized_many};
 
 /// Buffers of one decode step, each the size of one activation.
 struct Step {
@@ -175,9 +175,12 @@ impl<'a> QuantizedInput<'a> {
                 _ => rest.push((lin, pair, y)),
             }
         }
-        for (_, w, _, y) in &mut fused {
-            let n_out = y.len();
-            matmul_quantized(w, n_out, self.q8()?, y).map_err(ModelError::Input)?;
+        if !fused.is_empty() {
+            let mut products: Vec<(&[u8], &mut [f32])> = fused
+                .iter_mut()
+                .map(|(_, w, _, y)| (&w[..], &mut **y))
+                .collect();
+            matvec_quantized_many(self.q8()?, &mut products).map_err(ModelError::Input)?;
         }
         for (lin, _, pair, y) in fused {
             let dora = match pair {
