@@ -239,6 +239,34 @@ fn names_and_addresses() {
     ));
 }
 
+/// Given names of many languages alone, with no cue around them, and a listed given name before a family
+/// name that spells like an English word (the spelling model must not veto it); a given name that is also a
+/// place, before a common word, stays a place.
+#[test]
+fn given_names_of_many_languages() {
+    let r = red();
+    for (text, name) in [
+        ("Katrine will bring the slides.", "Katrine"),
+        ("I asked Vsevolod about the deadline.", "Vsevolod"),
+        ("Luiza sent the draft yesterday.", "Luiza"),
+        ("Tomorrow Jouko takes the early shift.", "Jouko"),
+        ("Margaret Hoover is on the invite list.", "Margaret Hoover"),
+        ("Please call Catherine Butcher back.", "Catherine Butcher"),
+    ] {
+        assert!(
+            has(&r, text, name, PiiType::Person),
+            "{text}: {:?}",
+            types(&r, text)
+        );
+    }
+    let text = "Meet me at Victoria Station tomorrow.";
+    assert!(
+        !types(&r, text).iter().any(|(_, t)| *t == PiiType::Person),
+        "{:?}",
+        types(&r, text)
+    );
+}
+
 /// International address shapes: number-last streets, separate street-type words, address
 /// blocks with region codes and quoted-mail prefixes, and cue-introduced streets.
 #[test]

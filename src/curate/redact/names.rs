@@ -788,6 +788,17 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             if (strong_cue || has_title) && evs[p..q].iter().all(|e| !e.blocker()) {
                 score = score.max(2.0);
             }
+            // `Margaret Hoover`: a listed given name (no common word or place) followed by words no list
+            // blocks is a full name; the spelling model only ranks unknown words, it does not veto a
+            // family name that happens to spell like an English word.
+            if words >= 2
+                && evs[p].first
+                && !evs[p].common
+                && !evs[p].place
+                && evs[p + 1..q].iter().all(|e| !e.common && !e.place)
+            {
+                score = score.max(2.0);
+            }
             if org {
                 score -= 4.0;
             }
