@@ -267,6 +267,31 @@ fn given_names_of_many_languages() {
     );
 }
 
+/// A building number and a house number that together read like a phone number belong to the street they
+/// run into; a phone number before other words stays a phone number.
+#[test]
+fn numbers_running_into_a_street_are_the_address() {
+    let r = red();
+    let text = "Our office is at 40417 3304 Oakridge St Apt. 12 Riverton";
+    let found = types(&r, text);
+    assert!(
+        found
+            .iter()
+            .any(|(v, t)| *t == PiiType::Address && v.starts_with("40417 3304 Oakridge St")),
+        "{found:?}"
+    );
+    assert!(
+        !found.iter().any(|(_, t)| *t == PiiType::Phone),
+        "{found:?}"
+    );
+    assert!(has(
+        &r,
+        "Call me at 555 1234 tomorrow.",
+        "555 1234",
+        PiiType::Phone
+    ));
+}
+
 /// International address shapes: number-last streets, separate street-type words, address
 /// blocks with region codes and quoted-mail prefixes, and cue-introduced streets.
 #[test]
