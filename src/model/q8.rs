@@ -7,10 +7,10 @@
 //! the CPU has AVX-VNNI or AVX-512 VNNI, `vpdpbusd` on `w + 128` with the offset undone per block, keeps eight
 //! independent accumulator chains (eight weight rows at once, each activation block loaded once for all
 //! eight), prefetches 16 rows ahead in software (the interleaved short row streams do not train the hardware
-//! prefetcher; this alone doubled decode), and splits rows across threads (the decode team of `model::team`, or
-//! the current rayon pool) only when the work is large enough to pay for it. The activation is quantized to Q8_0 exactly as candle and llama.cpp do
-//! (d = amax/127, round to nearest), so results match theirs up to the order of float additions. Other CPUs
-//! get a portable scalar loop.
+//! prefetcher; this alone doubled decode), and splits rows across threads (the decode team of `model::team`,
+//! or the current rayon pool) only when the work is large enough to pay for it. The activation is quantized
+//! to Q8_0 exactly as candle and llama.cpp do (d = amax/127, round to nearest), so results match theirs up to
+//! the order of float additions. Other CPUs get a portable scalar loop.
 
 use crate::model::team::SharedSlice;
 
@@ -232,8 +232,8 @@ pub fn matvec_quantized_many(
                 continue;
             }
             let (first, end) = (a * ROW_GROUP, (b * ROW_GROUP).min(*n_out));
-            // SAFETY: `products` borrows every `y` mutably for this whole call, and item ranges are disjoint, so
-            // the rows `first..end` of this product are written by this range alone.
+            // SAFETY: `products` borrows every `y` mutably for this whole call, and item ranges are disjoint,
+            // so the rows `first..end` of this product are written by this range alone.
             let out = unsafe { y.part(first..end) };
             dot_rows(
                 &w[first * row_bytes..end * row_bytes],

@@ -30,9 +30,9 @@ pub struct Team {
     threads: usize,
     /// Helpers that may be reading [`Team::task`]; the owner rewrites it only when none are.
     active: AtomicUsize,
-    /// A chunk panicked on a helper; the owner panics in its place once the stage ends.
+    /// A range panicked (on a helper or the owner); the owner panics once the stage has ended.
     panicked: AtomicBool,
-    /// The open stage's closure and chunk count. Written by the owner only while no helper is active and no
+    /// The open stage's closure and item count. Written by the owner only while no helper is active and no
     /// stage is open; read by helpers only while they are counted in `active` and the stage is open.
     task: UnsafeCell<Task>,
 }
@@ -74,9 +74,9 @@ impl Team {
         }
     }
 
-    /// Runs `f` with this team installed on the current thread: the splits `f` makes through [`for_each_range`] and
-    /// [`items_mut`] go through the team. Helpers must call [`Team::help`] meanwhile, or the caller does all
-    /// the work itself.
+    /// Runs `f` with this team installed on the current thread: the splits `f` makes through
+    /// [`for_each_range`] and [`items_mut`] go through the team. Helpers must call [`Team::help`] meanwhile,
+    /// or the caller does all the work itself.
     pub fn installed<R>(&self, f: impl FnOnce() -> R) -> R {
         struct Restore((*const Team, bool));
         impl Drop for Restore {
@@ -115,9 +115,9 @@ impl Team {
         }
     }
 
-    /// Claims and runs ranges of `task` until none are left; returns how many items this call ran. Claims shrink as the stage drains (a share of
-    /// what is left, as OpenMP's guided schedule deals): few claims while much is left, and the last ones
-    /// single items, so that no thread waits long for another's last range.
+    /// Claims and runs ranges of `task` until none are left; returns how many items this call ran. Claims
+    /// shrink as the stage drains (a share of what is left, as OpenMP's guided schedule deals): few claims
+    /// while much is left and single items at the end, so that no thread waits long for another's last range.
     fn claim(&self, task: Task) -> usize {
         let mut ran = 0;
         let mut start = self.next.load(Ordering::Relaxed);
@@ -145,7 +145,7 @@ impl Team {
     }
 
     /// Called in a helper's spin loop: joins the open stage, if one is open that this helper has not joined
-    /// yet (`seen` remembers the last), and runs chunks until none are left. Returns whether it ran any.
+    /// yet (`seen` remembers the last), and runs ranges until none are left. Returns whether it ran any.
     pub fn help(&self, seen: &mut usize) -> bool {
         let state = self.state.load(Ordering::Acquire);
         if state & 1 == 0 || state == *seen {
