@@ -1021,9 +1021,9 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             i += 1;
             continue;
         }
-        // `17031 2202 Rissik St`, `9543 1819 St. John Street`: building and house numbers that the structured
-        // pass read as a phone number. A phone number does not run into a street name, so the digits before
-        // the street's first word are the address's.
+        // `17031 2202 Rissik St`: building and house numbers that the structured pass read as a phone
+        // number. A phone number does not run into a street name, so the digits before the street's first
+        // word are the address's.
         if toks[s].kind == Kind::Num
             && let Some(first_word) = (s..e).find(|&k| toks[k].kind == Kind::Word)
         {
