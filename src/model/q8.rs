@@ -168,11 +168,11 @@ pub fn matmul_quantized(
         return Ok(());
     }
     if m == 1 {
-        dot_rows_split(w, n_out, k, rows, y);
+        dot_rows_split(k, rows, &mut [(w, y)]);
         return Ok(());
     }
     let mut out = vec![0f32; n_out * m];
-    dot_rows_split(w, n_out, k, rows, &mut out);
+    dot_rows_split(k, rows, &mut [(w, &mut out[..])]);
     for o in 0..n_out {
         for r in 0..m {
             y[r * n_out + o] = out[o * m + r];
@@ -193,7 +193,6 @@ pub fn matvec_quantized_many(
     if x.rows.len() != 1 {
         return Err(format!("q8_0 matvec: {} input rows, not one", x.rows.len()));
     }
-    let mut weights = 0;
     for (w, y) in products.iter() {
         if w.len() != y.len() * row_bytes {
             return Err(format!(
@@ -202,49 +201,8 @@ pub fn matvec_quantized_many(
                 y.len()
             ));
         }
-        weights += y.len() * k;
     }
-    if rayon::current_num_threads() == 1 || weights < PARALLEL_MIN_WEIGHTS {
-        for (w, y) in products.iter_mut() {
-            dot_rows(w, y.len(), k, &x.rows, y, OutLayout::by_output(1));
-        }
-        return Ok(());
-    }
-    // Items are row groups numbered across the products in order; a range may span two products.
-    let parts: Vec<(&[u8], usize, SharedSlice<f32>)> = products
-        .iter_mut()
-        .map(|(w, y)| (*w, y.len(), SharedSlice::new(y)))
-        .collect();
-    let total: usize = parts.iter().map(|p| p.1.div_ceil(ROW_GROUP)).sum();
-    crate::model::team::for_each_range(total, |items| {
-        let mut first_group = 0;
-        for (w, n_out, y) in &parts {
-            let groups = n_out.div_ceil(ROW_GROUP);
-            let (a, b) = (
-                items.start.max(first_group) - first_group,
-                items
-                    .end
-                    .min(first_group + groups)
-                    .saturating_sub(first_group),
-            );
-            first_group += groups;
-            if a >= b {
-                continue;
-            }
-            let (first, end) = (a * ROW_GROUP, (b * ROW_GROUP).min(*n_out));
-            // SAFETY: `products` borrows every `y` mutably for this whole call, and item ranges are disjoint,
-            // so the rows `first..end` of this product are written by this range alone.
-            let out = unsafe { y.part(first..end) };
-            dot_rows(
-                &w[first * row_bytes..end * row_bytes],
-                end - first,
-                k,
-                &x.rows,
-                out,
-                OutLayout::by_output(1),
-            );
-        }
-    });
+    dot_rows_split(k, &x.rows, products);
     Ok(())
 }
 
@@ -281,28 +239,54 @@ impl OutLayout {
     }
 }
 
-/// [`dot_rows`] over all `n_out` rows, split across the current rayon pool when the matrix is large enough;
-/// `out` is `[n_out, m]`.
-fn dot_rows_split(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], out: &mut [f32]) {
+/// [`dot_rows`] of every input row with all rows of each weight in `products` (`(w, out)` pairs, `out` being
+/// `[n_out, m]`), split across threads (the decode team of `model::team`, or the current rayon pool) when the
+/// weights together are large enough. Items are groups of eight weight rows (the kernel's row group) numbered
+/// across the products in order, dealt in shrinking ranges as threads come free; a range may span two products.
+fn dot_rows_split(k: usize, rows: &[QuantRow], products: &mut [(&[u8], &mut [f32])]) {
     let m = rows.len();
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
-    let threads = rayon::current_num_threads();
-    if threads > 1 && n_out * k >= PARALLEL_MIN_WEIGHTS {
-        // Items of eight weight rows (the kernel's row group), dealt in shrinking ranges as threads come free.
-        crate::model::team::items_mut(out, ROW_GROUP * m, |first, part| {
-            let (first, n) = (first * ROW_GROUP, part.len() / m);
+    let weights: usize = products.iter().map(|(_, out)| out.len() / m * k).sum();
+    if rayon::current_num_threads() == 1 || weights < PARALLEL_MIN_WEIGHTS {
+        for (w, out) in products.iter_mut() {
+            dot_rows(w, out.len() / m, k, rows, out, OutLayout::by_output(m));
+        }
+        return;
+    }
+    let parts: Vec<(&[u8], usize, SharedSlice<f32>)> = products
+        .iter_mut()
+        .map(|(w, out)| (*w, out.len() / m, SharedSlice::new(out)))
+        .collect();
+    let total: usize = parts.iter().map(|p| p.1.div_ceil(ROW_GROUP)).sum();
+    crate::model::team::for_each_range(total, |items| {
+        let mut first_group = 0;
+        for (w, n_out, out) in &parts {
+            let groups = n_out.div_ceil(ROW_GROUP);
+            let (a, b) = (
+                items.start.max(first_group) - first_group,
+                items
+                    .end
+                    .min(first_group + groups)
+                    .saturating_sub(first_group),
+            );
+            first_group += groups;
+            if a >= b {
+                continue;
+            }
+            let (first, end) = (a * ROW_GROUP, (b * ROW_GROUP).min(*n_out));
+            // SAFETY: `products` borrows every `out` mutably for this whole call, and item ranges are
+            // disjoint, so the weight rows `first..end` of this product are written by this range alone.
+            let part = unsafe { out.part(first * m..end * m) };
             dot_rows(
-                &w[first * row_bytes..(first + n) * row_bytes],
-                n,
+                &w[first * row_bytes..end * row_bytes],
+                end - first,
                 k,
                 rows,
                 part,
                 OutLayout::by_output(m),
             );
-        });
-    } else {
-        dot_rows(w, n_out, k, rows, out, OutLayout::by_output(m));
-    }
+        }
+    });
 }
 
 /// Whether the CPU has AVX2 and FMA: what this module's fast paths (and the decode loops in
@@ -755,6 +739,58 @@ mod tests {
                 for (i, (&a, &b)) in out.iter().zip(&scalar).enumerate() {
                     assert!(close(a, b), "{isa} m={m} slot {i}: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    /// Split across threads (weights over `PARALLEL_MIN_WEIGHTS`, in a pool of three), one or several input
+    /// rows, and several products split as one: every output equals the unsplit kernel's bit for bit (each
+    /// weight row is computed whole by one thread), including products whose row counts are no multiple of 8.
+    #[test]
+    fn split_products_equal_the_unsplit_kernel() {
+        let k = 128;
+        let sizes = [301, 5, 230];
+        let weights: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(p, &n)| {
+                let w: Vec<f32> = (0..n * k)
+                    .map(|i| (((i + p) * 7919 % 255) as f32 - 127.0) / 13.0)
+                    .collect();
+                pack(&w, k)
+            })
+            .collect();
+        assert!(sizes.iter().sum::<usize>() * k >= PARALLEL_MIN_WEIGHTS);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for m in [1, 3] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 31 % 23) as f32 - 11.0) / 7.0)
+                .collect();
+            let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
+            let alone: Vec<Vec<f32>> = weights
+                .iter()
+                .zip(sizes)
+                .map(|(w, n)| {
+                    let mut out = vec![0f32; n * m];
+                    dot_rows(w, n, k, &rows, &mut out, OutLayout::by_output(m));
+                    out
+                })
+                .collect();
+            let mut outs: Vec<Vec<f32>> = sizes.iter().map(|n| vec![f32::NAN; n * m]).collect();
+            pool.install(|| {
+                let mut products: Vec<(&[u8], &mut [f32])> = weights
+                    .iter()
+                    .zip(outs.iter_mut())
+                    .map(|(w, o)| (&w[..], &mut o[..]))
+                    .collect();
+                dot_rows_split(k, &rows, &mut products);
+            });
+            for (p, (a, b)) in outs.iter().zip(&alone).enumerate() {
+                let same = a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "m={m}, product {p}");
             }
         }
     }
