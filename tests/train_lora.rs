@@ -3,11 +3,12 @@
 
 mod train_util;
 
-use candle_core::{D, Device, Tensor, Var};
+use candle_core::{D, Device, Tensor};
 use hearth::model::lora::LoraTarget;
 use hearth::model::{ChatMessage, GenerateConfig, Role, encode_chat, generate};
+use hearth::train::data::Seq;
 use hearth::train::data::encode_turns;
-use hearth::train::loss::{gather_logps, masked_nll};
+use hearth::train::loss::{masked_nll, token_logps};
 use hearth::train::{LoraTrainer, TrainConfig};
 use sha2::{Digest, Sha256};
 use train_util::*;
@@ -76,33 +77,98 @@ fn base_unchanged_by_a_fresh_adapter_bitwise() {
     assert_eq!(logits(&m, Some(&fresh)), logits(&m, None));
 }
 
+/// Through the trainer's own path (`token_logps`, whose head projects scored positions only): unscored
+/// positions get log-prob 0 and no part of the loss, and every LoRA gradient equals the gradient of the
+/// reference composition (all logits, log-softmax, gather, times the mask). Scoring every position instead
+/// changes the gradients, so a mask the loss ignored would fail here.
 #[test]
 fn masked_tokens_contribute_zero_gradient() {
-    let (l, v) = (6, 11);
-    let data: Vec<f32> = (0..l * v).map(|i| ((i * 37) % 17) as f32 * 0.1).collect();
-    let logits =
-        Var::from_tensor(&Tensor::from_vec(data, (1, l, v), &Device::Cpu).unwrap()).unwrap();
-    let targets = Tensor::from_vec(vec![3u32, 1, 4, 1, 5, 9], (1, l, 1), &Device::Cpu).unwrap();
-    let mask_v = [0f32, 0., 1., 1., 0., 1.];
-    let mask = Tensor::from_vec(mask_v.to_vec(), (1, l), &Device::Cpu).unwrap();
-    let lp = gather_logps(logits.as_tensor(), &targets).unwrap();
-    let loss = masked_nll(&lp, &mask).unwrap();
-    let g = loss.backward().unwrap();
-    let g = g.get(logits.as_tensor()).unwrap().squeeze(0).unwrap();
-    for (t, m) in mask_v.iter().enumerate() {
-        let row = g.get(t).unwrap().abs().unwrap().sum_all().unwrap();
-        let s = row.to_scalar::<f32>().unwrap();
-        if *m == 0.0 {
-            assert_eq!(s, 0.0, "masked position {t} got gradient");
-        } else {
-            assert!(s > 0.0, "scored position {t} got no gradient");
-        }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, _) = tiny(dir.path());
+    let cfg = hearth::model::LoraConfig::new(4, 8.0, &LoraTarget::ALL);
+    // B random too, so that A gets gradients as well.
+    let zero_b = hearth::model::LoraSet::fresh(&m, cfg.clone(), 3).unwrap();
+    let mut fresh = hearth::model::LoraSet::empty(cfg);
+    for (&(l, t), p) in zero_b.iter() {
+        let b = Tensor::randn(0f32, 0.1, p.b.dims(), &Device::Cpu).unwrap();
+        fresh.insert(l, t, hearth::model::LoraPair::new(p.a.clone(), b, p.scale));
     }
-    // The loss is the mean NLL over scored positions only.
-    let lps = lp.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
-    let want = -(lps[2] + lps[3] + lps[5]) / 3.0;
-    assert!((loss.to_scalar::<f32>().unwrap() - want).abs() < 1e-6);
-    let _ = D::Minus1;
+    let ids: Vec<u32> = (0..24u32).map(|i| (i * 53 + 3) % 290).collect();
+    let mask: Vec<bool> = (0..24)
+        .map(|i| i % 5 == 2 || (10..15).contains(&i))
+        .collect();
+    let grads_of = |mask: &[bool], reference: bool| {
+        let (set, vars) = fresh.to_vars().unwrap();
+        let seq = Seq {
+            ids: ids.clone(),
+            mask: mask.to_vec(),
+        };
+        let tl = token_logps(&m, Some(&set), &[&seq], 0).unwrap();
+        let lp = if reference {
+            let t = Tensor::from_slice(&ids, (1, ids.len()), &Device::Cpu).unwrap();
+            let logits = m
+                .forward_train(&t, Some(&set))
+                .unwrap()
+                .narrow(1, 0, 23)
+                .unwrap();
+            let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
+            let targets = Tensor::from_slice(&ids[1..], (1, 23, 1), &Device::Cpu).unwrap();
+            lsm.gather(&targets, D::Minus1)
+                .unwrap()
+                .squeeze(D::Minus1)
+                .unwrap()
+        } else {
+            let lps = tl.lp.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for (t, lp) in lps.iter().enumerate() {
+                assert!(
+                    mask[t + 1] || *lp == 0.0,
+                    "unscored position {t} has log-prob {lp}"
+                );
+            }
+            tl.lp.clone()
+        };
+        let loss = masked_nll(&lp, &tl.mask).unwrap();
+        let g = loss.backward().unwrap();
+        let grads: Vec<Vec<f32>> = vars
+            .iter()
+            .map(|(_, v)| {
+                g.get(v.as_tensor())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            })
+            .collect();
+        (loss.to_scalar::<f32>().unwrap(), grads)
+    };
+    let (loss, grads) = grads_of(&mask, false);
+    let (ref_loss, ref_grads) = grads_of(&mask, true);
+    assert!(
+        (loss - ref_loss).abs() < 1e-4 * ref_loss.abs(),
+        "{loss} vs {ref_loss}"
+    );
+    let mut all = vec![true; 24];
+    all[0] = false;
+    let (_, all_grads) = grads_of(&all, false);
+    let dist = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        let (mut d, mut n) = (0f32, 0f32);
+        for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+            d = d.max((x - y).abs());
+            n = n.max(y.abs());
+        }
+        d / n
+    };
+    assert!(
+        dist(&grads, &ref_grads) < 1e-3,
+        "{}",
+        dist(&grads, &ref_grads)
+    );
+    assert!(
+        dist(&all_grads, &ref_grads) > 0.05,
+        "{}",
+        dist(&all_grads, &ref_grads)
+    );
 }
 
 #[test]

@@ -134,6 +134,40 @@ pub fn matmul(
     matmul_quantized(w, n_out, &QuantizedRows::new(x, k)?, y)
 }
 
+/// Expands Q8_0 rows of `k` weights (raw GGUF bytes) into `out` (`[rows, k]` f32), rows split across the
+/// current rayon pool: training's backward pass needs the dense weight for a moment per product, and candle's
+/// loop is single-threaded and scalar (~80 ms for SmolLM2's 28 M-weight head).
+pub fn dequantize(w: &[u8], k: usize, out: &mut [f32]) -> Result<(), String> {
+    let row_bytes = k / QK8_0 * BLOCK_BYTES;
+    if k == 0
+        || !k.is_multiple_of(QK8_0)
+        || out.len() / k * row_bytes != w.len()
+        || !out.len().is_multiple_of(k)
+    {
+        return Err(format!(
+            "q8_0 dequantize: {} bytes do not make rows of {k} weights for {} values",
+            w.len(),
+            out.len()
+        ));
+    }
+    use rayon::prelude::*;
+    out.par_chunks_mut(k)
+        .zip(w.par_chunks(row_bytes))
+        .with_min_len(64)
+        .for_each(|(row, bytes)| {
+            for (vals, blk) in row
+                .chunks_exact_mut(QK8_0)
+                .zip(bytes.chunks_exact(BLOCK_BYTES))
+            {
+                let d = block_scale(blk);
+                for (v, &q) in vals.iter_mut().zip(&blk[2..]) {
+                    *v = d * q as i8 as f32;
+                }
+            }
+        });
+    Ok(())
+}
+
 /// [`matmul`] on activations already quantized.
 pub fn matmul_quantized(
     w: &[u8],
@@ -151,6 +185,11 @@ pub fn matmul_quantized(
         ));
     }
     let rows = &x.rows;
+    #[cfg(target_arch = "x86_64")]
+    if m >= SPLIT_INPUT_ROWS && x86::gemm_usable() {
+        gemm_panels(w, n_out, k, rows, y);
+        return Ok(());
+    }
     // Few rows (decode, small batches) split the weight rows across threads, so the weights stream from memory
     // once; computed output-row major ([n_out, m]) so that threads own disjoint slices, which is `y` itself for
     // one row and is transposed into `y` after for more. Many rows (prefill) split the input rows instead: each
@@ -206,8 +245,32 @@ pub fn matvec_quantized_many(
     Ok(())
 }
 
-/// From this many input rows [`matmul_quantized`] splits the input rows across threads, not the weight rows.
+/// From this many input rows [`matmul_quantized`] splits the input rows across threads, not the weight rows
+/// (or, on AVX-512 VNNI, runs the panel kernel).
 const SPLIT_INPUT_ROWS: usize = 16;
+
+/// Many input rows (prefill, training) through the AVX-512 VNNI panel kernel: weight rows in panels of 16
+/// (one int32 lane each), input rows in tiles of eight, so each weight load serves eight products and each
+/// broadcast activation word sixteen, where [`dot_rows`] reloads both per product and reduces across lanes.
+/// Panels split across threads; each writes its own `[m, 16]` part, scattered into `y` after.
+#[cfg(target_arch = "x86_64")]
+fn gemm_panels(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], y: &mut [f32]) {
+    let m = rows.len();
+    let panel = x86::PANEL;
+    let n_panels = n_out.div_ceil(panel);
+    let mut parts = vec![0f32; n_panels * m * panel];
+    crate::model::team::items_mut(&mut parts, m * panel, |first, out| {
+        // SAFETY: `gemm_usable` found AVX-512 F/BW/VNNI; `out` holds whole `[m, 16]` parts of panels
+        // `first..`, and `w` holds `n_out` rows of `k / 32` blocks (checked by `matmul_quantized`).
+        unsafe { x86::gemm_panels(w, n_out, k, rows, first, out) };
+    });
+    for (p, part) in parts.chunks_exact(m * panel).enumerate() {
+        let cols = panel.min(n_out - p * panel);
+        for (r, vals) in part.chunks_exact(panel).enumerate() {
+            y[r * n_out + p * panel..][..cols].copy_from_slice(&vals[..cols]);
+        }
+    }
+}
 
 /// Where the kernel writes the product of weight row `o` and input row `r`.
 #[derive(Clone, Copy, Debug)]
@@ -505,6 +568,143 @@ mod x86 {
         }
     }
 
+    /// Weight rows per panel of the many-row kernel: one int32 lane each in a 512-bit register.
+    pub const PANEL: usize = 16;
+    /// Input rows per tile of the many-row kernel: eight int32 and eight f32 accumulators, eight independent
+    /// `vpdpbusd` chains (latency 5, one per cycle).
+    const TILE_ROWS: usize = 8;
+    /// `u32` words per block of a packed panel: 8 groups × 16 rows of four weight bytes, then 16 f32 scales.
+    const PANEL_BLOCK_WORDS: usize = 8 * PANEL + PANEL;
+
+    /// Whether the panel kernel can run: AVX-512 F, BW and VNNI (and the kernel not forced to AVX2).
+    pub fn gemm_usable() -> bool {
+        static USABLE: OnceLock<bool> = OnceLock::new();
+        *USABLE.get_or_init(|| {
+            isa() == AVX512_VNNI
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+        })
+    }
+
+    /// Repacks weight rows `o0..o0 + 16` (fewer at the end: the missing rows are zero weights) into `out`:
+    /// per block, for each group of four consecutive weights, the 16 rows' bytes side by side as one register
+    /// (offset by 128, unsigned, for `vpdpbusd`), then the 16 scales.
+    fn pack_panel(w: &[u8], n_out: usize, k: usize, o0: usize, out: &mut [u32]) {
+        let blocks = k / QK8_0;
+        let row_bytes = blocks * BLOCK_BYTES;
+        let table = f16_table();
+        for b in 0..blocks {
+            let dst = &mut out[b * PANEL_BLOCK_WORDS..(b + 1) * PANEL_BLOCK_WORDS];
+            for l in 0..PANEL {
+                let o = o0 + l;
+                if o >= n_out {
+                    for g in 0..8 {
+                        dst[g * PANEL + l] = 0x8080_8080;
+                    }
+                    dst[8 * PANEL + l] = 0;
+                    continue;
+                }
+                let blk = &w[o * row_bytes + b * BLOCK_BYTES..][..BLOCK_BYTES];
+                for g in 0..8 {
+                    let q = u32::from_le_bytes([
+                        blk[2 + 4 * g],
+                        blk[3 + 4 * g],
+                        blk[4 + 4 * g],
+                        blk[5 + 4 * g],
+                    ]);
+                    dst[g * PANEL + l] = q ^ 0x8080_8080;
+                }
+                dst[8 * PANEL + l] = table[u16::from_le_bytes([blk[0], blk[1]]) as usize].to_bits();
+            }
+        }
+    }
+
+    /// Products of the panels from `first` on with every input row: `out` is `[panels][m][16]`, as many
+    /// whole panels as it holds.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VNNI are available ([`gemm_usable`]); `w` holds `n_out` rows of `k / 32` blocks; every
+    /// row has `k` quantized values; `out.len()` is a multiple of `rows.len() * 16`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn gemm_panels(
+        w: &[u8],
+        n_out: usize,
+        k: usize,
+        rows: &[QuantRow],
+        first: usize,
+        out: &mut [f32],
+    ) {
+        let m = rows.len();
+        let blocks = k / QK8_0;
+        let mut packed = vec![0u32; blocks * PANEL_BLOCK_WORDS];
+        for (i, part) in out.chunks_exact_mut(m * PANEL).enumerate() {
+            pack_panel(w, n_out, k, (first + i) * PANEL, &mut packed);
+            let mut r = 0;
+            while r < m {
+                let tile = &rows[r..(r + TILE_ROWS).min(m)];
+                let dst = &mut part[r * PANEL..(r + tile.len()) * PANEL];
+                // SAFETY: the caller's guarantees; `packed` holds `blocks` packed blocks, `dst` one 16-lane row
+                // per tile row.
+                unsafe {
+                    match tile.len() {
+                        8 => gemm_tile::<8>(&packed, blocks, tile, dst),
+                        7 => gemm_tile::<7>(&packed, blocks, tile, dst),
+                        6 => gemm_tile::<6>(&packed, blocks, tile, dst),
+                        5 => gemm_tile::<5>(&packed, blocks, tile, dst),
+                        4 => gemm_tile::<4>(&packed, blocks, tile, dst),
+                        3 => gemm_tile::<3>(&packed, blocks, tile, dst),
+                        2 => gemm_tile::<2>(&packed, blocks, tile, dst),
+                        _ => gemm_tile::<1>(&packed, blocks, tile, dst),
+                    }
+                }
+                r += tile.len();
+            }
+        }
+    }
+
+    /// `R` input rows against one packed panel: per block, eight `vpdpbusd` per row (each a broadcast word of
+    /// four activations times the 16 rows' four weights), started from the row's offset fix, then scaled by
+    /// weight scale × activation scale into the row's f32 accumulator.
+    ///
+    /// # Safety
+    /// As for [`gemm_panels`]; `tile.len() == R`, `packed` holds `blocks` packed blocks, `out` `R * 16` values.
+    #[inline(always)]
+    unsafe fn gemm_tile<const R: usize>(
+        packed: &[u32],
+        blocks: usize,
+        tile: &[QuantRow],
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller's guarantees bound every read below (block b < blocks of a k-value row, group
+        // g < 8 of a 32-value block) and the stores (R rows of 16 in `out`).
+        unsafe {
+            let pp = packed.as_ptr();
+            let xs: [*const i8; R] = std::array::from_fn(|r| tile[r].qs.as_ptr());
+            let mut acc = [_mm512_setzero_ps(); R];
+            for b in 0..blocks {
+                let pb = pp.add(b * PANEL_BLOCK_WORDS);
+                let mut dots: [__m512i; R] = std::array::from_fn(|r| {
+                    _mm512_set1_epi32(*tile[r].offset_fix.get_unchecked(b))
+                });
+                for g in 0..8 {
+                    let wv = _mm512_loadu_si512(pb.add(g * PANEL).cast());
+                    for r in 0..R {
+                        let word = (xs[r].add(b * QK8_0 + 4 * g) as *const i32).read_unaligned();
+                        dots[r] = _mm512_dpbusd_epi32(dots[r], wv, _mm512_set1_epi32(word));
+                    }
+                }
+                let dw = _mm512_loadu_ps(pb.add(8 * PANEL).cast());
+                for r in 0..R {
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*tile[r].d.get_unchecked(b)));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), scale, acc[r]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), *a);
+            }
+        }
+    }
+
     /// # Safety
     /// AVX is available.
     #[inline(always)]
@@ -714,8 +914,9 @@ mod tests {
             .collect();
         let packed = pack(&w, k);
         let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
-        // 20 rows: from 16, `matmul` splits the input rows and writes `y` in place.
-        for m in [1, 2, 3, 4, 5, 20] {
+        // From 16 rows `matmul` splits the input rows (or runs the panel kernel: 19 weight rows make a full and
+        // a partial panel; 20 and 37 rows end in tiles of 4 and 5).
+        for m in [1, 2, 3, 4, 5, 20, 37] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| match i % 5 {
                     0 => -3.0,
@@ -842,6 +1043,34 @@ mod tests {
         assert_eq!(simd.offset_fix, generic.offset_fix);
         let bits = |v: &[f32]| v.iter().map(|d| d.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&simd.d), bits(&generic.d));
+    }
+
+    /// The parallel expansion gives candle's dequantized values bit for bit.
+    #[test]
+    fn dequantize_is_candles() {
+        use candle_core::quantized::{GgmlDType, QTensor};
+        use candle_core::{Device, Tensor};
+        let (n, k) = (70, 96);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 509) as f32 - 254.0) / 97.0)
+            .collect();
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&t, GgmlDType::Q8_0).unwrap();
+        let want: Vec<f32> = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let mut got = vec![f32::NAN; n * k];
+        dequantize(&q.data().unwrap(), k, &mut got).unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+        assert!(dequantize(&q.data().unwrap(), k, &mut got[..k]).is_err());
     }
 
     #[test]

@@ -21,6 +21,7 @@ use super::q8::QuantizedRows;
 use super::{ModelError, Result};
 
 mod decode;
+mod head;
 
 /// A frozen weight: block-quantized and kept packed, or dense f32 (F32/F16/BF16 in the file, or a
 /// merged/dequantized copy).
@@ -58,9 +59,23 @@ impl CustomOp1 for QMatMulGrad {
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
-        let w = self.0.dequantize(grad_res.device())?; // [out, in]
+        let w = dequantize(&self.0)?; // [out, in], for this product only
         Ok(Some(grad_res.broadcast_matmul(&w)?))
     }
+}
+
+/// The weight as dense f32 `[out, in]`: Q8_0 through [`super::q8::dequantize`] (parallel, ~10× candle's
+/// single-threaded loop on SmolLM2's tied head), other types through candle.
+fn dequantize(w: &QTensor) -> candle_core::Result<Tensor> {
+    if w.dtype() == GgmlDType::Q8_0
+        && let Ok((n_out, k)) = w.shape().dims2()
+    {
+        let bytes = w.data()?;
+        let mut out = vec![0f32; n_out * k];
+        super::q8::dequantize(&bytes, k, &mut out).map_err(candle_core::Error::Msg)?;
+        return Tensor::from_vec(out, (n_out, k), &Device::Cpu);
+    }
+    w.dequantize(&Device::Cpu)
 }
 
 /// Decode-sized products with a Q8_0 weight through [`super::q8`] (see there for why); `None` hands the call to
@@ -218,7 +233,7 @@ impl QLinear {
             return Ok(y.reshape(out_dims)?);
         }
         let y = match &self.weight {
-            Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS => {
+            Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS && q.dtype() != GgmlDType::Q8_0 => {
                 frozen_matmul(&x2, &q.dequantize(x2.device())?)?
             }
             Weight::Quant(q) => x2.contiguous()?.apply_op1(QMatMulGrad(q.clone()))?,
@@ -268,12 +283,12 @@ impl QLinear {
     }
 }
 
-/// From this many rows (prefill, training) a quantized weight is dequantized for the call and
-/// multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, so a 41-token
+/// From this many rows (prefill, training) a quantized weight other than Q8_0 is dequantized for the
+/// call and multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, so a 41-token
 /// SmolLM2 (Q4_1) prefill ran at 19 tok/s, and at 202 tok/s this way. The f32 copy is transient.
-/// Q8_0 weights that need no gradient skip this at any row count: hearth's kernel (`q8`) reads each group of
-/// eight weight rows once for all rows of the input, where the f32 copy wrote and read 4 bytes per weight (a
-/// 41-token SmolLM2 prefill measured 117-147 → 144-154 tok/s on one thread, 163-168 → 198-225 on two).
+/// Q8_0 weights skip this at any row count: hearth's kernel (`q8`) multiplies the packed blocks in int8
+/// (forward; at 512 rows its AVX-512 VNNI panel kernel measured 1.5-1.8× candle's f32 gemm on the
+/// dequantized weight), and a backward pass dequantizes only while it multiplies.
 const PREFILL_DEQUANT_ROWS: usize = 16;
 
 /// Up to this many rows (decode steps, small batches) the LoRA delta is computed directly on the
@@ -717,6 +732,8 @@ impl KvCache {
 enum Logits {
     All,
     Last,
+    /// No logits: the final norm's output, for [`head::target_logps`].
+    Hidden,
 }
 
 /// A loaded model: configuration plus frozen weights.
@@ -948,6 +965,30 @@ impl Transformer {
         self.run(tokens, None, lora, true, Logits::All)
     }
 
+    /// Training's log-probabilities: `lp[n, t] = log softmax(logits[n, t])[targets[n·l + t]]` for every
+    /// position where `scored[n·l + t]`, and 0 elsewhere (`tokens: [n, l]`; `targets` and `scored` have
+    /// `n·l` entries). Differentiable like [`Self::forward_train`], but the head's logits exist only inside one
+    /// op and only for scored positions (see [`head`]), so callers must weigh `lp` by the same mask.
+    pub fn target_logps(
+        &self,
+        tokens: &Tensor,
+        lora: Option<&LoraSet>,
+        targets: &[u32],
+        scored: &[bool],
+    ) -> Result<Tensor> {
+        let (n, l) = tokens.dims2()?;
+        if targets.len() != n * l || scored.len() != n * l {
+            return Err(ModelError::Input(format!(
+                "{} targets and {} scored flags for {n}x{l} positions",
+                targets.len(),
+                scored.len()
+            )));
+        }
+        let h = self.run(tokens, None, lora, true, Logits::Hidden)?;
+        let h = h.reshape((n * l, self.config.hidden_size))?;
+        Ok(head::target_logps(&self.head, &h, targets, scored)?.reshape((n, l))?)
+    }
+
     /// Convenience for one sequence: logits `[ids.len(), vocab]`.
     pub fn forward_ids(
         &self,
@@ -1047,6 +1088,9 @@ impl Transformer {
             x = x.narrow(1, l - 1, 1)?;
         }
         let x = rms_norm(&x, &self.norm, cfg.rms_eps, train)?;
+        if which == Logits::Hidden {
+            return Ok(x);
+        }
         self.head.forward(&x, None)
     }
 

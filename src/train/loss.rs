@@ -1,6 +1,6 @@
 //! Losses over per-token log-probabilities. All functions are differentiable candle graphs.
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::Result;
 use super::data::Seq;
@@ -26,7 +26,8 @@ impl TokenLogps {
     }
 }
 
-/// Runs the training forward on `seqs` (padded with `pad`) and gathers target log-probs.
+/// Runs the training forward on `seqs` (padded with `pad`) and gathers target log-probs. Unscored
+/// positions get 0 (the head never projects them; see [`Transformer::target_logps`]).
 pub fn token_logps(
     model: &Transformer,
     lora: Option<&LoraSet>,
@@ -36,34 +37,29 @@ pub fn token_logps(
     let n = seqs.len();
     let l = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(0).max(2);
     let mut tokens = Vec::with_capacity(n * l);
-    let mut targets = Vec::with_capacity(n * (l - 1));
-    let mut mask = Vec::with_capacity(n * (l - 1));
+    // Per position t of the padded input: its target ids[t+1] and whether that target is scored; the last
+    // position has no target.
+    let mut targets = Vec::with_capacity(n * l);
+    let mut scored = Vec::with_capacity(n * l);
     for s in seqs {
         tokens.extend(s.ids.iter().copied());
         tokens.extend(std::iter::repeat_n(pad, l - s.ids.len()));
-        for t in 1..l {
+        for t in 1..=l {
             targets.push(s.ids.get(t).copied().unwrap_or(pad));
-            mask.push(if s.mask.get(t).copied().unwrap_or(false) {
-                1f32
-            } else {
-                0.0
-            });
+            scored.push(t < l && s.mask.get(t).copied().unwrap_or(false));
         }
     }
+    let mask: Vec<f32> = scored
+        .chunks_exact(l)
+        .flat_map(|row| &row[..l - 1])
+        .map(|&s| if s { 1.0 } else { 0.0 })
+        .collect();
     let tokens = Tensor::from_vec(tokens, (n, l), &Device::Cpu)?;
-    let logits = model.forward_train(&tokens, lora)?.narrow(1, 0, l - 1)?;
-    let targets = Tensor::from_vec(targets, (n, l - 1, 1), &Device::Cpu)?;
-    let mask = Tensor::from_vec(mask, (n, l - 1), &Device::Cpu)?;
+    let lp = model.target_logps(&tokens, lora, &targets, &scored)?;
     Ok(TokenLogps {
-        lp: gather_logps(&logits, &targets)?,
-        mask,
+        lp: lp.narrow(1, 0, l - 1)?.contiguous()?,
+        mask: Tensor::from_vec(mask, (n, l - 1), &Device::Cpu)?,
     })
-}
-
-/// `log_softmax(logits)[.., target]`: `logits [n, t, v]`, `targets [n, t, 1]` (u32) → `[n, t]`.
-pub fn gather_logps(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let logp = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
-    Ok(logp.gather(targets, D::Minus1)?.squeeze(D::Minus1)?)
 }
 
 /// Mean negative log-likelihood over scored tokens (the SFT and replay loss). Unscored tokens

@@ -1,0 +1,254 @@
+//! The output head and the log-softmax of the scored targets as one differentiable op.
+//!
+//! Composed from candle ops, a training step over `[4, 128]` tokens of SmolLM2 (vocabulary 49,152) made
+//! half a dozen 100 MB tensors (logits, their softmax's temporaries, the gather's scatter, their gradients),
+//! each allocated, zeroed and walked by candle's element-wise pool, and projected every position onto the
+//! vocabulary, scored or not. Here the logits of scored positions are computed once (Q8_0 heads through the
+//! int8 kernel), turned into probabilities in place, and kept for the backward pass, whose gradient is
+//! `g · (onehot(target) − p) · W`, computed in row chunks.
+
+use std::sync::Mutex;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::{QLinear, Weight};
+use crate::model::{ModelError, Result};
+
+/// Scored rows per backward chunk: the chunk's `[rows, vocab]` gradient (12.6 MB for SmolLM2) is made,
+/// multiplied by the head and dropped before the next.
+const BACKWARD_ROWS: usize = 64;
+
+/// See [`super::Transformer::target_logps`]: `x` is the final norm's output `[positions, hidden]`.
+pub(super) fn target_logps(
+    head: &QLinear,
+    x: &Tensor,
+    targets: &[u32],
+    scored: &[bool],
+) -> Result<Tensor> {
+    let vocab = head.out_features();
+    let mut rows = Vec::new();
+    let mut row_targets = Vec::new();
+    for (i, (&t, &s)) in targets.iter().zip(scored).enumerate() {
+        if !s {
+            continue;
+        }
+        if t as usize >= vocab {
+            return Err(ModelError::Input(format!(
+                "target {t} at position {i} is outside the vocabulary of {vocab}"
+            )));
+        }
+        rows.push(i);
+        row_targets.push(t as usize);
+    }
+    let op = HeadLogps {
+        head: head.weight.clone(),
+        vocab,
+        hidden: head.in_features(),
+        rows,
+        targets: row_targets,
+        keep: x.track_op(),
+        probs: Mutex::new(None),
+    };
+    Ok(x.to_dtype(DType::F32)?.contiguous()?.apply_op1(op)?)
+}
+
+struct HeadLogps {
+    head: Weight,
+    vocab: usize,
+    hidden: usize,
+    /// Scored positions, ascending, and their targets.
+    rows: Vec<usize>,
+    targets: Vec<usize>,
+    /// Whether a backward pass can follow (the input tracks gradients): then `probs` keeps the softmax.
+    keep: bool,
+    /// `[rows.len(), vocab]` softmax of the scored rows' logits, from the forward pass.
+    probs: Mutex<Option<Vec<f32>>>,
+}
+
+impl HeadLogps {
+    /// `x_rows · Wᵀ` for `m` rows of `hidden` values, `[m, vocab]`.
+    fn logits(&self, x_rows: Vec<f32>, m: usize) -> candle_core::Result<Vec<f32>> {
+        if let Weight::Quant(q) = &self.head
+            && q.dtype() == GgmlDType::Q8_0
+        {
+            let mut y = vec![0f32; m * self.vocab];
+            let bytes = q.data()?;
+            crate::model::q8::matmul(&bytes, self.vocab, self.hidden, &x_rows, m, &mut y)
+                .map_err(candle_core::Error::Msg)?;
+            return Ok(y);
+        }
+        let x = Tensor::from_vec(x_rows, (m, self.hidden), &Device::Cpu)?;
+        x.matmul(&self.dense()?.t()?)?.flatten_all()?.to_vec1()
+    }
+
+    /// The head as dense f32 `[vocab, hidden]`.
+    fn dense(&self) -> candle_core::Result<Tensor> {
+        match &self.head {
+            Weight::Quant(q) => super::dequantize(q),
+            Weight::Dense(t) => Ok(t.clone()),
+        }
+    }
+}
+
+/// The contiguous f32 values of a CPU input.
+fn f32_input<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(x) = storage else {
+        candle_core::bail!("head-logps: the input must be f32");
+    };
+    if !layout.is_contiguous() {
+        candle_core::bail!("head-logps: the input must be contiguous");
+    }
+    Ok(&x[layout.start_offset()..layout.start_offset() + layout.shape().elem_count()])
+}
+
+impl CustomOp1 for HeadLogps {
+    fn name(&self) -> &'static str {
+        "head-logps"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, d) = layout.shape().dims2()?;
+        if d != self.hidden {
+            candle_core::bail!(
+                "head-logps: {d} hidden values, the head takes {}",
+                self.hidden
+            );
+        }
+        let x = f32_input(storage, layout)?;
+        let mut out = vec![0f32; n];
+        if self.rows.is_empty() {
+            return Ok((CpuStorage::F32(out), Shape::from(n)));
+        }
+        let m = self.rows.len();
+        let mut x_rows = Vec::with_capacity(m * d);
+        for &r in &self.rows {
+            x_rows.extend_from_slice(&x[r * d..(r + 1) * d]);
+        }
+        let mut probs = self.logits(x_rows, m)?;
+        let keep = self.keep;
+        let lps: Vec<f32> = probs
+            .par_chunks_mut(self.vocab)
+            .zip(self.targets.par_iter())
+            .map(|(row, &t)| {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
+                let lse = max + sum.ln();
+                let lp = row[t] - lse;
+                if keep {
+                    row.iter_mut().for_each(|v| *v = (*v - lse).exp());
+                }
+                lp
+            })
+            .collect();
+        for (&r, lp) in self.rows.iter().zip(lps) {
+            out[r] = lp;
+        }
+        if keep {
+            *self.probs.lock().unwrap_or_else(|e| e.into_inner()) = Some(probs);
+        }
+        Ok((CpuStorage::F32(out), Shape::from(n)))
+    }
+
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (n, d) = arg.dims2()?;
+        let g: Vec<f32> = grad_res.to_dtype(DType::F32)?.to_vec1()?;
+        let guard = self.probs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(probs) = guard.as_ref() else {
+            candle_core::bail!("head-logps: backward without the forward's probabilities");
+        };
+        let w = self.dense()?;
+        let mut grad = vec![0f32; n * d];
+        let v = self.vocab;
+        for (c, rows) in self.rows.chunks(BACKWARD_ROWS).enumerate() {
+            let first = c * BACKWARD_ROWS;
+            // d lp / d logits = onehot(target) − p, times the incoming gradient of that position.
+            let mut dl = probs[first * v..(first + rows.len()) * v].to_vec();
+            dl.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
+                let gi = g[rows[i]];
+                row.iter_mut().for_each(|p| *p *= -gi);
+                row[self.targets[first + i]] += gi;
+            });
+            let dl = Tensor::from_vec(dl, (rows.len(), v), &Device::Cpu)?;
+            let dx: Vec<f32> = dl.matmul(&w)?.flatten_all()?.to_vec1()?;
+            for (i, &r) in rows.iter().enumerate() {
+                grad[r * d..(r + 1) * d].copy_from_slice(&dx[i * d..(i + 1) * d]);
+            }
+        }
+        Ok(Some(Tensor::from_vec(grad, (n, d), arg.device())?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::QTensor;
+    use candle_core::{D, Var};
+
+    use super::*;
+
+    /// The fused op against candle's composition (matmul, log_softmax, gather) on the same dense head:
+    /// the same log-probabilities at scored positions, zero elsewhere, and the same input gradient, which
+    /// is zero at unscored positions. A Q8_0 head (int8 forward) agrees within its quantization error.
+    #[test]
+    fn fused_head_matches_the_composition() {
+        let (n, d, v) = (21, 64, 300);
+        let dev = &Device::Cpu;
+        let w = Tensor::randn(0f32, 0.3, (v, d), dev).unwrap();
+        let x0 = Tensor::randn(0f32, 1.0, (n, d), dev).unwrap();
+        let targets: Vec<u32> = (0..n as u32).map(|i| i * 37 % v as u32).collect();
+        let scored: Vec<bool> = (0..n).map(|i| i % 3 != 0).collect();
+        let mask = Tensor::from_vec(
+            scored.iter().map(|&s| s as u8 as f32).collect::<Vec<_>>(),
+            n,
+            dev,
+        )
+        .unwrap();
+        let weights = Tensor::randn(0f32, 1.0, n, dev).unwrap();
+
+        let x = Var::from_tensor(&x0).unwrap();
+        let logits = x.as_tensor().matmul(&w.t().unwrap()).unwrap();
+        let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
+        let t = Tensor::from_vec(targets.clone(), (n, 1), dev).unwrap();
+        let want = (lsm.gather(&t, D::Minus1).unwrap().squeeze(1).unwrap() * &mask).unwrap();
+        let loss = (&want * &weights).unwrap().sum_all().unwrap();
+        let want_grad = loss.backward().unwrap().get(x.as_tensor()).unwrap().clone();
+
+        let dense = QLinear::from_dense(w.clone()).unwrap();
+        let q8 = QLinear::from_qtensor(std::sync::Arc::new(
+            QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(),
+        ))
+        .unwrap();
+        for (head, tol) in [(&dense, 1e-5f32), (&q8, 0.03)] {
+            let x = Var::from_tensor(&x0).unwrap();
+            let got = target_logps(head, x.as_tensor(), &targets, &scored).unwrap();
+            let loss = (&got * &weights).unwrap().sum_all().unwrap();
+            let grad = loss.backward().unwrap().get(x.as_tensor()).unwrap().clone();
+            let (got, want): (Vec<f32>, Vec<f32>) =
+                (got.to_vec1().unwrap(), want.to_vec1().unwrap());
+            for i in 0..n {
+                let close = (got[i] - want[i]).abs() <= tol * want[i].abs().max(1.0);
+                assert!(close, "lp[{i}] {} vs {}", got[i], want[i]);
+                assert!(scored[i] || got[i] == 0.0);
+            }
+            let (g, wg): (Vec<f32>, Vec<f32>) = (
+                grad.flatten_all().unwrap().to_vec1().unwrap(),
+                want_grad.flatten_all().unwrap().to_vec1().unwrap(),
+            );
+            let scale = wg.iter().fold(0f32, |a, b| a.max(b.abs()));
+            for (i, (a, b)) in g.iter().zip(&wg).enumerate() {
+                assert!((a - b).abs() <= tol * scale, "grad[{i}] {a} vs {b}");
+                assert!(scored[i / d] || *a == 0.0);
+            }
+        }
+    }
+}
