@@ -168,6 +168,73 @@ pub fn dequantize(w: &[u8], k: usize, out: &mut [f32]) -> Result<(), String> {
     Ok(())
 }
 
+/// The transpose of a Q8_0 weight `[n_out, k]` as Q8_0 `[k, n_out]` (blocks along `n_out`, which must be a
+/// multiple of 32): what a backward pass multiplies by, `dx = dy · W = dy · (Wᵀ)ᵀ`, so that it runs through
+/// [`matmul`]'s int8 kernel too. Each value is dequantized and quantized again along the other axis, so it
+/// moves by at most half a step of its new block's scale (max |w| / 254 over 32 values of one input column),
+/// plus the f16 rounding of that scale.
+/// Built in parallel over blocks of 32 input columns.
+pub fn transpose_requantized(w: &[u8], n_out: usize, k: usize) -> Result<Vec<u8>, String> {
+    let row_bytes = k / QK8_0 * BLOCK_BYTES;
+    if k == 0
+        || !k.is_multiple_of(QK8_0)
+        || n_out == 0
+        || !n_out.is_multiple_of(QK8_0)
+        || w.len() != n_out * row_bytes
+    {
+        return Err(format!(
+            "q8_0 transpose: {} bytes are not {n_out} rows of {k} weights, or {n_out} rows are no multiple of 32",
+            w.len()
+        ));
+    }
+    let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
+    let mut out = vec![0u8; k * out_row_bytes];
+    use rayon::prelude::*;
+    // One unit per block of 32 input columns (the 32 rows of the transpose it writes are contiguous), in
+    // 32 × 32 tiles that stay in L1: expanded to f32 transposed, then each tile row quantized as one block.
+    out.par_chunks_mut(QK8_0 * out_row_bytes)
+        .enumerate()
+        .for_each(|(b, dst)| {
+            #[cfg(target_arch = "x86_64")]
+            if x86::usable() {
+                // SAFETY: the CPU has AVX2 and FMA; sizes were checked above.
+                unsafe { x86::transpose_columns(w, n_out, row_bytes, b, dst) };
+                return;
+            }
+            transpose_columns(w, n_out, row_bytes, b, dst);
+        });
+    Ok(out)
+}
+
+/// Rows `32·b .. 32·b + 32` of [`transpose_requantized`]'s output (`dst`), from input column block `b`, in
+/// 32 × 32 tiles that stay in L1: expanded to f32 transposed, then each tile row quantized as one block.
+/// Compiled twice, like [`quantize_row_generic`] (the portable build calls libm's `truncf` per value).
+#[inline(always)]
+fn transpose_columns(w: &[u8], n_out: usize, row_bytes: usize, b: usize, dst: &mut [u8]) {
+    let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
+    let mut tile = [[0f32; QK8_0]; QK8_0];
+    for ob in 0..n_out / QK8_0 {
+        for j in 0..QK8_0 {
+            let blk = &w[(ob * QK8_0 + j) * row_bytes + b * BLOCK_BYTES..][..BLOCK_BYTES];
+            let d = block_scale(blk);
+            for (c, &q) in blk[2..].iter().enumerate() {
+                tile[c][j] = d * q as i8 as f32;
+            }
+        }
+        for (c, vals) in tile.iter().enumerate() {
+            // As `quantize_row`: d = max |v| / 127, values rounded at 1/d, d stored as f16.
+            let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let blk = &mut dst[c * out_row_bytes + ob * BLOCK_BYTES..][..BLOCK_BYTES];
+            blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+            for (q, v) in blk[2..].iter_mut().zip(vals) {
+                *q = round_half_away(v * inv) as i8 as u8;
+            }
+        }
+    }
+}
+
 /// [`matmul`] on activations already quantized.
 pub fn matmul_quantized(
     w: &[u8],
@@ -482,6 +549,21 @@ mod x86 {
             d.push(half::f16::from_f32(scale).to_f32());
         }
         QuantRow { d, qs, offset_fix }
+    }
+
+    /// [`super::transpose_columns`] compiled with AVX2.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn transpose_columns(
+        w: &[u8],
+        n_out: usize,
+        row_bytes: usize,
+        b: usize,
+        dst: &mut [u8],
+    ) {
+        super::transpose_columns(w, n_out, row_bytes, b, dst)
     }
 
     pub fn usable() -> bool {
@@ -1043,6 +1125,55 @@ mod tests {
         assert_eq!(simd.offset_fix, generic.offset_fix);
         let bits = |v: &[f32]| v.iter().map(|d| d.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&simd.d), bits(&generic.d));
+    }
+
+    /// The requantized transpose holds every weight within half a step of its new block's scale (plus the
+    /// f16 rounding of that scale: up to 127 steps × 2⁻¹¹), and
+    /// multiplying by it gives `dy · W` within the rounding of both quantizations.
+    #[test]
+    fn transpose_requantized_is_the_transpose() {
+        let (n, k) = (64, 96);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 509) as f32 - 254.0) / 97.0)
+            .collect();
+        let packed = pack(&w, k);
+        let mut dense = vec![0f32; n * k];
+        dequantize(&packed, k, &mut dense).unwrap();
+        let t = transpose_requantized(&packed, n, k).unwrap();
+        let mut back = vec![0f32; k * n];
+        dequantize(&t, n, &mut back).unwrap();
+        for c in 0..k {
+            for ob in 0..n / QK8_0 {
+                let col: Vec<f32> = (ob * QK8_0..(ob + 1) * QK8_0)
+                    .map(|o| dense[o * k + c])
+                    .collect();
+                let step = col.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                for (j, v) in col.iter().enumerate() {
+                    let got = back[c * n + ob * QK8_0 + j];
+                    assert!(
+                        (got - v).abs() <= 0.57 * step,
+                        "w[{}][{c}]: {got} vs {v}, step {step}",
+                        ob * QK8_0 + j
+                    );
+                }
+            }
+        }
+        let m = 17;
+        let dy: Vec<f32> = (0..m * n)
+            .map(|i| ((i * 31 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let mut dx = vec![0f32; m * k];
+        matmul(&t, k, n, &dy, m, &mut dx).unwrap();
+        for r in 0..m {
+            for c in 0..k {
+                let want: f32 = (0..n).map(|o| dy[r * n + o] * dense[o * k + c]).sum();
+                let norm: f32 = (0..n)
+                    .map(|o| (dy[r * n + o] * dense[o * k + c]).abs())
+                    .sum();
+                assert!((dx[r * k + c] - want).abs() <= 0.02 * norm, "dx[{r}][{c}]");
+            }
+        }
+        assert!(transpose_requantized(&packed[..BLOCK_BYTES * 3], 1, k).is_err());
     }
 
     /// The parallel expansion gives candle's dequantized values bit for bit.

@@ -33,7 +33,10 @@ pub enum Weight {
 
 /// Quantized matmul `x·Wᵀ` that, unlike `QMatMul`, has a backward pass w.r.t. `x`.
 /// The weight itself stays frozen; the dequantized copy exists only during backward.
-struct QMatMulGrad(Arc<QTensor>);
+struct QMatMulGrad {
+    w: Arc<QTensor>,
+    transposed: Arc<TransposeCache>,
+}
 
 impl CustomOp1 for QMatMulGrad {
     fn name(&self) -> &'static str {
@@ -45,12 +48,12 @@ impl CustomOp1 for QMatMulGrad {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        if self.0.dtype() == GgmlDType::Q8_0
-            && let Some(r) = q8_0_fwd(&self.0, storage, layout)
+        if self.w.dtype() == GgmlDType::Q8_0
+            && let Some(r) = q8_0_fwd(&self.w, storage, layout)
         {
             return r;
         }
-        self.0.cpu_fwd(storage, layout)
+        self.w.cpu_fwd(storage, layout)
     }
 
     fn bwd(
@@ -59,9 +62,40 @@ impl CustomOp1 for QMatMulGrad {
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
-        let w = dequantize(&self.0)?; // [out, in], for this product only
+        if let Some(dx) = q8_0_input_grad(&self.w, &self.transposed, grad_res)? {
+            return Ok(Some(dx));
+        }
+        let w = dequantize(&self.w)?; // [out, in], for this product only
         Ok(Some(grad_res.broadcast_matmul(&w)?))
     }
+}
+
+/// `dy · W` for a Q8_0 weight through the int8 kernel, multiplying by the weight's transpose requantized along
+/// the output axis (see [`TransposeCache`]). `None` when the weight is not Q8_0 or its output rows are no
+/// multiple of 32 (the caller takes the f32 route).
+fn q8_0_input_grad(
+    w: &QTensor,
+    transposed: &TransposeCache,
+    dy: &Tensor,
+) -> candle_core::Result<Option<Tensor>> {
+    let (n_out, k) = w.shape().dims2()?;
+    if w.dtype() != GgmlDType::Q8_0 || !n_out.is_multiple_of(super::q8::QK8_0) {
+        return Ok(None);
+    }
+    let Some((&last, lead)) = dy.dims().split_last() else {
+        return Ok(None);
+    };
+    if last != n_out {
+        candle_core::bail!("qmatmul-grad: gradient rows of {last}, the weight has {n_out} outputs");
+    }
+    let m: usize = lead.iter().product();
+    let dyv: Vec<f32> = dy.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    let wt = transposed.get(w)?;
+    let mut dx = vec![0f32; m * k];
+    super::q8::matmul(wt, k, n_out, &dyv, m, &mut dx).map_err(candle_core::Error::Msg)?;
+    let mut shape = lead.to_vec();
+    shape.push(k);
+    Ok(Some(Tensor::from_vec(dx, shape, dy.device())?))
 }
 
 /// The weight as dense f32 `[out, in]`: Q8_0 through [`super::q8::dequantize`] (parallel, ~10× candle's
@@ -158,6 +192,35 @@ pub struct QLinear {
     weight: Weight,
     out_features: usize,
     in_features: usize,
+    /// A Q8_0 weight's transpose for backward passes, made by the first one that needs it.
+    transposed: Arc<TransposeCache>,
+}
+
+/// [`super::q8::transpose_requantized`] of a layer's weight, kept for the layer's lifetime once training has
+/// needed it: +1 byte per weight (143 MB for SmolLM2), a quarter of what a dequantized f32 copy would cost,
+/// where rebuilding it every backward pass took a third of the product's time. Serving never builds it.
+#[derive(Default)]
+struct TransposeCache(std::sync::OnceLock<Vec<u8>>);
+
+impl std::fmt::Debug for TransposeCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes = self.0.get().map_or(0, Vec::len);
+        write!(f, "TransposeCache({bytes} bytes)")
+    }
+}
+
+impl TransposeCache {
+    /// The transpose of Q8_0 `w` (`[n_out, k]`), built on first use.
+    fn get(&self, w: &QTensor) -> candle_core::Result<&[u8]> {
+        if let Some(t) = self.0.get() {
+            return Ok(t);
+        }
+        let (n_out, k) = w.shape().dims2()?;
+        let t = super::q8::transpose_requantized(&w.data()?, n_out, k)
+            .map_err(candle_core::Error::Msg)?;
+        // Two threads may build it at once; both results are the same bytes.
+        Ok(self.0.get_or_init(|| t))
+    }
 }
 
 impl QLinear {
@@ -175,6 +238,7 @@ impl QLinear {
             weight,
             out_features,
             in_features,
+            transposed: Arc::default(),
         })
     }
 
@@ -185,7 +249,14 @@ impl QLinear {
             weight: Weight::Dense(w.to_dtype(DType::F32)?),
             out_features,
             in_features,
+            transposed: Arc::default(),
         })
+    }
+
+    /// Replaces the weight (same shape), and with it anything derived from the old one.
+    fn set_weight(&mut self, weight: Weight) {
+        self.weight = weight;
+        self.transposed = Arc::default();
     }
 
     pub fn out_features(&self) -> usize {
@@ -236,7 +307,10 @@ impl QLinear {
             Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS && q.dtype() != GgmlDType::Q8_0 => {
                 frozen_matmul(&x2, &q.dequantize(x2.device())?)?
             }
-            Weight::Quant(q) => x2.contiguous()?.apply_op1(QMatMulGrad(q.clone()))?,
+            Weight::Quant(q) => x2.contiguous()?.apply_op1(QMatMulGrad {
+                w: q.clone(),
+                transposed: self.transposed.clone(),
+            })?,
             Weight::Dense(w) => frozen_matmul(&x2, w)?,
         };
         let y = match lora {
@@ -900,15 +974,17 @@ impl Transformer {
         let mut m = self.clone();
         let tied_same = matches!((&m.embed, &m.head.weight), (Weight::Quant(a), Weight::Quant(b)) if Arc::ptr_eq(a, b));
         m.embed = re(&m.embed)?;
-        m.head.weight = if tied_same {
+        let head = if tied_same {
             m.embed.clone()
         } else {
             re(&m.head.weight)?
         };
+        m.head.set_weight(head);
         for b in &mut m.blocks {
             for t in LoraTarget::ALL {
                 let lin = b.linear_mut(t);
-                lin.weight = re(&lin.weight)?;
+                let w = re(&lin.weight)?;
+                lin.set_weight(w);
             }
         }
         Ok(m)

@@ -5,7 +5,7 @@
 //! each allocated, zeroed and walked by candle's element-wise pool, and projected every position onto the
 //! vocabulary, scored or not. Here the logits of scored positions are computed once (Q8_0 heads through the
 //! int8 kernel), turned into probabilities in place, and kept for the backward pass, whose gradient is
-//! `g · (onehot(target) − p) · W`, computed in row chunks.
+//! `g · (onehot(target) − p) · W`, computed in row chunks (int8 as well for Q8_0 heads).
 
 use std::sync::Mutex;
 
@@ -13,7 +13,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{QLinear, Weight};
+use super::{QLinear, TransposeCache, Weight};
 use crate::model::{ModelError, Result};
 
 /// Scored rows per backward chunk: the chunk's `[rows, vocab]` gradient (12.6 MB for SmolLM2) is made,
@@ -44,6 +44,7 @@ pub(super) fn target_logps(
     }
     let op = HeadLogps {
         head: head.weight.clone(),
+        transposed: head.transposed.clone(),
         vocab,
         hidden: head.in_features(),
         rows,
@@ -56,6 +57,7 @@ pub(super) fn target_logps(
 
 struct HeadLogps {
     head: Weight,
+    transposed: std::sync::Arc<TransposeCache>,
     vocab: usize,
     hidden: usize,
     /// Scored positions, ascending, and their targets.
@@ -83,6 +85,18 @@ impl HeadLogps {
         x.matmul(&self.dense()?.t()?)?.flatten_all()?.to_vec1()
     }
 
+    /// What the backward pass multiplies by: a Q8_0 head's transpose requantized for the int8 kernel (see
+    /// `q8_0_input_grad` in the parent module), when the vocabulary is a multiple of 32; else the dense head.
+    fn backward_weight(&self) -> candle_core::Result<BackwardWeight<'_>> {
+        if let Weight::Quant(q) = &self.head
+            && q.dtype() == GgmlDType::Q8_0
+            && self.vocab.is_multiple_of(crate::model::q8::QK8_0)
+        {
+            return Ok(BackwardWeight::Transposed(self.transposed.get(q)?));
+        }
+        Ok(BackwardWeight::Dense(self.dense()?))
+    }
+
     /// The head as dense f32 `[vocab, hidden]`.
     fn dense(&self) -> candle_core::Result<Tensor> {
         match &self.head {
@@ -90,6 +104,13 @@ impl HeadLogps {
             Weight::Dense(t) => Ok(t.clone()),
         }
     }
+}
+
+enum BackwardWeight<'a> {
+    /// Q8_0 `[hidden, vocab]`.
+    Transposed(&'a [u8]),
+    /// f32 `[vocab, hidden]`.
+    Dense(Tensor),
 }
 
 /// The contiguous f32 values of a CPU input.
@@ -167,7 +188,7 @@ impl CustomOp1 for HeadLogps {
         let Some(probs) = guard.as_ref() else {
             candle_core::bail!("head-logps: backward without the forward's probabilities");
         };
-        let w = self.dense()?;
+        let w = self.backward_weight()?;
         let mut grad = vec![0f32; n * d];
         let v = self.vocab;
         for (c, rows) in self.rows.chunks(BACKWARD_ROWS).enumerate() {
@@ -179,8 +200,18 @@ impl CustomOp1 for HeadLogps {
                 row.iter_mut().for_each(|p| *p *= -gi);
                 row[self.targets[first + i]] += gi;
             });
-            let dl = Tensor::from_vec(dl, (rows.len(), v), &Device::Cpu)?;
-            let dx: Vec<f32> = dl.matmul(&w)?.flatten_all()?.to_vec1()?;
+            let dx: Vec<f32> = match &w {
+                BackwardWeight::Transposed(wt) => {
+                    let mut dx = vec![0f32; rows.len() * d];
+                    crate::model::q8::matmul(wt, d, v, &dl, rows.len(), &mut dx)
+                        .map_err(candle_core::Error::Msg)?;
+                    dx
+                }
+                BackwardWeight::Dense(w) => {
+                    let dl = Tensor::from_vec(dl, (rows.len(), v), &Device::Cpu)?;
+                    dl.matmul(w)?.flatten_all()?.to_vec1()?
+                }
+            };
             for (i, &r) in rows.iter().enumerate() {
                 grad[r * d..(r + 1) * d].copy_from_slice(&dx[i * d..(i + 1) * d]);
             }
@@ -201,7 +232,7 @@ mod tests {
     /// is zero at unscored positions. A Q8_0 head (int8 forward) agrees within its quantization error.
     #[test]
     fn fused_head_matches_the_composition() {
-        let (n, d, v) = (21, 64, 300);
+        let (n, d, v) = (21, 64, 320);
         let dev = &Device::Cpu;
         let w = Tensor::randn(0f32, 0.3, (v, d), dev).unwrap();
         let x0 = Tensor::randn(0f32, 1.0, (n, d), dev).unwrap();
