@@ -159,6 +159,8 @@ fn run(smoke: bool) -> Res<()> {
 }
 
 fn main() -> Res<()> {
+    // The allocator settings of the hearth binary, so the figures are the main job's.
+    hearth::malloc::tune_for_long_runs();
     // `cargo bench` passes `--bench`; `cargo test --benches` runs a tiny smoke version.
     let smoke = !std::env::args().any(|a| a == "--bench");
     run(smoke)

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod eval;
 pub mod federate;
 pub mod http;
+pub mod malloc;
 pub mod model;
 pub mod report;
 pub mod serve;

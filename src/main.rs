@@ -161,21 +161,8 @@ fn report_bad_lines(input: &Path, errors: &[impl std::fmt::Display]) {
     }
 }
 
-/// glibc gives each thread that allocates its own heap arena and keeps freed memory there; with a dozen
-/// actor, serving and compute threads the main job held 7.3 GB for a 135M model, 4.4 GB with two arenas.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn limit_malloc_arenas() {
-    // SAFETY: mallopt only tunes the allocator; it runs first in main, before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn limit_malloc_arenas() {}
-
 fn main() -> ExitCode {
-    limit_malloc_arenas();
+    hearth::malloc::tune_for_long_runs();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
