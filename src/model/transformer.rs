@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{CpuStorage, CustomOp1, D, DType, Device, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 
 use super::gguf::{Arch, GgufFile, ModelConfig};
 use super::lora::{LoraPair, LoraSet, LoraTarget};
@@ -22,6 +22,7 @@ use super::{ModelError, Result};
 
 mod decode;
 mod head;
+mod train_ops;
 
 /// A frozen weight: block-quantized and kept packed, or dense f32 (F32/F16/BF16 in the file, or a
 /// merged/dequantized copy).
@@ -321,8 +322,12 @@ impl QLinear {
                 match small.then(|| lora_delta_direct(&x2, p)).transpose()? {
                     Some(Some(d)) => (y + d)?,
                     _ => {
-                        let d = x2.matmul(&p.a.t()?)?.matmul(&p.b.t()?)?;
-                        (y + d.affine(p.scale, 0.0)?)?
+                        // The scale goes on B (`[out, r]`), not on the `[n, out]` product: one pass over
+                        // a few thousand values instead of one over the output, each way in training.
+                        let d = x2
+                            .matmul(&p.a.t()?)?
+                            .matmul(&p.b.t()?.affine(p.scale, 0.0)?)?;
+                        (y + d)?
                     }
                 }
             }
@@ -647,17 +652,16 @@ impl Rope {
         let sin = self.sin.narrow(0, offset, l)?;
         use candle_nn::rotary_emb as re;
         Ok(match (self.interleaved, train) {
+            (_, true) => train_ops::rope(x, &cos, &sin, self.interleaved)?,
             (true, false) => re::rope_i(x, &cos, &sin)?,
-            (true, true) => re::rope_i_slow(x, &cos, &sin)?,
             (false, false) => re::rope(x, &cos, &sin)?,
-            (false, true) => re::rope_slow(x, &cos, &sin)?,
         })
     }
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, train: bool) -> Result<Tensor> {
     Ok(if train {
-        candle_nn::ops::rms_norm_slow(x, w, eps)?
+        train_ops::rms_norm(x, w, eps)?
     } else {
         candle_nn::ops::rms_norm(&x.contiguous()?, w, eps)?
     })
@@ -1225,17 +1229,20 @@ impl Transformer {
             return blk.o.forward(&ctx, pair(LoraTarget::O));
         }
         let qg = q.reshape((b, nkv, g * l, hd))?;
-        let scores = (qg.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-        let scores = match mask {
-            Some(m) => scores
-                .reshape((b, nkv, g, l, t))?
-                .broadcast_add(m)?
-                .reshape((b, nkv, g * l, t))?,
-            None => scores,
-        };
+        let scale = 1.0 / (hd as f64).sqrt();
         let probs = if train {
-            candle_nn::ops::softmax(&scores, D::Minus1)?
+            // Scale, causal mask and softmax as one op (`train_ops`).
+            let causal = mask.map(|_| (l, offset));
+            train_ops::causal_softmax(&qg.matmul(&k.t()?)?, scale as f32, causal)?
         } else {
+            let scores = (qg.matmul(&k.t()?)? * scale)?;
+            let scores = match mask {
+                Some(m) => scores
+                    .reshape((b, nkv, g, l, t))?
+                    .broadcast_add(m)?
+                    .reshape((b, nkv, g * l, t))?,
+                None => scores,
+            };
             candle_nn::ops::softmax_last_dim(&scores)?
         };
         let ctx = probs

@@ -1,0 +1,335 @@
+//! Training's norm, attention softmax and rotary embedding as single differentiable ops.
+//!
+//! candle's fused versions of these have no backward (see `shared/specs/candle-notes.md`), so training used
+//! the compositions (`rms_norm_slow`, `softmax` after a scale and a mask add, `rope_slow`): five to ten
+//! element-wise tensors each way per call, every one allocated and walked by candle's element-wise pool.
+//! Each op here is one pass forward and one backward, with the gradient written out by hand:
+//! - RMS norm `y = w · x · r`, `r = (mean x² + ε)^-½`: `dx = r · w·g − x · r³ · mean(w·g·x)` (the weight is
+//!   frozen: no gradient for it).
+//! - Softmax of `scale · x` with the causal mask: `dx = scale · y · (g − Σ g·y)`, from the output alone.
+//! - Rotary embedding, a rotation per pair: the backward rotates the gradient back (`sin` negated).
+
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+use crate::model::Result;
+
+/// Rows per parallel task in these ops (a row is one hidden vector or one query's scores).
+const ROWS_PER_TASK: usize = 16;
+
+/// The contiguous f32 values of a CPU input.
+fn values<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    op: &str,
+) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(x) = storage else {
+        candle_core::bail!("{op}: the input must be f32");
+    };
+    if !layout.is_contiguous() {
+        candle_core::bail!("{op}: the input must be contiguous");
+    }
+    Ok(&x[layout.start_offset()..layout.start_offset() + layout.shape().elem_count()])
+}
+
+/// The contiguous f32 values of a tensor, copied.
+fn to_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+}
+
+struct RmsNorm {
+    w: Vec<f32>,
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn inv_rms(&self, row: &[f32]) -> f32 {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+        1.0 / (ms + self.eps).sqrt()
+    }
+}
+
+impl CustomOp1 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms-norm-train"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = values(s, l, self.name())?;
+        let d = self.w.len();
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(d * ROWS_PER_TASK)
+            .zip(x.par_chunks(d * ROWS_PER_TASK))
+            .for_each(|(y, x)| {
+                for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                    let r = self.inv_rms(x);
+                    for ((y, x), w) in y.iter_mut().zip(x).zip(&self.w) {
+                        *y = w * x * r;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let (x, g) = (to_vec(arg)?, to_vec(g)?);
+        let d = self.w.len();
+        let mut dx = vec![0f32; x.len()];
+        dx.par_chunks_mut(d * ROWS_PER_TASK)
+            .zip(
+                x.par_chunks(d * ROWS_PER_TASK)
+                    .zip(g.par_chunks(d * ROWS_PER_TASK)),
+            )
+            .for_each(|(dx, (x, g))| {
+                for (dx, (x, g)) in dx
+                    .chunks_exact_mut(d)
+                    .zip(x.chunks_exact(d).zip(g.chunks_exact(d)))
+                {
+                    let r = self.inv_rms(x);
+                    let dot: f32 = x
+                        .iter()
+                        .zip(g)
+                        .zip(&self.w)
+                        .map(|((x, g), w)| x * g * w)
+                        .sum();
+                    let c = r * r * r * dot / d as f32;
+                    for (((dx, x), g), w) in dx.iter_mut().zip(x).zip(g).zip(&self.w) {
+                        *dx = r * w * g - x * c;
+                    }
+                }
+            });
+        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+    }
+}
+
+/// RMS norm over the last axis, differentiable with respect to `x` (`w` is frozen).
+pub(super) fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let op = RmsNorm { w: to_vec(w)?, eps };
+    if x.dims().last() != Some(&op.w.len()) {
+        return Err(crate::model::ModelError::Input(format!(
+            "rms norm of {:?} with a weight of {}",
+            x.dims(),
+            op.w.len()
+        )));
+    }
+    Ok(x.to_dtype(DType::F32)?.contiguous()?.apply_op1(op)?)
+}
+
+struct CausalSoftmax {
+    scale: f32,
+    /// With the mask: query rows repeat every `l` rows (grouped heads), key `j` is visible to query `i`
+    /// when `j <= i + offset`.
+    causal: Option<(usize, usize)>,
+}
+
+impl CustomOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "causal-softmax-train"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = values(s, l, self.name())?;
+        let t = l.shape().dims().last().copied().unwrap_or(1).max(1);
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(t * ROWS_PER_TASK)
+            .zip(x.par_chunks(t * ROWS_PER_TASK))
+            .enumerate()
+            .for_each(|(task, (y, x))| {
+                for (i, (y, x)) in y.chunks_exact_mut(t).zip(x.chunks_exact(t)).enumerate() {
+                    let row = task * ROWS_PER_TASK + i;
+                    let visible = match self.causal {
+                        Some((l, offset)) => (row % l + offset + 1).min(t),
+                        None => t,
+                    };
+                    let max = x[..visible]
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |m, v| m.max(v * self.scale));
+                    let mut sum = 0f32;
+                    for (y, x) in y[..visible].iter_mut().zip(x) {
+                        *y = (x * self.scale - max).exp();
+                        sum += *y;
+                    }
+                    let inv = 1.0 / sum;
+                    y[..visible].iter_mut().for_each(|y| *y *= inv);
+                }
+            });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, res: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let (y, g) = (to_vec(res)?, to_vec(g)?);
+        let t = arg.dims().last().copied().unwrap_or(1).max(1);
+        let mut dx = vec![0f32; y.len()];
+        dx.par_chunks_mut(t * ROWS_PER_TASK)
+            .zip(
+                y.par_chunks(t * ROWS_PER_TASK)
+                    .zip(g.par_chunks(t * ROWS_PER_TASK)),
+            )
+            .for_each(|(dx, (y, g))| {
+                for (dx, (y, g)) in dx
+                    .chunks_exact_mut(t)
+                    .zip(y.chunks_exact(t).zip(g.chunks_exact(t)))
+                {
+                    let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
+                    for ((dx, y), g) in dx.iter_mut().zip(y).zip(g) {
+                        *dx = self.scale * y * (g - dot);
+                    }
+                }
+            });
+        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+    }
+}
+
+/// `softmax(scale · x)` over the last axis; with `causal = Some((l, offset))`, rows are queries repeating
+/// every `l` rows and key `j` is masked out for query `i` when `j > i + offset` (as `causal_mask`).
+pub(super) fn causal_softmax(
+    x: &Tensor,
+    scale: f32,
+    causal: Option<(usize, usize)>,
+) -> Result<Tensor> {
+    let op = CausalSoftmax { scale, causal };
+    Ok(x.to_dtype(DType::F32)?.contiguous()?.apply_op1(op)?)
+}
+
+struct Rotary {
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+}
+
+impl Rotary {
+    fn rotate(&self, x: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+        use candle_nn::rotary_emb as re;
+        if self.interleaved {
+            re::rope_i(x, &self.cos, sin)
+        } else {
+            re::rope(x, &self.cos, sin)
+        }
+    }
+}
+
+impl CustomOp1 for Rotary {
+    fn name(&self) -> &'static str {
+        "rope-train"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = Tensor::from_slice(values(s, l, self.name())?, l.shape(), &Device::Cpu)?;
+        let y = self.rotate(&x, &self.sin)?;
+        Ok((CpuStorage::F32(to_vec(&y)?), l.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        // A rotation's transpose is the rotation by the opposite angle.
+        Ok(Some(self.rotate(&g.contiguous()?, &self.sin.neg()?)?))
+    }
+}
+
+/// candle's fused rotary embedding (`x: [b, heads, l, d]` contiguous; `cos`, `sin`: `[l, d/2]`) with a
+/// backward pass.
+pub(super) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Result<Tensor> {
+    let op = Rotary {
+        cos: cos.contiguous()?,
+        sin: sin.contiguous()?,
+        interleaved,
+    };
+    Ok(x.to_dtype(DType::F32)?.contiguous()?.apply_op1(op)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{D, Var};
+
+    use super::*;
+
+    /// Values and input gradients of `fused` and `composed` (candle's differentiable compositions) agree.
+    fn agree(
+        x0: &Tensor,
+        fused: impl Fn(&Tensor) -> Tensor,
+        composed: impl Fn(&Tensor) -> Tensor,
+        what: &str,
+    ) {
+        let weights = Tensor::randn(0f32, 1.0, x0.shape(), &Device::Cpu).unwrap();
+        let run = |f: &dyn Fn(&Tensor) -> Tensor| {
+            let x = Var::from_tensor(x0).unwrap();
+            let y = f(x.as_tensor());
+            let loss = (&y * &weights).unwrap().sum_all().unwrap();
+            let g = loss.backward().unwrap().get(x.as_tensor()).unwrap().clone();
+            (to_vec(&y).unwrap(), to_vec(&g).unwrap())
+        };
+        let (fy, fg) = run(&fused);
+        let (cy, cg) = run(&composed);
+        for (name, a, b) in [("value", &fy, &cy), ("gradient", &fg, &cg)] {
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in a.iter().zip(b.iter()).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale.max(1.0),
+                    "{what} {name}[{i}]: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_matches_the_composition() {
+        let x = Tensor::randn(0f32, 2.0, (3, 5, 64), &Device::Cpu).unwrap();
+        let w = Tensor::randn(1f32, 0.3, 64, &Device::Cpu).unwrap();
+        agree(
+            &x,
+            |x| rms_norm(x, &w, 1e-5).unwrap(),
+            |x| candle_nn::ops::rms_norm_slow(x, &w, 1e-5).unwrap(),
+            "rms norm",
+        );
+    }
+
+    /// Rows of two grouped heads (`l` queries each) over `t` keys, with and without the causal mask, at
+    /// offset 0 and 2.
+    #[test]
+    fn causal_softmax_matches_the_composition() {
+        let (l, t) = (5, 7);
+        let x = Tensor::randn(0f32, 3.0, (2, 2 * l, t), &Device::Cpu).unwrap();
+        for causal in [None, Some((l, 2))] {
+            let mask: Vec<f32> = (0..2 * l)
+                .flat_map(|r| {
+                    (0..t).map(move |j| match causal {
+                        Some((l, off)) if j > r % l + off => f32::NEG_INFINITY,
+                        _ => 0.0,
+                    })
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, (2 * l, t), &Device::Cpu).unwrap();
+            agree(
+                &x,
+                |x| causal_softmax(x, 0.3, causal).unwrap(),
+                |x| {
+                    let s = (x * 0.3).unwrap().broadcast_add(&mask).unwrap();
+                    candle_nn::ops::softmax(&s, D::Minus1).unwrap()
+                },
+                "softmax",
+            );
+        }
+    }
+
+    #[test]
+    fn rope_matches_the_composition() {
+        let (l, d) = (6, 16);
+        let x = Tensor::randn(0f32, 1.0, (2, 3, l, d), &Device::Cpu).unwrap();
+        let angles = Tensor::randn(0f32, 2.0, (l, d / 2), &Device::Cpu).unwrap();
+        let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+        use candle_nn::rotary_emb as re;
+        for interleaved in [false, true] {
+            agree(
+                &x,
+                |x| rope(x, &cos, &sin, interleaved).unwrap(),
+                |x| {
+                    if interleaved {
+                        re::rope_i_slow(x, &cos, &sin).unwrap()
+                    } else {
+                        re::rope_slow(x, &cos, &sin).unwrap()
+                    }
+                },
+                "rope",
+            );
+        }
+    }
+}
