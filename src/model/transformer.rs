@@ -1157,8 +1157,12 @@ impl Transformer {
             // whole matrix (one fork instead of a split per matrix); with one they run in turn.
             let (pg, pu) = (pair(LoraTarget::Gate), pair(LoraTarget::Up));
             let (g, u) = rayon::join(|| blk.gate.forward(&h, pg), || blk.up.forward(&h, pu));
-            let (g, u) = (g?.silu()?, u?);
-            let h = blk.down.forward(&(g * u)?, pair(LoraTarget::Down))?;
+            let act = if train {
+                train_ops::silu_mul(&g?, &u?)?
+            } else {
+                (g?.silu()? * u?)?
+            };
+            let h = blk.down.forward(&act, pair(LoraTarget::Down))?;
             x = (x + h)?;
         }
         if let Some(c) = cache {

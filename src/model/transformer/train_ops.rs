@@ -1,4 +1,4 @@
-//! Training's norm, attention softmax and rotary embedding as single differentiable ops.
+//! Training's norm, attention softmax, rotary embedding and MLP activation as single differentiable ops.
 //!
 //! candle's fused versions of these have no backward (see `shared/specs/candle-notes.md`), so training used
 //! the compositions (`rms_norm_slow`, `softmax` after a scale and a mask add, `rope_slow`): five to ten
@@ -8,14 +8,17 @@
 //!   frozen: no gradient for it).
 //! - Softmax of `scale · x` with the causal mask: `dx = scale · y · (g − Σ g·y)`, from the output alone.
 //! - Rotary embedding, a rotation per pair: the backward rotates the gradient back (`sin` negated).
+//! - The gated MLP's `silu(g) · u`: `du = dy · silu(g)`, `dg = dy · u · σ(g) · (1 + g · (1 − σ(g)))`.
 
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::model::Result;
 
 /// Rows per parallel task in these ops (a row is one hidden vector or one query's scores).
 const ROWS_PER_TASK: usize = 16;
+/// Elements per parallel task of the element-wise op.
+const ELEMENTS_PER_TASK: usize = 1 << 14;
 
 /// The contiguous f32 values of a CPU input.
 fn values<'a>(
@@ -191,6 +194,82 @@ pub(super) fn causal_softmax(
     Ok(x.to_dtype(DType::F32)?.contiguous()?.apply_op1(op)?)
 }
 
+struct SiluMul;
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl CustomOp2 for SiluMul {
+    fn name(&self) -> &'static str {
+        "silu-mul-train"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (g, u) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?);
+        if l1.shape() != l2.shape() {
+            candle_core::bail!("silu-mul: shapes {:?} and {:?}", l1.shape(), l2.shape());
+        }
+        let mut y = vec![0f32; g.len()];
+        y.par_chunks_mut(ELEMENTS_PER_TASK)
+            .zip(
+                g.par_chunks(ELEMENTS_PER_TASK)
+                    .zip(u.par_chunks(ELEMENTS_PER_TASK)),
+            )
+            .for_each(|(y, (g, u))| {
+                for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+                    *y = g * sigmoid(g) * u;
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        g: &Tensor,
+        u: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (gv, uv, dyv) = (to_vec(g)?, to_vec(u)?, to_vec(dy)?);
+        let mut dg = vec![0f32; gv.len()];
+        let mut du = vec![0f32; gv.len()];
+        dg.par_chunks_mut(ELEMENTS_PER_TASK)
+            .zip(du.par_chunks_mut(ELEMENTS_PER_TASK))
+            .zip(gv.par_chunks(ELEMENTS_PER_TASK))
+            .zip(
+                uv.par_chunks(ELEMENTS_PER_TASK)
+                    .zip(dyv.par_chunks(ELEMENTS_PER_TASK)),
+            )
+            .for_each(|(((dg, du), g), (u, dy))| {
+                for i in 0..g.len() {
+                    let s = sigmoid(g[i]);
+                    du[i] = dy[i] * g[i] * s;
+                    dg[i] = dy[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
+                }
+            });
+        Ok((
+            Some(Tensor::from_vec(dg, g.shape(), g.device())?),
+            Some(Tensor::from_vec(du, u.shape(), u.device())?),
+        ))
+    }
+}
+
+/// `silu(g) · u` (the gated MLP's activation), differentiable in both.
+pub(super) fn silu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor> {
+    let (g, u) = (
+        g.to_dtype(DType::F32)?.contiguous()?,
+        u.to_dtype(DType::F32)?.contiguous()?,
+    );
+    Ok(g.apply_op2(&u, SiluMul)?)
+}
+
 struct Rotary {
     cos: Tensor,
     sin: Tensor,
@@ -308,6 +387,25 @@ mod tests {
                 "softmax",
             );
         }
+    }
+
+    /// Both inputs' gradients, against candle's `silu` and `mul`.
+    #[test]
+    fn silu_mul_matches_the_composition() {
+        let g0 = Tensor::randn(0f32, 3.0, (4, 300), &Device::Cpu).unwrap();
+        let u = Tensor::randn(0f32, 1.0, (4, 300), &Device::Cpu).unwrap();
+        agree(
+            &g0,
+            |g| silu_mul(g, &u).unwrap(),
+            |g| (g.silu().unwrap() * &u).unwrap(),
+            "silu-mul (gate)",
+        );
+        agree(
+            &u,
+            |u| silu_mul(&g0, u).unwrap(),
+            |u| (g0.silu().unwrap() * u).unwrap(),
+            "silu-mul (up)",
+        );
     }
 
     #[test]
