@@ -319,24 +319,17 @@ const SPLIT_INPUT_ROWS: usize = 16;
 /// Many input rows (prefill, training) through the AVX-512 VNNI panel kernel: weight rows in panels of 16
 /// (one int32 lane each), input rows in tiles of eight, so each weight load serves eight products and each
 /// broadcast activation word sixteen, where [`dot_rows`] reloads both per product and reduces across lanes.
-/// Panels split across threads; each writes its own `[m, 16]` part, scattered into `y` after.
+/// Panels split across threads; each writes its 16 columns of `y` in place.
 #[cfg(target_arch = "x86_64")]
 fn gemm_panels(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], y: &mut [f32]) {
-    let m = rows.len();
-    let panel = x86::PANEL;
-    let n_panels = n_out.div_ceil(panel);
-    let mut parts = vec![0f32; n_panels * m * panel];
-    crate::model::team::items_mut(&mut parts, m * panel, |first, out| {
-        // SAFETY: `gemm_usable` found AVX-512 F/BW/VNNI; `out` holds whole `[m, 16]` parts of panels
-        // `first..`, and `w` holds `n_out` rows of `k / 32` blocks (checked by `matmul_quantized`).
-        unsafe { x86::gemm_panels(w, n_out, k, rows, first, out) };
+    let n_panels = n_out.div_ceil(x86::PANEL);
+    let y = SharedSlice::new(y);
+    crate::model::team::for_each_range(n_panels, |panels| {
+        // SAFETY: `gemm_usable` found AVX-512 F/BW/VNNI; `w` holds `n_out` rows of `k / 32` blocks and `y`
+        // `m * n_out` values (checked by `matmul_quantized`, which borrows `y` mutably for this call); panel
+        // ranges are disjoint, so each output column is written by one range only.
+        unsafe { x86::gemm_panels(w, n_out, k, rows, panels, y.as_ptr()) };
     });
-    for (p, part) in parts.chunks_exact(m * panel).enumerate() {
-        let cols = panel.min(n_out - p * panel);
-        for (r, vals) in part.chunks_exact(panel).enumerate() {
-            y[r * n_out + p * panel..][..cols].copy_from_slice(&vals[..cols]);
-        }
-    }
 }
 
 /// Where the kernel writes the product of weight row `o` and input row `r`.
@@ -701,33 +694,39 @@ mod x86 {
         }
     }
 
-    /// Products of the panels from `first` on with every input row: `out` is `[panels][m][16]`, as many
-    /// whole panels as it holds.
+    /// Products of the weight panels `panels` with every input row, written to their columns of `y`
+    /// (`[m, n_out]`, row-major).
     ///
     /// # Safety
     /// AVX-512 F, BW and VNNI are available ([`gemm_usable`]); `w` holds `n_out` rows of `k / 32` blocks; every
-    /// row has `k` quantized values; `out.len()` is a multiple of `rows.len() * 16`.
+    /// row has `k` quantized values; `y` points at `rows.len() * n_out` values that no one else reads or
+    /// writes in these panels' columns during the call.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn gemm_panels(
         w: &[u8],
         n_out: usize,
         k: usize,
         rows: &[QuantRow],
-        first: usize,
-        out: &mut [f32],
+        panels: std::ops::Range<usize>,
+        y: *mut f32,
     ) {
         let m = rows.len();
         let blocks = k / QK8_0;
         let mut packed = vec![0u32; blocks * PANEL_BLOCK_WORDS];
-        for (i, part) in out.chunks_exact_mut(m * PANEL).enumerate() {
-            pack_panel(w, n_out, k, (first + i) * PANEL, &mut packed);
+        for p in panels {
+            pack_panel(w, n_out, k, p * PANEL, &mut packed);
+            let cols = PANEL.min(n_out - p * PANEL);
             let mut r = 0;
             while r < m {
                 let tile = &rows[r..(r + TILE_ROWS).min(m)];
-                let dst = &mut part[r * PANEL..(r + tile.len()) * PANEL];
-                // SAFETY: the caller's guarantees; `packed` holds `blocks` packed blocks, `dst` one 16-lane row
-                // per tile row.
+                // SAFETY: the caller's guarantees; `packed` holds `blocks` packed blocks, and rows r.. of `y`
+                // have columns p·16 .. p·16 + cols.
                 unsafe {
+                    let dst = Out {
+                        at: y.add(r * n_out + p * PANEL),
+                        stride: n_out,
+                        cols,
+                    };
                     match tile.len() {
                         8 => gemm_tile::<8>(&packed, blocks, tile, dst),
                         7 => gemm_tile::<7>(&packed, blocks, tile, dst),
@@ -744,21 +743,29 @@ mod x86 {
         }
     }
 
+    /// Where a tile's results go: `cols` (≤ 16) values per row, rows `stride` apart.
+    #[derive(Clone, Copy)]
+    struct Out {
+        at: *mut f32,
+        stride: usize,
+        cols: usize,
+    }
+
     /// `R` input rows against one packed panel: per block, eight `vpdpbusd` per row (each a broadcast word of
     /// four activations times the 16 rows' four weights), started from the row's offset fix, then scaled by
     /// weight scale × activation scale into the row's f32 accumulator.
     ///
     /// # Safety
-    /// As for [`gemm_panels`]; `tile.len() == R`, `packed` holds `blocks` packed blocks, `out` `R * 16` values.
+    /// As for [`gemm_panels`]; `tile.len() == R`, `packed` holds `blocks` packed blocks, `out` has `R` rows.
     #[inline(always)]
     unsafe fn gemm_tile<const R: usize>(
         packed: &[u32],
         blocks: usize,
         tile: &[QuantRow],
-        out: &mut [f32],
+        out: Out,
     ) {
         // SAFETY: the caller's guarantees bound every read below (block b < blocks of a k-value row, group
-        // g < 8 of a 32-value block) and the stores (R rows of 16 in `out`).
+        // g < 8 of a 32-value block) and the stores (R rows of `cols` lanes, masked).
         unsafe {
             let pp = packed.as_ptr();
             let xs: [*const i8; R] = std::array::from_fn(|r| tile[r].qs.as_ptr());
@@ -781,8 +788,13 @@ mod x86 {
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), scale, acc[r]);
                 }
             }
+            let mask: __mmask16 = if out.cols >= PANEL {
+                0xffff
+            } else {
+                (1u16 << out.cols) - 1
+            };
             for (r, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), *a);
+                _mm512_mask_storeu_ps(out.at.add(r * out.stride), mask, *a);
             }
         }
     }

@@ -216,6 +216,12 @@ impl<T> SharedSlice<T> {
         Self(out.as_mut_ptr(), out.len())
     }
 
+    /// The slice's base pointer, for threads that write disjoint strided parts (columns of a matrix); what
+    /// `part` checks is then the caller's to keep.
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        self.0
+    }
+
     /// The values `range` of the slice.
     ///
     /// # Safety
