@@ -6,8 +6,9 @@
 //! `y = W·x + scale·B·(A·x)`, so swapping an adapter never touches the base weights.
 //!
 //! Two op flavours share one code path: serving uses candle-nn's fused kernels (no backward), while
-//! [`Transformer::forward_train`] uses differentiable equivalents. Quantized matmuls go through
-//! `QMatMulGrad`, whose backward multiplies by the dequantized weight, so LoRA parameters receive
+//! [`Transformer::forward_train`] uses differentiable equivalents (`train_ops`, and the head's log-softmax in
+//! `head`). Quantized matmuls go through `QMatMulGrad`, whose backward multiplies by the weight (Q8_0: its
+//! requantized transpose, in int8; other types: the dequantized weight), so LoRA parameters receive
 //! gradients through frozen quantized layers (plain `QMatMul` silently drops them).
 
 use std::sync::Arc;
@@ -32,8 +33,9 @@ pub enum Weight {
     Dense(Tensor),
 }
 
-/// Quantized matmul `x·Wᵀ` that, unlike `QMatMul`, has a backward pass w.r.t. `x`.
-/// The weight itself stays frozen; the dequantized copy exists only during backward.
+/// Quantized matmul `x·Wᵀ` that, unlike `QMatMul`, has a backward pass w.r.t. `x`. The weight stays frozen;
+/// the backward multiplies by its cached transpose (Q8_0, see [`TransposeCache`]) or by a dequantized copy
+/// that exists only during that product.
 struct QMatMulGrad {
     w: Arc<QTensor>,
     transposed: Arc<TransposeCache>,
@@ -365,9 +367,9 @@ impl QLinear {
 /// From this many rows (prefill, training) a quantized weight other than Q8_0 is dequantized for the
 /// call and multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, so a 41-token
 /// SmolLM2 (Q4_1) prefill ran at 19 tok/s, and at 202 tok/s this way. The f32 copy is transient.
-/// Q8_0 weights skip this at any row count: hearth's kernel (`q8`) multiplies the packed blocks in int8
-/// (forward; at 512 rows its AVX-512 VNNI panel kernel measured 1.5-1.8× candle's f32 gemm on the
-/// dequantized weight), and a backward pass dequantizes only while it multiplies.
+/// Q8_0 weights skip this at any row count: hearth's kernel (`q8`) multiplies the packed blocks in int8 (at
+/// 512 rows its AVX-512 VNNI panel kernel measured 1.5-1.8× candle's f32 gemm on the dequantized weight), both
+/// forward and, through [`TransposeCache`], backward.
 const PREFILL_DEQUANT_ROWS: usize = 16;
 
 /// Up to this many rows (decode steps, small batches) the LoRA delta is computed directly on the
@@ -1048,7 +1050,7 @@ impl Transformer {
     /// Training's log-probabilities: `lp[n, t] = log softmax(logits[n, t])[targets[n·l + t]]` for every
     /// position where `scored[n·l + t]`, and 0 elsewhere (`tokens: [n, l]`; `targets` and `scored` have
     /// `n·l` entries). Differentiable like [`Self::forward_train`], but the head's logits exist only inside one
-    /// op and only for scored positions (see [`head`]), so callers must weigh `lp` by the same mask.
+    /// op and only for scored positions (see the `head` module), so callers must weigh `lp` by the same mask.
     pub fn target_logps(
         &self,
         tokens: &Tensor,

@@ -113,17 +113,6 @@ enum BackwardWeight<'a> {
     Dense(Tensor),
 }
 
-/// The contiguous f32 values of a CPU input.
-fn f32_input<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(x) = storage else {
-        candle_core::bail!("head-logps: the input must be f32");
-    };
-    if !layout.is_contiguous() {
-        candle_core::bail!("head-logps: the input must be contiguous");
-    }
-    Ok(&x[layout.start_offset()..layout.start_offset() + layout.shape().elem_count()])
-}
-
 impl CustomOp1 for HeadLogps {
     fn name(&self) -> &'static str {
         "head-logps"
@@ -141,7 +130,7 @@ impl CustomOp1 for HeadLogps {
                 self.hidden
             );
         }
-        let x = f32_input(storage, layout)?;
+        let x = super::train_ops::values(storage, layout, self.name())?;
         let mut out = vec![0f32; n];
         if self.rows.is_empty() {
             return Ok((CpuStorage::F32(out), Shape::from(n)));

@@ -21,7 +21,7 @@ const ROWS_PER_TASK: usize = 16;
 const ELEMENTS_PER_TASK: usize = 1 << 14;
 
 /// The contiguous f32 values of a CPU input.
-fn values<'a>(
+pub(super) fn values<'a>(
     storage: &'a CpuStorage,
     layout: &Layout,
     op: &str,
