@@ -135,8 +135,9 @@ pub fn matmul(
 }
 
 /// Expands Q8_0 rows of `k` weights (raw GGUF bytes) into `out` (`[rows, k]` f32), rows split across the
-/// current rayon pool: training's backward pass needs the dense weight for a moment per product, and candle's
-/// loop is single-threaded and scalar (~80 ms for SmolLM2's 28 M-weight head).
+/// current rayon pool: a backward pass that cannot take the int8 route ([`transpose_requantized`] needs output
+/// rows in multiples of 32) needs the dense weight for a moment per product, and candle's loop is
+/// single-threaded and scalar (~80 ms for SmolLM2's 28 M-weight head).
 pub fn dequantize(w: &[u8], k: usize, out: &mut [f32]) -> Result<(), String> {
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
     if k == 0
@@ -172,8 +173,7 @@ pub fn dequantize(w: &[u8], k: usize, out: &mut [f32]) -> Result<(), String> {
 /// multiple of 32): what a backward pass multiplies by, `dx = dy · W = dy · (Wᵀ)ᵀ`, so that it runs through
 /// [`matmul`]'s int8 kernel too. Each value is dequantized and quantized again along the other axis, so it
 /// moves by at most half a step of its new block's scale (max |w| / 254 over 32 values of one input column),
-/// plus the f16 rounding of that scale.
-/// Built in parallel over blocks of 32 input columns.
+/// plus the f16 rounding of that scale. Built in parallel over blocks of 32 input columns.
 pub fn transpose_requantized(w: &[u8], n_out: usize, k: usize) -> Result<Vec<u8>, String> {
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
     if k == 0
