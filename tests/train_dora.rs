@@ -196,14 +196,18 @@ fn a_trained_dora_delta_round_trips_in_peft_layout_without_a_llama_cpp_export() 
         logits(&m, &ids, Some(&rounded))
     );
     assert_ne!(logits(&m, &ids, Some(&loaded)), logits(&m, &ids, None));
-    // The merged model (W' computed once, dense f32) agrees with the unmerged forward (int8 activations on the
-    // Q8_0 base; 2% of the largest logit measured).
+    // The merged model (W' computed once) agrees with the unmerged forward over the same dense f32 base (the
+    // model merged without an adapter), so int8 rounding of the Q8_0 path plays no part in the comparison.
     let merged = m.merged(Some(&loaded)).unwrap();
-    let (a, b) = (logits(&merged, &ids, None), logits(&m, &ids, Some(&loaded)));
+    let dense = m.merged(None).unwrap();
+    let (a, b) = (
+        logits(&merged, &ids, None),
+        logits(&dense, &ids, Some(&loaded)),
+    );
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     for (x, y) in a.iter().zip(&b) {
         assert!(
-            (x - y).abs() <= 4e-2 * scale,
+            (x - y).abs() <= 1e-4 * scale,
             "merged {x} vs unmerged {y}, scale {scale}"
         );
     }
