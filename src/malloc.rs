@@ -10,8 +10,9 @@
 ///   and unmapped again each time (page clearing and faults were ~17% of a SmolLM2 step's CPU time). Memory
 ///   then stays at the peak a step needs instead of returning to the system between steps.
 ///
-/// Measured (`cargo bench --bench train_throughput`, alternating runs): tiny model 4.7-5.8 → 8.0-9.9 K tok/s,
-/// SmolLM2 rank 8 58-69 → 76-83 tok/s.
+/// Measured with glibc's environment equivalents (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, and a
+/// 512 MiB `MALLOC_TOP_PAD_`) against the defaults, alternating runs of `cargo bench --bench train_throughput`:
+/// tiny model 4.7-5.8 → 8.0-9.9 K tok/s, SmolLM2 rank 8 58-69 → 76-83 tok/s.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn tune_for_long_runs() {
     // SAFETY: mallopt only changes the allocator's parameters; the caller runs it before other threads exist.

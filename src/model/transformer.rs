@@ -368,7 +368,7 @@ impl QLinear {
 /// call and multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, so a 41-token
 /// SmolLM2 (Q4_1) prefill ran at 19 tok/s, and at 202 tok/s this way. The f32 copy is transient.
 /// Q8_0 weights skip this at any row count: hearth's kernel (`q8`) multiplies the packed blocks in int8 (at
-/// 512 rows its AVX-512 VNNI panel kernel measured 1.5-1.8× candle's f32 gemm on the dequantized weight), both
+/// 512 rows its AVX-512 VNNI panel kernel measured 1.2-1.8× candle's f32 gemm on the dequantized weight), both
 /// forward and, through [`TransposeCache`], backward.
 const PREFILL_DEQUANT_ROWS: usize = 16;
 
