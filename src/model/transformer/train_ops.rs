@@ -40,6 +40,29 @@ fn to_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
     t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
 }
 
+/// `f(out_row, a_row, b_row)` over rows of `width` values, in parallel tasks of [`ROWS_PER_TASK`] rows; the
+/// output starts zeroed.
+fn map_rows(
+    width: usize,
+    a: &[f32],
+    b: &[f32],
+    f: impl Fn(&mut [f32], &[f32], &[f32]) + Sync,
+) -> Vec<f32> {
+    let mut out = vec![0f32; a.len()];
+    let task = width * ROWS_PER_TASK;
+    out.par_chunks_mut(task)
+        .zip(a.par_chunks(task).zip(b.par_chunks(task)))
+        .for_each(|(out, (a, b))| {
+            for (out, (a, b)) in out
+                .chunks_exact_mut(width)
+                .zip(a.chunks_exact(width).zip(b.chunks_exact(width)))
+            {
+                f(out, a, b);
+            }
+        });
+    out
+}
+
 struct RmsNorm {
     w: Vec<f32>,
     eps: f32,
@@ -77,30 +100,19 @@ impl CustomOp1 for RmsNorm {
     fn bwd(&self, arg: &Tensor, _res: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         let (x, g) = (to_vec(arg)?, to_vec(g)?);
         let d = self.w.len();
-        let mut dx = vec![0f32; x.len()];
-        dx.par_chunks_mut(d * ROWS_PER_TASK)
-            .zip(
-                x.par_chunks(d * ROWS_PER_TASK)
-                    .zip(g.par_chunks(d * ROWS_PER_TASK)),
-            )
-            .for_each(|(dx, (x, g))| {
-                for (dx, (x, g)) in dx
-                    .chunks_exact_mut(d)
-                    .zip(x.chunks_exact(d).zip(g.chunks_exact(d)))
-                {
-                    let r = self.inv_rms(x);
-                    let dot: f32 = x
-                        .iter()
-                        .zip(g)
-                        .zip(&self.w)
-                        .map(|((x, g), w)| x * g * w)
-                        .sum();
-                    let c = r * r * r * dot / d as f32;
-                    for (((dx, x), g), w) in dx.iter_mut().zip(x).zip(g).zip(&self.w) {
-                        *dx = r * w * g - x * c;
-                    }
-                }
-            });
+        let dx = map_rows(d, &x, &g, |dx, x, g| {
+            let r = self.inv_rms(x);
+            let dot: f32 = x
+                .iter()
+                .zip(g)
+                .zip(&self.w)
+                .map(|((x, g), w)| x * g * w)
+                .sum();
+            let c = r * r * r * dot / d as f32;
+            for (((dx, x), g), w) in dx.iter_mut().zip(x).zip(g).zip(&self.w) {
+                *dx = r * w * g - x * c;
+            }
+        });
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
     }
 }
@@ -162,23 +174,12 @@ impl CustomOp1 for CausalSoftmax {
     fn bwd(&self, arg: &Tensor, res: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         let (y, g) = (to_vec(res)?, to_vec(g)?);
         let t = arg.dims().last().copied().unwrap_or(1).max(1);
-        let mut dx = vec![0f32; y.len()];
-        dx.par_chunks_mut(t * ROWS_PER_TASK)
-            .zip(
-                y.par_chunks(t * ROWS_PER_TASK)
-                    .zip(g.par_chunks(t * ROWS_PER_TASK)),
-            )
-            .for_each(|(dx, (y, g))| {
-                for (dx, (y, g)) in dx
-                    .chunks_exact_mut(t)
-                    .zip(y.chunks_exact(t).zip(g.chunks_exact(t)))
-                {
-                    let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
-                    for ((dx, y), g) in dx.iter_mut().zip(y).zip(g) {
-                        *dx = self.scale * y * (g - dot);
-                    }
-                }
-            });
+        let dx = map_rows(t, &y, &g, |dx, y, g| {
+            let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
+            for ((dx, y), g) in dx.iter_mut().zip(y).zip(g) {
+                *dx = self.scale * y * (g - dot);
+            }
+        });
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
     }
 }
