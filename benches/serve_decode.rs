@@ -39,8 +39,12 @@ fn measure(
     model: &str,
     prompt: &str,
     max_tokens: usize,
+    sampled: bool,
 ) -> Res<(f64, f64, usize)> {
-    let req = fixed_length_request(Some(model), prompt, max_tokens);
+    let mut req = fixed_length_request(Some(model), prompt, max_tokens);
+    if sampled {
+        (req.temperature, req.top_p, req.seed) = (Some(0.8), Some(0.95), Some(1));
+    }
     let t0 = Instant::now();
     let admitted = server.engine().submit(req, "bench")?;
     let mut first = None;
@@ -110,7 +114,7 @@ fn run(smoke: bool) -> Res<()> {
         // bandwidth measurement and the bound is the best bandwidth of this window (the start's is kept too).
         let (mut best_p, mut best_d, mut n, mut window_bw) = (0f64, 0f64, 0, 0f64);
         for _ in 0..reps {
-            let (p, d, pn) = measure(&server, name, &prompt, max_tokens)?;
+            let (p, d, pn) = measure(&server, name, &prompt, max_tokens, false)?;
             best_p = best_p.max(p);
             best_d = best_d.max(d);
             n = pn;
@@ -123,6 +127,15 @@ fn run(smoke: bool) -> Res<()> {
             window_bw / 1e9
         );
     }
+
+    // The same decode with temperature and top-p sampling over the whole vocabulary, base model.
+    let mut best_sampled = 0f64;
+    for _ in 0..reps {
+        best_sampled = best_sampled.max(measure(&server, "base", &prompt, max_tokens, true)?.1);
+    }
+    println!(
+        "threads {threads:>7} | sampled (temperature 0.8, top-p 0.95, base) | decode {max_tokens} tokens: {best_sampled:6.1} tok/s"
+    );
 
     // Hot swap: reading a PEFT directory and installing it, and the install alone (an Arc swap).
     let dir = scratch.join("adapter");

@@ -185,6 +185,84 @@ fn sampler_respects_top_k_and_greedy() {
     assert!(greedy.sample(&[f32::NAN]).is_err());
 }
 
+/// Empirical frequencies of `draws` samples against the distribution the settings define (softmax at the
+/// temperature over the `top_k` best, cut to the smallest best-first prefix reaching `top_p`).
+fn check_distribution(logits: &[f32], temperature: f32, top_k: Option<usize>, top_p: Option<f32>) {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    order.truncate(top_k.unwrap_or(logits.len()));
+    let w: Vec<f64> = order
+        .iter()
+        .map(|&i| (((logits[i] - logits[order[0]]) / temperature) as f64).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut keep = order.len();
+    if let Some(p) = top_p {
+        let mut acc = 0.0;
+        for (j, x) in w.iter().enumerate() {
+            acc += x / total;
+            if acc >= p as f64 {
+                keep = j + 1;
+                break;
+            }
+        }
+    }
+    let kept: f64 = w[..keep].iter().sum();
+    let mut expected = vec![0f64; logits.len()];
+    for (j, &i) in order[..keep].iter().enumerate() {
+        expected[i] = w[j] / kept;
+    }
+    let draws = 10_000;
+    let mut s = Sampler::new(&GenerateConfig {
+        temperature,
+        top_k,
+        top_p,
+        seed: 7,
+        ..Default::default()
+    });
+    let mut seen = vec![0usize; logits.len()];
+    for _ in 0..draws {
+        seen[s.sample(logits).unwrap() as usize] += 1;
+    }
+    for (i, (&e, &c)) in expected.iter().zip(&seen).enumerate() {
+        if e == 0.0 {
+            assert_eq!(
+                c, 0,
+                "id {i} is outside the kept set but was drawn {c} times"
+            );
+        } else {
+            // five standard deviations of a binomial count
+            let sd = (draws as f64 * e * (1.0 - e)).sqrt();
+            assert!(
+                (c as f64 - draws as f64 * e).abs() <= 5.0 * sd + 2.0,
+                "id {i}: drawn {c} times, expected {:.1}",
+                draws as f64 * e
+            );
+        }
+    }
+}
+
+#[test]
+fn sampler_draws_from_the_distribution_its_settings_define() {
+    // A vocabulary of 300 with a few strong ids, many ties and a long tail.
+    let logits: Vec<f32> = (0..300u32)
+        .map(|i| match i {
+            17 => 6.0,
+            250 => 5.5,
+            3..=5 => 4.0,
+            _ => ((i * 7919) % 97) as f32 / 40.0,
+        })
+        .collect();
+    check_distribution(&logits, 1.0, None, None);
+    check_distribution(&logits, 0.7, Some(5), None);
+    check_distribution(&logits, 1.0, None, Some(0.5));
+    check_distribution(&logits, 1.3, Some(200), Some(0.6));
+    // A flat vocabulary: the nucleus holds 272 tied ids (the lowest ids first), more than the first prefix
+    // the sampler orders.
+    let flat = vec![0.25f32; 300];
+    check_distribution(&flat, 1.0, None, Some(0.905));
+}
+
 #[test]
 fn streamed_text_always_equals_final_text() {
     let (m, tok, _d) = setup();

@@ -107,6 +107,11 @@ impl Sampler {
     }
 
     /// Picks a token from unnormalised logits. Greedy ties go to the lowest id.
+    ///
+    /// Sorting the whole vocabulary per token (49,152 ids for SmolLM2) cost about as much as a quarter of a
+    /// decode step, so only what a setting needs is ordered: nothing for plain temperature sampling (one
+    /// pass in id order), the `top_k` best for top-k, and for top-p a best prefix grown until it holds the
+    /// nucleus. Candidates are ranked by logit, ties to the lower id.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
         if logits.is_empty() {
             return Err(ModelError::Generate("empty logits".into()));
@@ -117,21 +122,50 @@ impl Sampler {
         if self.temperature <= 0.0 || self.top_k == Some(1) {
             return Ok(argmax(logits));
         }
-        let mut idx: Vec<usize> = (0..logits.len()).collect();
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        if let Some(k) = self.top_k {
-            idx.truncate(k.max(1));
+        let n = logits.len();
+        let max = logits[argmax(logits) as usize];
+        let temperature = self.temperature;
+        let weight = |i: usize| ((logits[i] - max) / temperature).exp();
+        let top_p = self.top_p.filter(|p| *p < 1.0);
+        let kept = self.top_k.map_or(n, |k| k.clamp(1, n));
+        if kept == n && top_p.is_none() {
+            // Plain temperature sampling: the distribution over all ids, walked in id order.
+            let total: f32 = (0..n).map(weight).sum();
+            let target = self.rng.random::<f32>() * total;
+            let mut acc = 0.0;
+            for i in 0..n {
+                acc += weight(i);
+                if target < acc {
+                    return Ok(i as u32);
+                }
+            }
+            return Ok(argmax(logits));
         }
-        let max = logits[idx[0]];
-        let mut probs: Vec<f32> = idx
-            .iter()
-            .map(|&i| ((logits[i] - max) / self.temperature).exp())
-            .collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= sum);
-        if let Some(p) = self.top_p
-            && p < 1.0
-        {
+        let better = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+        let mut idx: Vec<usize> = (0..n).collect();
+        // Normalising mass: the kept candidates' (all ids without top-k).
+        let total: f32 = if kept == n {
+            (0..n).map(weight).sum()
+        } else {
+            idx.select_nth_unstable_by(kept - 1, better);
+            idx[..kept].iter().map(|&i| weight(i)).sum()
+        };
+        // The best `prefix` candidates in order; with top-p, grown until their mass reaches the nucleus.
+        let mut prefix = if top_p.is_some() { kept.min(64) } else { kept };
+        loop {
+            if prefix < idx.len() {
+                idx.select_nth_unstable_by(prefix - 1, better);
+            }
+            idx[..prefix].sort_unstable_by(better);
+            let mass: f32 = idx[..prefix].iter().map(|&i| weight(i)).sum();
+            match top_p {
+                Some(p) if prefix < kept && mass < p * total => prefix = (prefix * 4).min(kept),
+                _ => break,
+            }
+        }
+        idx.truncate(prefix);
+        let mut probs: Vec<f32> = idx.iter().map(|&i| weight(i) / total).collect();
+        if let Some(p) = top_p {
             let mut acc = 0.0;
             let mut keep = probs.len();
             for (i, q) in probs.iter().enumerate() {
@@ -143,10 +177,9 @@ impl Sampler {
             }
             probs.truncate(keep);
             idx.truncate(keep);
-            let s: f32 = probs.iter().sum();
-            probs.iter_mut().for_each(|q| *q /= s);
         }
-        let r: f32 = self.rng.random();
+        let s: f32 = probs.iter().sum();
+        let r: f32 = self.rng.random::<f32>() * s;
         let mut acc = 0.0;
         for (q, &i) in probs.iter().zip(&idx) {
             acc += q;
