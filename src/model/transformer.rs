@@ -1135,11 +1135,8 @@ impl Transformer {
                     .reshape((b, l, cfg.hidden_size))?
             }
         };
-        let mask = if l > 1 {
-            Some(causal_mask(l, offset)?)
-        } else {
-            None
-        };
+        // Several positions at once: each attends to the cache and to itself and the positions before it.
+        let causal = l > 1;
         for (li, blk) in self.blocks.iter().enumerate() {
             let pair = |t| lora.and_then(|s| s.get(li, t));
             let h = rms_norm(&x, &blk.attn_norm, cfg.rms_eps, train)?;
@@ -1148,24 +1145,20 @@ impl Transformer {
                 li,
                 &h,
                 offset,
-                mask.as_ref(),
+                causal,
                 cache.as_deref_mut(),
                 &pair,
                 train,
             )?;
-            x = (x + h)?;
+            x = train_ops::add(&x, &h)?;
             let h = rms_norm(&x, &blk.ffn_norm, cfg.rms_eps, train)?;
             // Independent projections of the same input run as two tasks: with two threads each gets one
             // whole matrix (one fork instead of a split per matrix); with one they run in turn.
             let (pg, pu) = (pair(LoraTarget::Gate), pair(LoraTarget::Up));
             let (g, u) = rayon::join(|| blk.gate.forward(&h, pg), || blk.up.forward(&h, pu));
-            let act = if train {
-                train_ops::silu_mul(&g?, &u?)?
-            } else {
-                (g?.silu()? * u?)?
-            };
+            let act = train_ops::silu_mul(&g?, &u?)?;
             let h = blk.down.forward(&act, pair(LoraTarget::Down))?;
-            x = (x + h)?;
+            x = train_ops::add(&x, &h)?;
         }
         if let Some(c) = cache {
             c.len += l;
@@ -1187,7 +1180,7 @@ impl Transformer {
         layer: usize,
         x: &Tensor,
         offset: usize,
-        mask: Option<&Tensor>,
+        causal: bool,
         cache: Option<&mut KvCache>,
         pair: &dyn Fn(LoraTarget) -> Option<&'a LoraPair>,
         train: bool,
@@ -1223,12 +1216,11 @@ impl Transformer {
             Some(c) => c.append(layer, &k, &v)?,
             None => (k, v),
         };
-        let t = k.dim(2)?;
         // GQA without repeating K/V: query head h uses kv head h / g, so group the g query heads
         // of each kv head along the row axis.
         let g = nh / nkv;
         if l == 1
-            && mask.is_none()
+            && !causal
             && !train
             && let Some(ctx) = decode_attention(&q, &k, &v, g)?
         {
@@ -1236,21 +1228,12 @@ impl Transformer {
         }
         let qg = q.reshape((b, nkv, g * l, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let probs = if train {
-            // Scale, causal mask and softmax as one op (`train_ops`).
-            let causal = mask.map(|_| (l, offset));
-            train_ops::causal_softmax(&qg.matmul(&k.t()?)?, scale as f32, causal)?
-        } else {
-            let scores = (qg.matmul(&k.t()?)? * scale)?;
-            let scores = match mask {
-                Some(m) => scores
-                    .reshape((b, nkv, g, l, t))?
-                    .broadcast_add(m)?
-                    .reshape((b, nkv, g * l, t))?,
-                None => scores,
-            };
-            candle_nn::ops::softmax_last_dim(&scores)?
-        };
+        // Scale, causal mask and softmax as one op on hearth's threads (`train_ops`), in training and inference.
+        let probs = train_ops::causal_softmax(
+            &qg.matmul(&k.t()?)?,
+            scale as f32,
+            causal.then_some((l, offset)),
+        )?;
         let ctx = probs
             .matmul(&v)?
             .reshape((b, nh, l, hd))?
@@ -1552,21 +1535,4 @@ fn dot<A: FactorValue>(a: &[A], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
-}
-
-/// Additive mask `[l, offset + l]`: 0 where key `j <= offset + i`, −∞ after.
-fn causal_mask(l: usize, offset: usize) -> Result<Tensor> {
-    let t = offset + l;
-    let m: Vec<f32> = (0..l)
-        .flat_map(|i| {
-            (0..t).map(move |j| {
-                if j <= offset + i {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    Ok(Tensor::from_vec(m, (l, t), &Device::Cpu)?)
 }

@@ -9,6 +9,11 @@
 //! - Softmax of `scale · x` with the causal mask: `dx = scale · y · (g − Σ g·y)`, from the output alone.
 //! - Rotary embedding, a rotation per pair: the backward rotates the gradient back (`sin` negated).
 //! - The gated MLP's `silu(g) · u`: `du = dy · silu(g)`, `dg = dy · u · σ(g) · (1 + g · (1 − σ(g)))`.
+//! - The residual add `a + b`: the gradient passes to both.
+//!
+//! Inference over several positions (prefill) uses the softmax, the activation and the add too: candle runs
+//! element-wise ops of 64K values and up on its own thread pool, whose worker then spins for about a
+//! millisecond beside hearth's rayon threads; on 2 cores a 2-thread prefill was slower than a 1-thread one.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -185,7 +190,7 @@ impl CustomOp1 for CausalSoftmax {
 }
 
 /// `softmax(scale · x)` over the last axis; with `causal = Some((l, offset))`, rows are queries repeating
-/// every `l` rows and key `j` is masked out for query `i` when `j > i + offset` (as `causal_mask`).
+/// every `l` rows and key `j` is masked out for query `i` when `j > i + offset`.
 pub(super) fn causal_softmax(
     x: &Tensor,
     scale: f32,
@@ -269,6 +274,60 @@ pub(super) fn silu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor> {
         u.to_dtype(DType::F32)?.contiguous()?,
     );
     Ok(g.apply_op2(&u, SiluMul)?)
+}
+
+struct Add;
+
+impl CustomOp2 for Add {
+    fn name(&self) -> &'static str {
+        "residual-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (a, b) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?);
+        if l1.shape() != l2.shape() {
+            candle_core::bail!("residual-add: shapes {:?} and {:?}", l1.shape(), l2.shape());
+        }
+        let mut y = vec![0f32; a.len()];
+        y.par_chunks_mut(ELEMENTS_PER_TASK)
+            .zip(
+                a.par_chunks(ELEMENTS_PER_TASK)
+                    .zip(b.par_chunks(ELEMENTS_PER_TASK)),
+            )
+            .for_each(|(y, (a, b))| {
+                for ((y, a), b) in y.iter_mut().zip(a).zip(b) {
+                    *y = a + b;
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _a: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(dy.clone()), Some(dy.clone())))
+    }
+}
+
+/// `a + b` of two same-shaped tensors (the residual stream), differentiable in both. candle's add of a
+/// prefill's or a training step's activations (64K values and up) runs on candle's own element-wise pool,
+/// whose worker then spins beside hearth's rayon threads on the same cores; this runs on rayon.
+pub(super) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (a, b) = (
+        a.to_dtype(DType::F32)?.contiguous()?,
+        b.to_dtype(DType::F32)?.contiguous()?,
+    );
+    Ok(a.apply_op2(&b, Add)?)
 }
 
 struct Rotary {
@@ -391,6 +450,25 @@ mod tests {
     }
 
     /// Both inputs' gradients, against candle's `silu` and `mul`.
+    /// Over more values than one parallel task holds, so the split is exercised.
+    #[test]
+    fn add_matches_candles_add() {
+        let a0 = Tensor::randn(0f32, 1.0, (3, 7000), &Device::Cpu).unwrap();
+        let b = Tensor::randn(0f32, 1.0, (3, 7000), &Device::Cpu).unwrap();
+        agree(
+            &a0,
+            |a| add(a, &b).unwrap(),
+            |a| (a + &b).unwrap(),
+            "add (left)",
+        );
+        agree(
+            &b,
+            |b| add(&a0, b).unwrap(),
+            |b| (&a0 + b).unwrap(),
+            "add (right)",
+        );
+    }
+
     #[test]
     fn silu_mul_matches_the_composition() {
         let g0 = Tensor::randn(0f32, 3.0, (4, 300), &Device::Cpu).unwrap();
