@@ -178,6 +178,9 @@ fn placeholders_hashes_code_and_sentinels_are_not_secrets() {
         "ClientHandshakeTrafficSecret => \"CLIENT_HANDSHAKE_TRAFFIC_SECRET\",",
         "Box::new(ChaCha20Poly1305MessageDecrypter { dec_key, dec_offset })",
         "assert_eq!(\"/wMHCw8TFxsfIycrLzM3Oz9DR0tPU1dbX2Nna29zd3t/g4eLj5OXm5+jp6uv\", out);",
+        // a custom base64 alphabet, and a long encoded test vector (both from the `base64` crate's tests)
+        "Alphabet::new(\"4QTRhE+Hiz0Nme6DsnuAFCP8WaojxdVOZpKL53r2=BIkqSUcbYJG91tvX7lywMgf\")",
+        "let b64 = \"z3Uuv7+Xsn+acg0ZNRsw1/ZEl1FJEMw3kV0N0MaAZuEqXsMjfR2AE51PUsgwNEY4c+PdL3UxO/kcDInOe4+MiyeJL2mAapHLXk+7PBQ6hdqt5Oy4rwOIW4TvRzGHAW==\";",
     ] {
         assert!(
             s.scan(text).is_empty(),
@@ -293,4 +296,23 @@ fn findings_jsonl_format() {
     assert_eq!(v["id"], 3);
     assert_eq!(v["secret"], key.as_str());
     assert_eq!(v["rule"], "gitlab-token");
+}
+
+#[test]
+fn long_padded_base64_is_data_unless_it_is_der() {
+    let s = scanner();
+    // A 64-byte key in base64 (Azure storage keys look like this) stays a bare secret token.
+    let key = format!("{}==", rnd(61, 86, AL));
+    assert_eq!(s.scan(&format!("my key {key} ok")).len(), 1);
+    // 130 characters of padded base64 are encoded content...
+    let blob = format!("{}==", rnd(62, 130, AL));
+    assert!(s.scan(&format!("payload {blob} ok")).is_empty());
+    // ...unless they decode to DER: a private key pasted on one line without its PEM lines.
+    let der = format!("MIIEvQIBADANBgkqhkiG9w0BAQEFAASC{}==", rnd(63, 98, AL));
+    assert_eq!(s.scan(&format!("key {der} ok")).len(), 1);
+    // An alphabet written out is no key; the same characters shuffled with repeats are.
+    let alphabet = "4QTRhE+Hiz0Nme6DsnuAFCP8WaojxdVOZpKL53r2BIkqSUcbYJG91tvX7lywMgf";
+    assert!(s.scan(alphabet).is_empty());
+    let repeated = format!("{}{}", &alphabet[..30], &alphabet[..30]);
+    assert_eq!(s.scan(&repeated).len(), 1);
 }

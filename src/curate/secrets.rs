@@ -886,6 +886,11 @@ impl SecretScanner {
                 continue;
             }
             let tok = &b[s..e];
+            // Long padded base64 is encoded content (a test vector, a file, a certificate body) unless it
+            // decodes to DER, as a key pasted on one line does.
+            if pad_end > 0 && e - s >= ENCODED_DATA_MIN_LEN && !decodes_to_der(tok) {
+                continue;
+            }
             if self.bare_token_ok(tok) {
                 let t = &text[s..i];
                 if !self.allowed(t) && !is_placeholder(t) {
@@ -903,6 +908,9 @@ impl SecretScanner {
     fn bare_token_ok(&self, tok: &[u8]) -> bool {
         if tok.iter().all(|c| c.is_ascii_hexdigit() || *c == b'-') {
             return false; // hashes, UUIDs, ids
+        }
+        if is_alphabet(tok) {
+            return false;
         }
         let slashes = tok.iter().filter(|c| **c == b'/').count();
         if slashes > 0 && (tok.contains(&b'.') || slashes * 12 > tok.len()) {
@@ -1101,6 +1109,29 @@ fn b64_decode(tok: &[u8]) -> Option<Vec<u8>> {
         out.extend_from_slice(&bytes[1..chunk.len()]);
     }
     Some(out)
+}
+
+/// Bare tokens with `=` padding from this many characters on are encoded data, not credentials: key
+/// material runs to 88 characters (64 bytes) in base64, and longer keys come as PEM blocks or DER.
+const ENCODED_DATA_MIN_LEN: usize = 100;
+
+/// True if the token is standard base64 of DER (an ASN.1 SEQUENCE: `0x30` and a long-form length), the
+/// encoding of private keys pasted without their PEM lines.
+fn decodes_to_der(tok: &[u8]) -> bool {
+    b64_decode(&tok[..tok.len().min(8)])
+        .is_some_and(|d| d.len() >= 2 && d[0] == 0x30 && d[1] & 0x80 != 0)
+}
+
+/// True if no character repeats in a token of 40 or more: an alphabet or a permutation written out (a
+/// custom base64 alphabet in code). Random key material of that length repeats a character with near
+/// certainty (over 64 symbols the chance that 40 draws are all distinct is about 2·10⁻⁷).
+fn is_alphabet(tok: &[u8]) -> bool {
+    if tok.len() < 40 {
+        return false;
+    }
+    let mut seen = [false; 256];
+    tok.iter()
+        .all(|&c| !std::mem::replace(&mut seen[c as usize], true))
 }
 
 /// True if the token is base64 of a byte progression (`/wMHCw8TFxsf…` is 0xff, 0x03, 0x07 …):
