@@ -434,15 +434,30 @@ fn add_lora_rows(x: &[f32], p: &LoraPair, y: &mut [f32]) -> Option<()> {
         })
         .as_ref()?;
     let (scale, shape) = (p.scale as f32, (r, inp, out));
-    use DecodeFactor::{Bf16, F32};
-    match (&f.a, &f.b_by_rank) {
-        (F32(a), F32(b)) => lora_rows_dispatch(&LoraRows { a, b, shape, scale }, x, y),
-        (F32(a), Bf16(b)) => lora_rows_dispatch(&LoraRows { a, b, shape, scale }, x, y),
-        (Bf16(a), F32(b)) => lora_rows_dispatch(&LoraRows { a, b, shape, scale }, x, y),
-        (Bf16(a), Bf16(b)) => lora_rows_dispatch(&LoraRows { a, b, shape, scale }, x, y),
+    // Rows are independent: a prefill's rows split across threads, a decode step's row runs here.
+    let run = |x: &[f32], y: &mut [f32]| {
+        use DecodeFactor::{Bf16, F32};
+        match (&f.a, &f.b_by_rank) {
+            (F32(a), F32(b)) => lora_rows_dispatch(&LoraRows { a, b, shape, scale }, x, y),
+            (F32(a), Bf16(b)) => lora_rows_dispatch(&LoraRows { a, b, shape, scale }, x, y),
+            (Bf16(a), F32(b)) => lora_rows_dispatch(&LoraRows { a, b, shape, scale }, x, y),
+            (Bf16(a), Bf16(b)) => lora_rows_dispatch(&LoraRows { a, b, shape, scale }, x, y),
+        }
+    };
+    let rows = y.len() / out.max(1);
+    if rows < LORA_PARALLEL_ROWS {
+        run(x, y);
+    } else {
+        super::team::items_mut(y, out.max(1), |first, part| {
+            let n = part.len() / out.max(1);
+            run(&x[first * inp..(first + n) * inp], part)
+        });
     }
     Some(())
 }
+
+/// From this many rows [`add_lora_rows`] splits its rows across threads.
+const LORA_PARALLEL_ROWS: usize = 16;
 
 /// A LoRA pair's `A` (`[r, in]`) and transposed `B` (`[r, out]`) as the decode loops read them.
 #[derive(Debug)]
