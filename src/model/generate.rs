@@ -142,18 +142,17 @@ impl Sampler {
             return Ok(argmax(logits));
         }
         let better = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+        // The kept candidates (the top k, or every id), and their mass, which normalises.
         let mut idx: Vec<usize> = (0..n).collect();
-        // Normalising mass: the kept candidates' (all ids without top-k).
-        let total: f32 = if kept == n {
-            (0..n).map(weight).sum()
-        } else {
+        if kept < n {
             idx.select_nth_unstable_by(kept - 1, better);
-            idx[..kept].iter().map(|&i| weight(i)).sum()
-        };
+            idx.truncate(kept);
+        }
+        let total: f32 = idx.iter().map(|&i| weight(i)).sum();
         // The best `prefix` candidates in order; with top-p, grown until their mass reaches the nucleus.
         let mut prefix = if top_p.is_some() { kept.min(64) } else { kept };
         loop {
-            if prefix < idx.len() {
+            if prefix < kept {
                 idx.select_nth_unstable_by(prefix - 1, better);
             }
             idx[..prefix].sort_unstable_by(better);

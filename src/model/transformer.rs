@@ -1235,7 +1235,6 @@ impl Transformer {
         // of each kv head along the row axis.
         let g = nh / nkv;
         if l == 1
-            && !causal
             && !train
             && let Some(ctx) = decode_attention(&q, &k, &v, g)?
         {
