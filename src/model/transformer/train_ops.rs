@@ -68,6 +68,31 @@ fn map_rows(
     out
 }
 
+/// `f(a, b)` of two same-shaped inputs element by element, in parallel tasks of [`ELEMENTS_PER_TASK`].
+fn zip_values(
+    op: &str,
+    (s1, l1): (&CpuStorage, &Layout),
+    (s2, l2): (&CpuStorage, &Layout),
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    let (a, b) = (values(s1, l1, op)?, values(s2, l2, op)?);
+    if l1.shape() != l2.shape() {
+        candle_core::bail!("{op}: shapes {:?} and {:?}", l1.shape(), l2.shape());
+    }
+    let mut y = vec![0f32; a.len()];
+    y.par_chunks_mut(ELEMENTS_PER_TASK)
+        .zip(
+            a.par_chunks(ELEMENTS_PER_TASK)
+                .zip(b.par_chunks(ELEMENTS_PER_TASK)),
+        )
+        .for_each(|(y, (a, b))| {
+            for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+                *y = f(a, b);
+            }
+        });
+    Ok((CpuStorage::F32(y), l1.shape().clone()))
+}
+
 struct RmsNorm {
     w: Vec<f32>,
     eps: f32,
@@ -218,22 +243,7 @@ impl CustomOp2 for SiluMul {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (g, u) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?);
-        if l1.shape() != l2.shape() {
-            candle_core::bail!("silu-mul: shapes {:?} and {:?}", l1.shape(), l2.shape());
-        }
-        let mut y = vec![0f32; g.len()];
-        y.par_chunks_mut(ELEMENTS_PER_TASK)
-            .zip(
-                g.par_chunks(ELEMENTS_PER_TASK)
-                    .zip(u.par_chunks(ELEMENTS_PER_TASK)),
-            )
-            .for_each(|(y, (g, u))| {
-                for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-                    *y = g * sigmoid(g) * u;
-                }
-            });
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        zip_values(self.name(), (s1, l1), (s2, l2), |g, u| g * sigmoid(g) * u)
     }
 
     fn bwd(
@@ -290,22 +300,7 @@ impl CustomOp2 for Add {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (a, b) = (values(s1, l1, self.name())?, values(s2, l2, self.name())?);
-        if l1.shape() != l2.shape() {
-            candle_core::bail!("residual-add: shapes {:?} and {:?}", l1.shape(), l2.shape());
-        }
-        let mut y = vec![0f32; a.len()];
-        y.par_chunks_mut(ELEMENTS_PER_TASK)
-            .zip(
-                a.par_chunks(ELEMENTS_PER_TASK)
-                    .zip(b.par_chunks(ELEMENTS_PER_TASK)),
-            )
-            .for_each(|(y, (a, b))| {
-                for ((y, a), b) in y.iter_mut().zip(a).zip(b) {
-                    *y = a + b;
-                }
-            });
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        zip_values(self.name(), (s1, l1), (s2, l2), |a, b| a + b)
     }
 
     fn bwd(
