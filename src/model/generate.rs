@@ -130,11 +130,11 @@ impl Sampler {
         let kept = self.top_k.map_or(n, |k| k.clamp(1, n));
         if kept == n && top_p.is_none() {
             // Plain temperature sampling: the distribution over all ids, walked in id order.
-            let total: f32 = (0..n).map(weight).sum();
-            let target = self.rng.random::<f32>() * total;
+            let weights: Vec<f32> = (0..n).map(weight).collect();
+            let target = self.rng.random::<f32>() * weights.iter().sum::<f32>();
             let mut acc = 0.0;
-            for i in 0..n {
-                acc += weight(i);
+            for (i, w) in weights.iter().enumerate() {
+                acc += w;
                 if target < acc {
                     return Ok(i as u32);
                 }
