@@ -444,41 +444,53 @@ mod tests {
         }
     }
 
-    /// Both inputs' gradients, against candle's `silu` and `mul`.
-    /// Over more values than one parallel task holds, so the split is exercised.
-    #[test]
-    fn add_matches_candles_add() {
-        let a0 = Tensor::randn(0f32, 1.0, (3, 7000), &Device::Cpu).unwrap();
-        let b = Tensor::randn(0f32, 1.0, (3, 7000), &Device::Cpu).unwrap();
+    /// [`agree`] in each input of a two-input op in turn, the other held fixed.
+    fn agree_in_both(
+        a: &Tensor,
+        b: &Tensor,
+        fused: impl Fn(&Tensor, &Tensor) -> Tensor,
+        composed: impl Fn(&Tensor, &Tensor) -> Tensor,
+        what: &str,
+    ) {
         agree(
-            &a0,
-            |a| add(a, &b).unwrap(),
-            |a| (a + &b).unwrap(),
-            "add (left)",
+            a,
+            |a| fused(a, b),
+            |a| composed(a, b),
+            &format!("{what} (first)"),
         );
         agree(
-            &b,
-            |b| add(&a0, b).unwrap(),
-            |b| (&a0 + b).unwrap(),
-            "add (right)",
+            b,
+            |b| fused(a, b),
+            |b| composed(a, b),
+            &format!("{what} (second)"),
         );
     }
 
+    /// Over more values than one parallel task holds, so the split is exercised.
+    #[test]
+    fn add_matches_candles_add() {
+        let a = Tensor::randn(0f32, 1.0, (3, 7000), &Device::Cpu).unwrap();
+        let b = Tensor::randn(0f32, 1.0, (3, 7000), &Device::Cpu).unwrap();
+        agree_in_both(
+            &a,
+            &b,
+            |a, b| add(a, b).unwrap(),
+            |a, b| (a + b).unwrap(),
+            "add",
+        );
+    }
+
+    /// Both inputs' gradients, against candle's `silu` and `mul`.
     #[test]
     fn silu_mul_matches_the_composition() {
-        let g0 = Tensor::randn(0f32, 3.0, (4, 300), &Device::Cpu).unwrap();
+        let g = Tensor::randn(0f32, 3.0, (4, 300), &Device::Cpu).unwrap();
         let u = Tensor::randn(0f32, 1.0, (4, 300), &Device::Cpu).unwrap();
-        agree(
-            &g0,
-            |g| silu_mul(g, &u).unwrap(),
-            |g| (g.silu().unwrap() * &u).unwrap(),
-            "silu-mul (gate)",
-        );
-        agree(
+        agree_in_both(
+            &g,
             &u,
-            |u| silu_mul(&g0, u).unwrap(),
-            |u| (g0.silu().unwrap() * u).unwrap(),
-            "silu-mul (up)",
+            |g, u| silu_mul(g, u).unwrap(),
+            |g, u| (g.silu().unwrap() * u).unwrap(),
+            "silu-mul",
         );
     }
 
