@@ -1,6 +1,7 @@
 //! Training throughput: tokens/s of full SFT steps (forward, backward, AdamW) at sequence 128,
-//! batch 4, LoRA rank 8 and 16 on all seven projections, after one untimed warm-up step. Runs a tiny synthetic Q8_0 model, and
-//! SmolLM2-135M (Q4_1) when `HEARTH_GGUF` or the default scratch path points at it. Prints figures.
+//! batch 4, LoRA rank 8 and 16 on all seven projections, after one untimed warm-up step. Runs a
+//! tiny synthetic Q8_0 model, and SmolLM2-135M (Q4_1) when `HEARTH_GGUF` or the default scratch
+//! path points at it. Prints figures.
 //! Under `cargo test --all-targets` (no `--bench` argument) it only smoke-tests the tiny model.
 
 use std::path::PathBuf;
