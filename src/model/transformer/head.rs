@@ -16,9 +16,18 @@ use rayon::prelude::*;
 use super::{QLinear, TransposeCache, Weight};
 use crate::model::{ModelError, Result};
 
-/// Scored rows per backward chunk: the chunk's `[rows, vocab]` gradient (12.6 MB for SmolLM2) is made,
-/// multiplied by the head and dropped before the next.
-const BACKWARD_ROWS: usize = 64;
+/// Bytes of `[rows, vocab]` values per chunk of scored rows (85 rows of SmolLM2's vocabulary). The forward
+/// keeps its probabilities chunk by chunk and the backward makes each chunk's gradient, multiplies it by the
+/// head and drops it before the next. Below glibc's largest mmap threshold (32 MiB, set by
+/// `malloc::tune_for_long_runs`), so every chunk comes from the heap and reuses the previous step's memory:
+/// one `[512, 49152]` buffer was a fresh 100 MB mapping each step, whose page faults and kernel zeroing
+/// took ~11% of a SmolLM2 training step's CPU time (perf).
+const CHUNK_BYTES: usize = 16 << 20;
+
+/// Scored rows per chunk for a vocabulary of `vocab` (see [`CHUNK_BYTES`]).
+fn chunk_rows(vocab: usize) -> usize {
+    (CHUNK_BYTES / (vocab.max(1) * std::mem::size_of::<f32>())).max(1)
+}
 
 /// See [`super::Transformer::target_logps`]: `x` is the final norm's output `[positions, hidden]`.
 pub(super) fn target_logps(
@@ -26,6 +35,18 @@ pub(super) fn target_logps(
     x: &Tensor,
     targets: &[u32],
     scored: &[bool],
+) -> Result<Tensor> {
+    let rows_per_chunk = chunk_rows(head.out_features());
+    target_logps_in_chunks(head, x, targets, scored, rows_per_chunk)
+}
+
+/// [`target_logps`] with `rows_per_chunk` scored rows per chunk.
+fn target_logps_in_chunks(
+    head: &QLinear,
+    x: &Tensor,
+    targets: &[u32],
+    scored: &[bool],
+    rows_per_chunk: usize,
 ) -> Result<Tensor> {
     let vocab = head.out_features();
     let mut rows = Vec::new();
@@ -51,6 +72,7 @@ pub(super) fn target_logps(
         targets: row_targets,
         keep: x.track_op(),
         probs: Mutex::new(None),
+        rows_per_chunk: rows_per_chunk.max(1),
     };
     Ok(x.to_dtype(DType::F32)?.contiguous()?.apply_op1(op)?)
 }
@@ -65,8 +87,11 @@ struct HeadLogps {
     targets: Vec<usize>,
     /// Whether a backward pass can follow (the input tracks gradients): then `probs` keeps the softmax.
     keep: bool,
-    /// `[rows.len(), vocab]` softmax of the scored rows' logits, from the forward pass.
-    probs: Mutex<Option<Vec<f32>>>,
+    /// `[rows.len(), vocab]` softmax of the scored rows' logits, from the forward pass, in chunks of
+    /// `rows_per_chunk` rows.
+    probs: Mutex<Option<Vec<Vec<f32>>>>,
+    /// Scored rows per chunk of the forward's logits and the backward's gradient ([`chunk_rows`]).
+    rows_per_chunk: usize,
 }
 
 impl HeadLogps {
@@ -135,32 +160,47 @@ impl CustomOp1 for HeadLogps {
         if self.rows.is_empty() {
             return Ok((CpuStorage::F32(out), Shape::from(n)));
         }
-        let m = self.rows.len();
-        let mut x_rows = Vec::with_capacity(m * d);
-        for &r in &self.rows {
-            x_rows.extend_from_slice(&x[r * d..(r + 1) * d]);
+        let per_chunk = self.rows_per_chunk;
+        let mut kept = Vec::new();
+        for (rows, targets) in self
+            .rows
+            .chunks(per_chunk)
+            .zip(self.targets.chunks(per_chunk))
+        {
+            let mut x_rows = Vec::with_capacity(rows.len() * d);
+            for &r in rows {
+                x_rows.extend_from_slice(&x[r * d..(r + 1) * d]);
+            }
+            let mut probs = self.logits(x_rows, rows.len())?;
+            let lps: Vec<f32> = probs
+                .par_chunks_mut(self.vocab)
+                .zip(targets.par_iter())
+                .map(|(row, &t)| {
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let lp = row[t] - max;
+                    // One exponential per logit: kept as the unnormalised probability when a backward
+                    // pass needs it, then scaled by 1 / Σ.
+                    let mut sum = 0f32;
+                    for v in row.iter_mut() {
+                        *v = (*v - max).exp();
+                        sum += *v;
+                    }
+                    if self.keep {
+                        let inv = 1.0 / sum;
+                        row.iter_mut().for_each(|v| *v *= inv);
+                    }
+                    lp - sum.ln()
+                })
+                .collect();
+            for (&r, lp) in rows.iter().zip(lps) {
+                out[r] = lp;
+            }
+            if self.keep {
+                kept.push(probs);
+            }
         }
-        let mut probs = self.logits(x_rows, m)?;
-        let keep = self.keep;
-        let lps: Vec<f32> = probs
-            .par_chunks_mut(self.vocab)
-            .zip(self.targets.par_iter())
-            .map(|(row, &t)| {
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
-                let lse = max + sum.ln();
-                let lp = row[t] - lse;
-                if keep {
-                    row.iter_mut().for_each(|v| *v = (*v - lse).exp());
-                }
-                lp
-            })
-            .collect();
-        for (&r, lp) in self.rows.iter().zip(lps) {
-            out[r] = lp;
-        }
-        if keep {
-            *self.probs.lock().unwrap_or_else(|e| e.into_inner()) = Some(probs);
+        if self.keep {
+            *self.probs.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
         }
         Ok((CpuStorage::F32(out), Shape::from(n)))
     }
@@ -180,14 +220,19 @@ impl CustomOp1 for HeadLogps {
         let w = self.backward_weight()?;
         let mut grad = vec![0f32; n * d];
         let v = self.vocab;
-        for (c, rows) in self.rows.chunks(BACKWARD_ROWS).enumerate() {
-            let first = c * BACKWARD_ROWS;
+        let per_chunk = self.rows_per_chunk;
+        for ((rows, targets), chunk) in self
+            .rows
+            .chunks(per_chunk)
+            .zip(self.targets.chunks(per_chunk))
+            .zip(probs)
+        {
             // d lp / d logits = onehot(target) − p, times the incoming gradient of that position.
-            let mut dl = probs[first * v..(first + rows.len()) * v].to_vec();
+            let mut dl = chunk.clone();
             dl.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
                 let gi = g[rows[i]];
                 row.iter_mut().for_each(|p| *p *= -gi);
-                row[self.targets[first + i]] += gi;
+                row[targets[i]] += gi;
             });
             let dx: Vec<f32> = match &w {
                 BackwardWeight::Transposed(wt) => {
@@ -218,7 +263,8 @@ mod tests {
 
     /// The fused op against candle's composition (matmul, log_softmax, gather) on the same dense head:
     /// the same log-probabilities at scored positions, zero elsewhere, and the same input gradient, which
-    /// is zero at unscored positions. A Q8_0 head (int8 forward) agrees within its quantization error.
+    /// is zero at unscored positions, whether the scored rows make one chunk or many. A Q8_0 head (int8
+    /// forward) agrees within its quantization error.
     #[test]
     fn fused_head_matches_the_composition() {
         let (n, d, v) = (21, 64, 320);
@@ -248,9 +294,17 @@ mod tests {
             QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(),
         ))
         .unwrap();
-        for (head, tol) in [(&dense, 1e-5f32), (&q8, 0.03)] {
+        // One chunk (the default for this vocabulary), and chunks of 4 rows and of 1 (SmolLM2's vocabulary
+        // makes 85-row chunks).
+        for ((head, tol), rows_per_chunk) in [(&dense, 1e-5f32), (&q8, 0.03)]
+            .into_iter()
+            .flat_map(|h| [chunk_rows(v), 4, 1].map(|c| (h, c)))
+        {
+            assert!(chunk_rows(v) >= n);
             let x = Var::from_tensor(&x0).unwrap();
-            let got = target_logps(head, x.as_tensor(), &targets, &scored).unwrap();
+            let got =
+                target_logps_in_chunks(head, x.as_tensor(), &targets, &scored, rows_per_chunk)
+                    .unwrap();
             let loss = (&got * &weights).unwrap().sum_all().unwrap();
             let grad = loss.backward().unwrap().get(x.as_tensor()).unwrap().clone();
             let (got, want): (Vec<f32>, Vec<f32>) =
