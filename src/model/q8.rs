@@ -918,6 +918,13 @@ mod x86 {
         layout: OutLayout,
     ) {
         const G: usize = 8;
+        // How far ahead of the kernel's position the weights are prefetched, in bytes. The group's eight rows
+        // are read interleaved, a block of each in turn: eight short strided streams that the hardware
+        // prefetchers follow poorly. Prefetching the group's bytes in memory order instead, 12 KB ahead
+        // (6-16 KB measured alike), took one thread streaming a 160 MB matrix from 9.4 to 16.2 GB/s at
+        // k = 576 and from 11.2 to 13.7 GB/s at k = 1536 (AMD EPYC, AVX2), and a 2-thread SmolLM2 decode from
+        // 86-97 to 110-117 tokens/s, against the same block 16 rows ahead (the previous prefetch).
+        const PREFETCH_AHEAD: usize = 12 * 1024;
         let blocks = k / QK8_0;
         let row_bytes = blocks * BLOCK_BYTES;
         let wp = w.as_ptr();
@@ -941,12 +948,16 @@ mod x86 {
                         ));
                         for (j, a) in acc.iter_mut().enumerate() {
                             let blk = wp.add((o + j) * row_bytes + b * BLOCK_BYTES);
-                            // The same block 16 rows ahead (10 KB at k = 576; 8 and 32 measured worse or no better): the
-                            // four interleaved short streams do not train the hardware prefetcher. A prefetch
-                            // past the end of `w` is harmless (it never faults).
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                blk.wrapping_add(16 * row_bytes) as *const i8
-                            );
+                            if r == 0 {
+                                // One block's worth of the weight bytes `PREFETCH_AHEAD` past this group's
+                                // current position in memory order: the group's eight rows lie back to back, so
+                                // over the group's `blocks · G` steps these prefetches walk its bytes in
+                                // order. A prefetch past the end of `w` is harmless (it never faults).
+                                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(
+                                    o * row_bytes + PREFETCH_AHEAD + (b * G + j) * BLOCK_BYTES,
+                                )
+                                    as *const i8);
+                            }
                             let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                             let s = _mm256_cvtepi32_ps(block_dot::<ISA>(wv, xv, fix));
                             *a = _mm256_fmadd_ps(_mm256_mul_ps(scale8(blk, table), xd), s, *a);
