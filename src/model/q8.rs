@@ -633,18 +633,45 @@ mod x86 {
     /// AVX2 is available, and AVX-VNNI or AVX-512 VNNI + VL for those `ISA`s.
     #[inline(always)]
     unsafe fn block_dot<const ISA: u8>(w: __m256i, x: __m256i, fix: __m256i) -> __m256i {
+        // SAFETY: the caller's guarantees.
+        unsafe { block_dot_prepared::<ISA>(block_prepare::<ISA>(w), w, x, fix) }
+    }
+
+    /// The part of [`block_dot`] that depends on the weights only (`|w|`, or `w + 128` for VNNI), so that a
+    /// tile computes it once for all its input rows.
+    ///
+    /// # Safety
+    /// As for [`block_dot`].
+    #[inline(always)]
+    unsafe fn block_prepare<const ISA: u8>(w: __m256i) -> __m256i {
         unsafe {
             if ISA == AVX2 {
-                let aw = _mm256_sign_epi8(w, w);
-                let sx = _mm256_sign_epi8(x, w);
-                _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1))
+                _mm256_sign_epi8(w, w)
             } else {
-                let wu = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
-                if ISA == AVX_VNNI {
-                    _mm256_dpbusd_avx_epi32(fix, wu, x)
-                } else {
-                    _mm256_dpbusd_epi32(fix, wu, x)
-                }
+                _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+            }
+        }
+    }
+
+    /// [`block_dot`] given [`block_prepare`]'s `prepared` for `w`.
+    ///
+    /// # Safety
+    /// As for [`block_dot`].
+    #[inline(always)]
+    unsafe fn block_dot_prepared<const ISA: u8>(
+        prepared: __m256i,
+        w: __m256i,
+        x: __m256i,
+        fix: __m256i,
+    ) -> __m256i {
+        unsafe {
+            if ISA == AVX2 {
+                let sx = _mm256_sign_epi8(x, w);
+                _mm256_madd_epi16(_mm256_maddubs_epi16(prepared, sx), _mm256_set1_epi16(1))
+            } else if ISA == AVX_VNNI {
+                _mm256_dpbusd_avx_epi32(fix, prepared, x)
+            } else {
+                _mm256_dpbusd_epi32(fix, prepared, x)
             }
         }
     }
@@ -906,6 +933,19 @@ mod x86 {
         unsafe { body::<AVX2>(w, n, k, rows, out, layout) }
     }
 
+    /// How far ahead of the kernel's position weights are prefetched, in bytes. A group's rows are read
+    /// interleaved, a block of each in turn: short strided streams that the hardware prefetchers follow
+    /// poorly. Prefetching the group's bytes in memory order instead, 12 KB ahead (6-16 KB measured alike),
+    /// took one thread streaming a 160 MB matrix from 9.4 to 16.2 GB/s at k = 576 and from 11.2 to 13.7 GB/s
+    /// at k = 1536 (AMD EPYC, AVX2), and a 2-thread SmolLM2 decode from 86-97 to 110-117 tokens/s, against the
+    /// same block 16 rows ahead (the previous prefetch).
+    const PREFETCH_AHEAD: usize = 12 * 1024;
+
+    /// Weight rows and input rows of one tile of the many-row path: per block, each weight's
+    /// [`block_prepare`] serves two input rows and each input block four weight rows, eight accumulators.
+    const TILE_W: usize = 4;
+    const TILE_X: usize = 2;
+
     /// # Safety
     /// As for [`dot_rows`], plus the instructions `ISA` names.
     #[inline(always)]
@@ -918,17 +958,15 @@ mod x86 {
         layout: OutLayout,
     ) {
         const G: usize = 8;
-        // How far ahead of the kernel's position the weights are prefetched, in bytes. The group's eight rows
-        // are read interleaved, a block of each in turn: eight short strided streams that the hardware
-        // prefetchers follow poorly. Prefetching the group's bytes in memory order instead, 12 KB ahead
-        // (6-16 KB measured alike), took one thread streaming a 160 MB matrix from 9.4 to 16.2 GB/s at
-        // k = 576 and from 11.2 to 13.7 GB/s at k = 1536 (AMD EPYC, AVX2), and a 2-thread SmolLM2 decode from
-        // 86-97 to 110-117 tokens/s, against the same block 16 rows ahead (the previous prefetch).
-        const PREFETCH_AHEAD: usize = 12 * 1024;
         let blocks = k / QK8_0;
         let row_bytes = blocks * BLOCK_BYTES;
         let wp = w.as_ptr();
         let table = f16_table().as_ptr();
+        if rows.len() >= TILE_X {
+            // SAFETY: the caller's guarantees.
+            unsafe { body_tiled::<ISA>(w, n, k, rows, out, layout) };
+            return;
+        }
         // Weight rows outermost: a group of eight rows (8 × 612 bytes for k = 576) stays in L1 while every
         // activation row is dotted with it, so the weights stream from memory once whatever `m` is.
         let mut o = 0;
@@ -996,6 +1034,119 @@ mod x86 {
             o += 1;
         }
     }
+
+    /// [`body`] for several input rows: tiles of [`TILE_W`] weight rows by [`TILE_X`] input rows (smaller at the
+    /// edges), weight rows outermost so that a tile's weights stay in L1 while every input row passes. Each
+    /// product is summed in the same order as in [`body`], so the two agree bit for bit.
+    ///
+    /// # Safety
+    /// As for [`body`].
+    #[inline(always)]
+    unsafe fn body_tiled<const ISA: u8>(
+        w: &[u8],
+        n: usize,
+        k: usize,
+        rows: &[QuantRow],
+        out: &mut [f32],
+        layout: OutLayout,
+    ) {
+        let t = Tiling {
+            w: w.as_ptr(),
+            row_bytes: k / QK8_0 * BLOCK_BYTES,
+            blocks: k / QK8_0,
+            table: f16_table().as_ptr(),
+            layout,
+        };
+        let m = rows.len();
+        let mut o = 0;
+        while o < n {
+            let rw = (n - o).min(TILE_W);
+            let mut r = 0;
+            while r < m {
+                let xs = &rows[r..(r + TILE_X).min(m)];
+                // SAFETY: rows o..o + rw <= n of `w` and the rows `xs` of `rows` exist; `out` has a slot for
+                // each of their products (the caller's guarantees).
+                unsafe {
+                    match (rw, xs.len()) {
+                        (4, 2) => t.tile::<ISA, 4, 2>(o, r, xs, out),
+                        (4, _) => t.tile::<ISA, 4, 1>(o, r, xs, out),
+                        (3, 2) => t.tile::<ISA, 3, 2>(o, r, xs, out),
+                        (3, _) => t.tile::<ISA, 3, 1>(o, r, xs, out),
+                        (2, 2) => t.tile::<ISA, 2, 2>(o, r, xs, out),
+                        (2, _) => t.tile::<ISA, 2, 1>(o, r, xs, out),
+                        (_, 2) => t.tile::<ISA, 1, 2>(o, r, xs, out),
+                        _ => t.tile::<ISA, 1, 1>(o, r, xs, out),
+                    }
+                }
+                r += xs.len();
+            }
+            o += rw;
+        }
+    }
+
+    /// What every tile of one [`body_tiled`] call shares.
+    struct Tiling {
+        w: *const u8,
+        row_bytes: usize,
+        blocks: usize,
+        table: *const f32,
+        layout: OutLayout,
+    }
+
+    impl Tiling {
+        /// Weight rows `o..o + RW` by input rows `r..r + RX` (`xs`).
+        ///
+        /// # Safety
+        /// As for [`body_tiled`]; `xs` holds `RX` rows and `w` rows `o..o + RW`.
+        #[inline(always)]
+        unsafe fn tile<const ISA: u8, const RW: usize, const RX: usize>(
+            &self,
+            o: usize,
+            r: usize,
+            xs: &[QuantRow],
+            out: &mut [f32],
+        ) {
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); RX]; RW];
+                for b in 0..self.blocks {
+                    let mut xv = [_mm256_setzero_si256(); RX];
+                    let mut xd = [_mm256_setzero_ps(); RX];
+                    let mut fix = [_mm256_setzero_si256(); RX];
+                    for j in 0..RX {
+                        let x = xs.get_unchecked(j);
+                        xv[j] = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK8_0) as *const __m256i);
+                        xd[j] = _mm256_set1_ps(*x.d.get_unchecked(b));
+                        fix[j] = _mm256_zextsi128_si256(_mm_cvtsi32_si128(
+                            *x.offset_fix.get_unchecked(b),
+                        ));
+                    }
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let blk = self.w.add((o + i) * self.row_bytes + b * BLOCK_BYTES);
+                        if r == 0 {
+                            // As in `body`: the tile's rows lie back to back, walked in memory order.
+                            _mm_prefetch::<_MM_HINT_T0>(self.w.wrapping_add(
+                                o * self.row_bytes + PREFETCH_AHEAD + (b * RW + i) * BLOCK_BYTES,
+                            ) as *const i8);
+                        }
+                        let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                        let scale = scale8(blk, self.table);
+                        let prepared = block_prepare::<ISA>(wv);
+                        for j in 0..RX {
+                            let s = _mm256_cvtepi32_ps(block_dot_prepared::<ISA>(
+                                prepared, wv, xv[j], fix[j],
+                            ));
+                            acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(scale, xd[j]), s, acc[j]);
+                        }
+                    }
+                }
+                for (i, acc) in acc.iter().enumerate() {
+                    for (j, a) in acc.iter().enumerate() {
+                        out[self.layout.at(o + i, r + j)] = hsum(*a);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1050,6 +1201,38 @@ mod tests {
             for (isa, out) in x86::dot_rows_each_isa(&packed, n, k, &rows) {
                 for (i, (&a, &b)) in out.iter().zip(&scalar).enumerate() {
                     assert!(close(a, b), "{isa} m={m} slot {i}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    /// The many-row path (tiles of several weight and input rows, edges included: 19 weight rows, 2, 3 and 5
+    /// input rows) gives each product bit for bit what the one-row path gives it, on every ISA path.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tiles_match_single_rows_bit_for_bit() {
+        let (n, k) = (19, 96);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 255) as f32 - 127.0) / 11.0)
+            .collect();
+        let packed = pack(&w, k);
+        for m in [2, 3, 5] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 104729 % 97) as f32 - 48.0) / 7.0)
+                .collect();
+            let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
+            let many = x86::dot_rows_each_isa(&packed, n, k, &rows);
+            assert!(!many.is_empty() || !x86::usable());
+            for r in 0..m {
+                let single = x86::dot_rows_each_isa(&packed, n, k, &rows[r..r + 1]);
+                for ((isa, all), (_, one)) in many.iter().zip(&single) {
+                    for o in 0..n {
+                        assert_eq!(
+                            all[o * m + r].to_bits(),
+                            one[o].to_bits(),
+                            "{isa} m={m} row {r} output {o}"
+                        );
+                    }
                 }
             }
         }
