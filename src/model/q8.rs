@@ -967,8 +967,7 @@ mod x86 {
             unsafe { body_tiled::<ISA>(w, n, k, rows, out, layout) };
             return;
         }
-        // Weight rows outermost: a group of eight rows (8 × 612 bytes for k = 576) stays in L1 while every
-        // activation row is dotted with it, so the weights stream from memory once whatever `m` is.
+        // One input row (several go through `body_tiled`): groups of eight weight rows, each dotted with it.
         let mut o = 0;
         while o + G <= n {
             for (r, x) in rows.iter().enumerate() {
