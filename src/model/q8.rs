@@ -1164,16 +1164,21 @@ mod tests {
         out
     }
 
+    /// `n × k` weights spread over the int8 range (`[-127, 127] / div`), packed as Q8_0.
+    fn spread_weights(n: usize, k: usize, div: f32) -> Vec<u8> {
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 255) as f32 - 127.0) / div)
+            .collect();
+        pack(&w, k)
+    }
+
     /// `matmul` (the dispatched path: row split, transposition for several rows) and each SIMD path this CPU
     /// has (AVX2, and the VNNI ones with their offset trick) agree with the scalar loop, for every row count, a
     /// ragged tail and activations at both ends of the int8 range.
     #[test]
     fn simd_and_scalar_agree() {
         let (n, k) = (19, 128);
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 7919 % 255) as f32 - 127.0) / 13.0)
-            .collect();
-        let packed = pack(&w, k);
+        let packed = spread_weights(n, k, 13.0);
         let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
         // From 16 rows `matmul` splits the input rows (or runs the panel kernel: 19 weight rows make a full and
         // a partial panel; 20 and 37 rows end in tiles of 4 and 5).
@@ -1211,10 +1216,7 @@ mod tests {
     #[test]
     fn tiles_match_single_rows_bit_for_bit() {
         let (n, k) = (19, 96);
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 7919 % 255) as f32 - 127.0) / 11.0)
-            .collect();
-        let packed = pack(&w, k);
+        let packed = spread_weights(n, k, 11.0);
         for m in [2, 3, 5] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 104729 % 97) as f32 - 48.0) / 7.0)
