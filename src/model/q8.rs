@@ -474,7 +474,7 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
-    use super::{BLOCK_BYTES, OutLayout, QK8_0, QuantRow};
+    use super::{BLOCK_BYTES, OutLayout, QK8_0, QuantRow, ROW_GROUP};
 
     /// [`super::quantize_row`] compiled with AVX2.
     ///
@@ -623,20 +623,6 @@ mod x86 {
         }
     }
 
-    /// Sum of the 32 products of two int8 blocks as 8 int32 lanes, plus `fix` (in lane 0; see
-    /// `QuantRow::offset_fix`). AVX2 has only `maddubs` (u8 × i8 pairs that saturate in i16), so it dots
-    /// |w| with sign(x, w), the llama.cpp formulation, and ignores `fix`. `vpdpbusd` sums in i32 without
-    /// saturating, so the VNNI paths dot `w + 128` (one xor) with `x` and start from `fix = -128 · Σx`: two
-    /// instructions where the sign trick takes three or four.
-    ///
-    /// # Safety
-    /// AVX2 is available, and AVX-VNNI or AVX-512 VNNI + VL for those `ISA`s.
-    #[inline(always)]
-    unsafe fn block_dot<const ISA: u8>(w: __m256i, x: __m256i, fix: __m256i) -> __m256i {
-        // SAFETY: the caller's guarantees.
-        unsafe { block_dot_prepared::<ISA>(block_prepare::<ISA>(w), w, x, fix) }
-    }
-
     /// The part of [`block_dot`] that depends on the weights only (`|w|`, or `w + 128` for VNNI), so that a
     /// tile computes it once for all its input rows.
     ///
@@ -653,12 +639,16 @@ mod x86 {
         }
     }
 
-    /// [`block_dot`] given [`block_prepare`]'s `prepared` for `w`.
+    /// Sum of the 32 products of two int8 blocks as 8 int32 lanes, plus `fix` (in lane 0; see
+    /// `QuantRow::offset_fix`), given [`block_prepare`]'s `prepared` for `w`. AVX2 has only `maddubs` (u8 × i8
+    /// pairs that saturate in i16), so it dots |w| with sign(x, w), the llama.cpp formulation, and ignores
+    /// `fix`. `vpdpbusd` sums in i32 without saturating, so the VNNI paths dot `w + 128` (one xor) with `x` and
+    /// start from `fix = -128 · Σx`: two instructions where the sign trick takes three or four.
     ///
     /// # Safety
-    /// As for [`block_dot`].
+    /// AVX2 is available, and AVX-VNNI or AVX-512 VNNI + VL for those `ISA`s.
     #[inline(always)]
-    unsafe fn block_dot_prepared<const ISA: u8>(
+    unsafe fn block_dot<const ISA: u8>(
         prepared: __m256i,
         w: __m256i,
         x: __m256i,
@@ -946,102 +936,17 @@ mod x86 {
     const TILE_W: usize = 4;
     const TILE_X: usize = 2;
 
+    /// The products of `n` weight rows with every input row, in tiles: for one input row (decode), groups of
+    /// [`ROW_GROUP`] weight rows, eight independent accumulator chains (four measured ~10% slower) sharing one
+    /// activation load per block; for several, tiles of [`TILE_W`] weight rows by [`TILE_X`] input rows, so that
+    /// each weight's [`block_prepare`] serves two input rows and each input block four weight rows. Weight rows
+    /// are outermost, so a tile's weights stay in L1 while every input row passes. Every product is summed in
+    /// the same order whatever its tile, so all tilings agree bit for bit.
+    ///
     /// # Safety
     /// As for [`dot_rows`], plus the instructions `ISA` names.
     #[inline(always)]
     unsafe fn body<const ISA: u8>(
-        w: &[u8],
-        n: usize,
-        k: usize,
-        rows: &[QuantRow],
-        out: &mut [f32],
-        layout: OutLayout,
-    ) {
-        const G: usize = 8;
-        let blocks = k / QK8_0;
-        let row_bytes = blocks * BLOCK_BYTES;
-        let wp = w.as_ptr();
-        let table = f16_table().as_ptr();
-        if rows.len() >= TILE_X {
-            // SAFETY: the caller's guarantees.
-            unsafe { body_tiled::<ISA>(w, n, k, rows, out, layout) };
-            return;
-        }
-        // One input row (several go through `body_tiled`): groups of eight weight rows, each dotted with it.
-        let mut o = 0;
-        while o + G <= n {
-            for (r, x) in rows.iter().enumerate() {
-                let xq = x.qs.as_ptr();
-                // Eight independent accumulator chains (four measured ~10% slower), one activation load per block.
-                // SAFETY: AVX is available.
-                let mut acc = [unsafe { _mm256_setzero_ps() }; G];
-                for b in 0..blocks {
-                    // SAFETY: b < blocks and rows o..o+G <= n keep every read inside `x` and `w`.
-                    unsafe {
-                        let xv = _mm256_loadu_si256(xq.add(b * QK8_0) as *const __m256i);
-                        let xd = _mm256_set1_ps(*x.d.get_unchecked(b));
-                        let fix = _mm256_zextsi128_si256(_mm_cvtsi32_si128(
-                            *x.offset_fix.get_unchecked(b),
-                        ));
-                        for (j, a) in acc.iter_mut().enumerate() {
-                            let blk = wp.add((o + j) * row_bytes + b * BLOCK_BYTES);
-                            if r == 0 {
-                                // One block's worth of the weight bytes `PREFETCH_AHEAD` past this group's
-                                // current position in memory order: the group's eight rows lie back to back, so
-                                // over the group's `blocks · G` steps these prefetches walk its bytes in
-                                // order. A prefetch past the end of `w` is harmless (it never faults).
-                                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(
-                                    o * row_bytes + PREFETCH_AHEAD + (b * G + j) * BLOCK_BYTES,
-                                )
-                                    as *const i8);
-                            }
-                            let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                            let s = _mm256_cvtepi32_ps(block_dot::<ISA>(wv, xv, fix));
-                            *a = _mm256_fmadd_ps(_mm256_mul_ps(scale8(blk, table), xd), s, *a);
-                        }
-                    }
-                }
-                for (j, a) in acc.iter().enumerate() {
-                    // SAFETY: AVX is available.
-                    out[layout.at(o + j, r)] = unsafe { hsum(*a) };
-                }
-            }
-            o += G;
-        }
-        while o < n {
-            for (r, x) in rows.iter().enumerate() {
-                let xq = x.qs.as_ptr();
-                // SAFETY: AVX is available.
-                let mut acc = unsafe { _mm256_setzero_ps() };
-                for b in 0..blocks {
-                    // SAFETY: as above, for the single remaining row o < n.
-                    unsafe {
-                        let xv = _mm256_loadu_si256(xq.add(b * QK8_0) as *const __m256i);
-                        let blk = wp.add(o * row_bytes + b * BLOCK_BYTES);
-                        let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                        let fix = _mm256_zextsi128_si256(_mm_cvtsi32_si128(
-                            *x.offset_fix.get_unchecked(b),
-                        ));
-                        let s = _mm256_cvtepi32_ps(block_dot::<ISA>(wv, xv, fix));
-                        let xd = _mm256_set1_ps(*x.d.get_unchecked(b));
-                        acc = _mm256_fmadd_ps(_mm256_mul_ps(scale8(blk, table), xd), s, acc);
-                    }
-                }
-                // SAFETY: AVX is available.
-                out[layout.at(o, r)] = unsafe { hsum(acc) };
-            }
-            o += 1;
-        }
-    }
-
-    /// [`body`] for several input rows: tiles of [`TILE_W`] weight rows by [`TILE_X`] input rows (smaller at the
-    /// edges), weight rows outermost so that a tile's weights stay in L1 while every input row passes. Each
-    /// product is summed in the same order as in [`body`], so the two agree bit for bit.
-    ///
-    /// # Safety
-    /// As for [`body`].
-    #[inline(always)]
-    unsafe fn body_tiled<const ISA: u8>(
         w: &[u8],
         n: usize,
         k: usize,
@@ -1058,6 +963,20 @@ mod x86 {
         };
         let m = rows.len();
         let mut o = 0;
+        if m == 1 {
+            while o + ROW_GROUP <= n {
+                // SAFETY: rows o..o + 8 <= n of `w` and the one input row exist; `out` has a slot for each of
+                // their products (the caller's guarantees).
+                unsafe { t.tile::<ISA, { ROW_GROUP }, 1>(o, 0, rows, out) };
+                o += ROW_GROUP;
+            }
+            while o < n {
+                // SAFETY: as above, for the single row o < n.
+                unsafe { t.tile::<ISA, 1, 1>(o, 0, rows, out) };
+                o += 1;
+            }
+            return;
+        }
         while o < n {
             let rw = (n - o).min(TILE_W);
             let mut r = 0;
@@ -1083,7 +1002,7 @@ mod x86 {
         }
     }
 
-    /// What every tile of one [`body_tiled`] call shares.
+    /// What every tile of one [`body`] call shares.
     struct Tiling {
         w: *const u8,
         row_bytes: usize,
@@ -1096,7 +1015,7 @@ mod x86 {
         /// Weight rows `o..o + RW` by input rows `r..r + RX` (`xs`).
         ///
         /// # Safety
-        /// As for [`body_tiled`]; `xs` holds `RX` rows and `w` rows `o..o + RW`.
+        /// As for [`body`]; `xs` holds `RX` rows and `w` rows `o..o + RW`.
         #[inline(always)]
         unsafe fn tile<const ISA: u8, const RW: usize, const RX: usize>(
             &self,
@@ -1122,7 +1041,10 @@ mod x86 {
                     for (i, acc) in acc.iter_mut().enumerate() {
                         let blk = self.w.add((o + i) * self.row_bytes + b * BLOCK_BYTES);
                         if r == 0 {
-                            // As in `body`: the tile's rows lie back to back, walked in memory order.
+                            // One block's worth of the weight bytes `PREFETCH_AHEAD` past this tile's current
+                            // position in memory order (once per weight row, by the first input rows): the
+                            // tile's rows lie back to back, so over its `blocks · RW` steps these prefetches walk
+                            // its bytes in order. A prefetch past the end of `w` is harmless (it never faults).
                             _mm_prefetch::<_MM_HINT_T0>(self.w.wrapping_add(
                                 o * self.row_bytes + PREFETCH_AHEAD + (b * RW + i) * BLOCK_BYTES,
                             ) as *const i8);
@@ -1131,9 +1053,8 @@ mod x86 {
                         let scale = scale8(blk, self.table);
                         let prepared = block_prepare::<ISA>(wv);
                         for j in 0..RX {
-                            let s = _mm256_cvtepi32_ps(block_dot_prepared::<ISA>(
-                                prepared, wv, xv[j], fix[j],
-                            ));
+                            let s =
+                                _mm256_cvtepi32_ps(block_dot::<ISA>(prepared, wv, xv[j], fix[j]));
                             acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(scale, xd[j]), s, acc[j]);
                         }
                     }
