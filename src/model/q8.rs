@@ -938,10 +938,9 @@ mod x86 {
 
     /// The products of `n` weight rows with every input row, in tiles: for one input row (decode), groups of
     /// [`ROW_GROUP`] weight rows, eight independent accumulator chains (four measured ~10% slower) sharing one
-    /// activation load per block; for several, tiles of [`TILE_W`] weight rows by [`TILE_X`] input rows, so that
-    /// each weight's [`block_prepare`] serves two input rows and each input block four weight rows. Weight rows
-    /// are outermost, so a tile's weights stay in L1 while every input row passes. Every product is summed in
-    /// the same order whatever its tile, so all tilings agree bit for bit.
+    /// activation load per block; for several, [`TILE_W`] × [`TILE_X`] tiles. Weight rows are outermost, so a
+    /// tile's weights stay in L1 while every input row passes. Every product is summed in the same order
+    /// whatever its tile, so all tilings agree bit for bit.
     ///
     /// # Safety
     /// As for [`dot_rows`], plus the instructions `ISA` names.
@@ -1131,8 +1130,9 @@ mod tests {
         }
     }
 
-    /// The many-row path (tiles of several weight and input rows, edges included: 19 weight rows, 2, 3 and 5
-    /// input rows) gives each product bit for bit what the one-row path gives it, on every ISA path.
+    /// The many-row tiling (tiles of several weight and input rows, edges included: 19 weight rows, 2, 3 and 5
+    /// input rows) gives each product bit for bit what the one-row tiling (8 × 1, then 1 × 1) gives it, on every
+    /// ISA path.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn tiles_match_single_rows_bit_for_bit() {
