@@ -964,7 +964,7 @@ mod x86 {
         let mut o = 0;
         if m == 1 {
             while o + ROW_GROUP <= n {
-                // SAFETY: rows o..o + 8 <= n of `w` and the one input row exist; `out` has a slot for each of
+                // SAFETY: rows o..o + ROW_GROUP <= n of `w` and the one input row exist; `out` has a slot for each of
                 // their products (the caller's guarantees).
                 unsafe { t.tile::<ISA, { ROW_GROUP }, 1>(o, 0, rows, out) };
                 o += ROW_GROUP;
