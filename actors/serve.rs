@@ -25,6 +25,7 @@ use crate::engine::{
     PortSpec, Produce,
 };
 use crate::engine::message::Delta;
+use crate::model::KvPrecision;
 use crate::serve::{ServeConfig, ServeEvent, Server, default_model};
 use crate::store::Store;
 
@@ -47,6 +48,8 @@ pub struct ServeParams {
     pub max_body_bytes: usize,
     /// Adapters to load at start: `(id, PEFT directory)`.
     pub adapters: Vec<(String, String)>,
+    /// Key/value cache precision per request (`F32` exact, `F16` half the memory; see [`ServeConfig`]).
+    pub kv_cache: KvPrecision,
 }
 
 impl Default for ServeParams {
@@ -61,6 +64,7 @@ impl Default for ServeParams {
             max_tokens: c.max_tokens_limit,
             max_body_bytes: c.max_body_bytes,
             adapters: Vec::new(),
+            kv_cache: c.kv_cache,
         }
     }
 }
@@ -165,6 +169,7 @@ impl Serve {
             threads: p.threads,
             max_tokens_limit: p.max_tokens,
             max_body_bytes: p.max_body_bytes,
+            kv_cache: p.kv_cache,
             ..ServeConfig::default()
         };
         let server = Server::load(&path, config).map_err(failed)?;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 use hearth::model::{
-    Arch, ChatMessage, ChatOptions, GenerateConfig, LoraConfig, LoraPair, LoraSet, LoraTarget,
-    Role, TinySpec, Tokenizer, Transformer, encode_chat_with, write_tiny_model,
+    Arch, ChatMessage, ChatOptions, GenerateConfig, KvPrecision, LoraConfig, LoraPair, LoraSet,
+    LoraTarget, Role, TinySpec, Tokenizer, Transformer, encode_chat_with, write_tiny_model,
 };
 use hearth::serve::{ServeConfig, ServeEvent, Server};
 use serde_json::{Value, json};
@@ -201,6 +201,63 @@ fn chat_completion_json_matches_direct_generation() {
     assert_eq!(v["object"], "text_completion");
     assert!(v["choices"][0]["text"].is_string());
     server.shutdown();
+}
+
+/// `kv_cache` reaches the model every request runs on: with an f16 cache the API answers as direct generation
+/// over an f16 cache does (tests/model_exactness.rs shows what f16 changes in the logits), and the graph file
+/// spells the setting as the serve node's `kv_cache`.
+#[test]
+fn the_kv_cache_setting_reaches_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny(dir.path());
+    let config = ServeConfig {
+        kv_cache: KvPrecision::F16,
+        ..config(4)
+    };
+    let server = Server::load(&path, config).unwrap();
+    assert_eq!(server.engine().model().kv_precision(), KvPrecision::F16);
+    let addr = server.listen("127.0.0.1:0").unwrap();
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("tiny", "hello there", 12, false),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+    let content = json_of(&r)["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let g = hearth::model::GgufFile::open(&path).unwrap();
+    let tok = Tokenizer::from_gguf_metadata(g.metadata()).unwrap();
+    let model = Transformer::from_gguf(&path)
+        .unwrap()
+        .with_kv_precision(KvPrecision::F16);
+    let ids = encode_chat_with(
+        &tok,
+        &[ChatMessage::new(Role::User, "hello there")],
+        true,
+        &ChatOptions::default(),
+    )
+    .unwrap()
+    .ids;
+    let out = hearth::model::generate(
+        &model,
+        &tok,
+        &ids,
+        None,
+        &GenerateConfig::greedy(&tok, 12),
+        |_| true,
+    )
+    .unwrap();
+    assert_eq!(content, out.text);
+    server.shutdown();
+    let params: hearth::actors::serve::ServeParams = ron::from_str("(kv_cache: F16)").unwrap();
+    assert_eq!(params.kv_cache, KvPrecision::F16);
+    assert_eq!(
+        hearth::actors::serve::ServeParams::default().kv_cache,
+        ServeConfig::default().kv_cache
+    );
 }
 
 #[test]

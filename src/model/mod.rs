@@ -24,7 +24,7 @@ pub use generate::{GenerateConfig, GenerateOutput, Sampler, StopReason, TokenEve
 pub use gguf::{Arch, GgufFile, ModelConfig, TinySpec, write_tiny_model};
 pub use lora::{AdapterRegistry, LoraConfig, LoraPair, LoraSet, LoraTarget};
 pub use tokenizer::Tokenizer;
-pub use transformer::{KvCache, MAX_POSITIONS, QLinear, Transformer};
+pub use transformer::{KvCache, KvPrecision, MAX_POSITIONS, QLinear, Transformer};
 
 /// Everything that can go wrong loading or running a model. Variants name the file, key or tensor
 /// so that a bad download is diagnosable without a debugger.

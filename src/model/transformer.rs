@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use serde::{Deserialize, Serialize};
 
 use super::gguf::{Arch, GgufFile, ModelConfig};
 use super::lora::{LoraPair, LoraSet, LoraTarget};
@@ -727,6 +728,30 @@ impl Block {
     }
 }
 
+/// How a [`KvCache`] stores keys and values.
+///
+/// At long context the cache is what a decode step reads besides the weights (SmolLM2-135M: 46 KB per cached
+/// position in f32, the size of its Q8_0 weights at ~3,100 positions), so f16 halves both the memory a chat
+/// holds and that part of each step's reads. f16 keeps 11 significant bits, as llama.cpp's default cache does;
+/// f32 makes cached decoding agree with the cacheless forward up to the order of additions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum KvPrecision {
+    /// Exact: what the forward computed.
+    #[default]
+    F32,
+    /// Rounded to half precision when stored; every attention over the cache reads the rounded values.
+    F16,
+}
+
+impl KvPrecision {
+    fn dtype(self) -> DType {
+        match self {
+            KvPrecision::F32 => DType::F32,
+            KvPrecision::F16 => DType::F16,
+        }
+    }
+}
+
 /// Per-request key/value cache: for each layer, buffers `[b, kv_heads, capacity, head_dim]`
 /// filled up to `len`. Buffers grow geometrically and are written in place (`slice_set`), so a
 /// decode step copies one position instead of the whole history; attention reads a narrowed view.
@@ -735,18 +760,33 @@ pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
     len: usize,
     max_len: usize,
+    precision: KvPrecision,
 }
 
 /// Initial cache capacity in positions (grows by doubling up to the context length).
 const KV_INITIAL_CAPACITY: usize = 64;
 
 impl KvCache {
-    pub fn new(cfg: &ModelConfig) -> Self {
+    pub fn new(cfg: &ModelConfig, precision: KvPrecision) -> Self {
         Self {
             layers: vec![None; cfg.num_layers],
             len: 0,
             max_len: cfg.context_length.min(MAX_POSITIONS),
+            precision,
         }
+    }
+
+    pub fn precision(&self) -> KvPrecision {
+        self.precision
+    }
+
+    /// Bytes the buffers hold (allocated capacity, not only the filled positions).
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
     }
 
     /// Positions already cached (the offset of the next token).
@@ -777,12 +817,15 @@ impl KvCache {
             layers,
             len: self.len,
             max_len: self.max_len,
+            precision: self.precision,
         })
     }
 
     /// Writes `k`, `v` (`[b, kv_heads, l, d]`, contiguous) after the cached positions of `layer`
-    /// and returns views of everything cached so far.
+    /// and returns views of everything cached so far, in the cache's precision.
     fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let dtype = self.precision.dtype();
+        let (k, v) = (&k.to_dtype(dtype)?, &v.to_dtype(dtype)?);
         let (b, h, l, d) = k.dims4()?;
         let need = self.len + l;
         let slot = &mut self.layers[layer];
@@ -840,6 +883,7 @@ pub struct Transformer {
     norm: Tensor,
     head: QLinear,
     rope: Rope,
+    kv_precision: KvPrecision,
 }
 
 fn norm_tensor(g: &mut GgufFile, name: &str, n: usize) -> Result<Tensor> {
@@ -931,6 +975,7 @@ impl Transformer {
             norm,
             head,
             rope,
+            kv_precision: KvPrecision::default(),
         })
     }
 
@@ -969,9 +1014,19 @@ impl Transformer {
         &self.blocks
     }
 
-    /// A fresh cache sized for this model.
+    /// A fresh cache sized for this model, in the precision it was given (see [`Self::with_kv_precision`]).
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(&self.config)
+        KvCache::new(&self.config, self.kv_precision)
+    }
+
+    /// This model with caches made by [`Self::new_cache`] (and so by [`super::generate`]) in `precision`.
+    pub fn with_kv_precision(mut self, precision: KvPrecision) -> Self {
+        self.kv_precision = precision;
+        self
+    }
+
+    pub fn kv_precision(&self) -> KvPrecision {
+        self.kv_precision
     }
 
     /// A copy with every block-quantized weight re-encoded as `dtype` (e.g. Q8_0: candle's Q4_1
@@ -1240,6 +1295,8 @@ impl Transformer {
         {
             return blk.o.forward(&ctx, pair(LoraTarget::O));
         }
+        // The general products run in f32 (a no-op for an f32 cache).
+        let (k, v) = (k.to_dtype(DType::F32)?, v.to_dtype(DType::F32)?);
         let qg = q.reshape((b, nkv, g * l, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
         // Scale, causal mask and softmax as one op on hearth's threads (`train_ops`), in training and inference.
@@ -1257,11 +1314,11 @@ impl Transformer {
     }
 }
 
-/// One query position against the cached keys and values, as plain loops over the cache's f32 slices: at decode
+/// One query position against the cached keys and values, as plain loops over the cache's slices: at decode
 /// the products are 1×64 by 64×t per head, where the general matmul's packing and dispatch cost more than the
 /// math (~11% of a SmolLM2 decode step). `q`: `[b, nh, 1, hd]`; `k`, `v`: `[b, nkv, t, hd]` with unit stride
 /// along `hd` (the cache's narrowed buffers). `None` when a layout does not fit: the caller takes the general
-/// path. Returns `[b, 1, nh·hd]`, as the general path does.
+/// path. Returns `[b, 1, nh·hd]`, as the general path does. The cache may hold f32 or f16 (see [`KvPrecision`]).
 fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, g: usize) -> Result<Option<Tensor>> {
     let (b, nh, _, hd) = q.dims4()?;
     let q = q.contiguous()?;
@@ -1282,8 +1339,7 @@ fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) 
     }
     let strided = |x: &Tensor| -> Option<(Vec<usize>, usize)> {
         let l = x.layout();
-        (x.dtype() == DType::F32 && l.stride()[3] == 1)
-            .then(|| (l.stride().to_vec(), l.start_offset()))
+        (l.stride()[3] == 1).then(|| (l.stride().to_vec(), l.start_offset()))
     };
     let ((ks, k0), (vs, v0)) = (strided(k)?, strided(v)?);
     let scale = 1.0 / (hd as f32).sqrt();
@@ -1293,19 +1349,46 @@ fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) 
     else {
         return None;
     };
-    let heads = Heads {
-        qd,
-        kd: kc.as_slice::<f32>().ok()?,
-        vd: vc.as_slice::<f32>().ok()?,
-        ks: &ks,
-        vs: &vs,
-        k0,
-        v0,
-        nh,
-        hd,
-        g,
-        scale,
-    };
+    // One copy of the loops per cache precision.
+    macro_rules! attend_typed {
+        ($kd:expr, $vd:expr) => {
+            attend_heads(
+                &Heads {
+                    qd,
+                    kd: $kd,
+                    vd: $vd,
+                    ks: &ks,
+                    vs: &vs,
+                    k0,
+                    v0,
+                    nh,
+                    hd,
+                    g,
+                    scale,
+                },
+                b,
+                nkv,
+                t,
+                out,
+            )
+        };
+    }
+    match (kc, vc) {
+        (CpuStorage::F32(kd), CpuStorage::F32(vd)) => attend_typed!(kd, vd),
+        (CpuStorage::F16(kd), CpuStorage::F16(vd)) => attend_typed!(kd, vd),
+        _ => None,
+    }
+}
+
+/// [`attend_cached`] once the cache's slices are typed.
+fn attend_heads<E: CacheValue>(
+    heads: &Heads<E>,
+    b: usize,
+    nkv: usize,
+    t: usize,
+    out: &mut [f32],
+) -> Option<()> {
+    let (hd, g) = (heads.hd, heads.g);
     // Tasks are (sequence, kv head, range of positions): with threads to share and enough cache to read, the
     // positions split into one range per thread, so that SmolLM2's three kv heads make six tasks for two
     // threads rather than three (one thread did two thirds of the attention). Each range leaves unnormalised
@@ -1323,7 +1406,7 @@ fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) 
         let (acc, stats) = chunk.split_at_mut(g * hd);
         let (max, sum) = stats.split_at_mut(g);
         let positions = t * r / ranges..t * (r + 1) / ranges;
-        attend_dispatch(&heads, bi, kv, positions, Partial { acc, max, sum })
+        attend_dispatch(heads, bi, kv, positions, Partial { acc, max, sum })
     };
     if ranges > 1 {
         let failed = std::sync::atomic::AtomicBool::new(false);
@@ -1369,10 +1452,10 @@ fn attend_cached(qd: &[f32], k: &Tensor, v: &Tensor, g: usize, out: &mut [f32]) 
 }
 
 /// One query position's attention inputs, as slices of the q tensor and the cache buffers.
-struct Heads<'a> {
+struct Heads<'a, E> {
     qd: &'a [f32],
-    kd: &'a [f32],
-    vd: &'a [f32],
+    kd: &'a [E],
+    vd: &'a [E],
     ks: &'a [usize],
     vs: &'a [usize],
     k0: usize,
@@ -1395,10 +1478,10 @@ struct Partial<'a> {
     sum: &'a mut [f32],
 }
 
-/// [`attend`] compiled for AVX2 and FMA when the CPU has them (the loops vectorize 8 wide; the baseline
+/// [`attend`] compiled for AVX2, FMA and F16C when the CPU has them (the loops vectorize 8 wide; the baseline
 /// target has 4), else portable.
-fn attend_dispatch(
-    h: &Heads,
+fn attend_dispatch<E: CacheValue>(
+    h: &Heads<E>,
     bi: usize,
     kv: usize,
     positions: std::ops::Range<usize>,
@@ -1406,26 +1489,26 @@ fn attend_dispatch(
 ) -> Option<()> {
     #[cfg(target_arch = "x86_64")]
     {
-        if super::q8::avx2_usable() {
-            // SAFETY: the CPU has AVX2 and FMA.
+        if super::q8::avx2_usable() && std::is_x86_feature_detected!("f16c") {
+            // SAFETY: the CPU has AVX2, FMA and F16C.
             return unsafe { attend_avx2(h, bi, kv, positions, out) };
         }
     }
-    attend::<false>(h, bi, kv, positions, out)
+    attend::<false, E>(h, bi, kv, positions, out)
 }
 
 /// # Safety
-/// The CPU has AVX2 and FMA.
+/// The CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(
-    h: &Heads,
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_avx2<E: CacheValue>(
+    h: &Heads<E>,
     bi: usize,
     kv: usize,
     positions: std::ops::Range<usize>,
     out: Partial,
 ) -> Option<()> {
-    attend::<true>(h, bi, kv, positions, out)
+    attend::<true, E>(h, bi, kv, positions, out)
 }
 
 /// The `g` query heads of sequence `bi` that share kv head `kv`, over the cached `positions`, into `out` (see
@@ -1433,10 +1516,10 @@ unsafe fn attend_avx2(
 /// value row is read once for all of them rather than once per query head (at a few hundred positions the
 /// cache is megabytes per step).
 ///
-/// `AVX2`: the caller runs with AVX2 and FMA, so the scores may use [`dot4_avx2`].
+/// `AVX2`: the caller runs with AVX2, FMA and F16C, so the loops may use [`dot4_avx2`] and [`accumulate_avx2`].
 #[inline(always)]
-fn attend<const AVX2: bool>(
-    h: &Heads,
+fn attend<const AVX2: bool, E: CacheValue>(
+    h: &Heads<E>,
     bi: usize,
     kv: usize,
     positions: std::ops::Range<usize>,
@@ -1475,7 +1558,7 @@ fn attend<const AVX2: bool>(
         let krow = h.kd.get(kb + ti * h.ks[2]..kb + ti * h.ks[2] + hd)?;
         for j in 0..g {
             let qrow = &h.qd[(first + j) * hd..][..hd];
-            p[j * t + ti] = dot(qrow, krow) * h.scale;
+            p[j * t + ti] = dot(krow, qrow) * h.scale;
         }
     }
     let Partial { acc, max, sum } = out;
@@ -1491,25 +1574,125 @@ fn attend<const AVX2: bool>(
             *s += *v;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 && hd.is_multiple_of(8) {
+        if t > 0 && h.vd.len() < vb + (t - 1) * h.vs[2] + hd {
+            return None;
+        }
+        for block in (0..t).step_by(V_BLOCK) {
+            let n = V_BLOCK.min(t - block);
+            for (j, orow) in acc.chunks_exact_mut(hd).enumerate() {
+                let w = &p[j * t + block..j * t + block + n];
+                // SAFETY: `AVX2` says the CPU has AVX2, FMA and F16C; the `n` rows from `block` lie inside the
+                // cache (checked above) and hold `hd` values, a multiple of 8, as `orow` does.
+                unsafe {
+                    accumulate_avx2(w, h.vd.as_ptr().add(vb + block * h.vs[2]), h.vs[2], orow)
+                };
+            }
+        }
+        return Some(());
+    }
     for ti in 0..t {
         let vrow = h.vd.get(vb + ti * h.vs[2]..vb + ti * h.vs[2] + hd)?;
         for (j, orow) in acc.chunks_exact_mut(hd).enumerate() {
             let w = p[j * t + ti];
             for (o, x) in orow.iter_mut().zip(vrow) {
-                *o += w * x;
+                *o += w * x.widen();
             }
         }
     }
     Some(())
 }
 
+/// Cached positions whose value rows [`accumulate_avx2`] takes at a time: 8 KB (f16) or 16 KB (f32) at 64 values
+/// per row, so the `g` query heads of a kv head re-read them from L1.
+const V_BLOCK: usize = 64;
+
+/// `o += Σ_i w[i]·v[i]`, `v[i]` the row at `v + i·stride`, with 64 columns of `o` held in registers across the
+/// rows: adding each row into `o` in memory made every row a load and a store of `o` per head (at thousands of
+/// cached positions, 3-9% of a decode step; in-process A/B). Each column still sums its rows in order, so
+/// the result is bit-identical.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `o.len()` is a multiple of 8, and each of the `w.len()` rows at `v` holds
+/// `o.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn accumulate_avx2<E: CacheValue>(w: &[f32], v: *const E, stride: usize, o: &mut [f32]) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's guarantees keep every load inside the rows and every load and store inside `o`.
+    unsafe {
+        let full = o.len() / 64 * 64;
+        for c0 in (0..full).step_by(64) {
+            let mut acc: [__m256; 8] =
+                std::array::from_fn(|r| _mm256_loadu_ps(o.as_ptr().add(c0 + 8 * r)));
+            for (i, &wi) in w.iter().enumerate() {
+                let wv = _mm256_set1_ps(wi);
+                let row = v.add(i * stride + c0);
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(wv, E::load8(row.add(8 * r)), *a);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.as_mut_ptr().add(c0 + 8 * r), *a);
+            }
+        }
+        // Columns past the last 64 (head sizes such as 80), row by row through memory.
+        for (i, &wi) in w.iter().enumerate() {
+            let wv = _mm256_set1_ps(wi);
+            for c in (full..o.len()).step_by(8) {
+                let op = o.as_mut_ptr().add(c);
+                let x = E::load8(v.add(i * stride + c));
+                _mm256_storeu_ps(op, _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(op)));
+            }
+        }
+    }
+}
+
+/// A cached key or value: f32, or f16 widened on load.
+trait CacheValue: FactorValue + Sync {
+    /// Eight values from `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C, and `p` points at eight readable values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl CacheValue for f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller guarantees eight readable values and AVX.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl FactorValue for half::f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl CacheValue for half::f16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const half::f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees eight readable values (16 bytes) and F16C.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
 /// `q · k[i]` for four rows `k` of `q.len()` values (a multiple of 8).
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; every row in `k` is at least as long as `q`, and `q.len()` is a multiple of 8.
+/// The CPU has AVX2, FMA and F16C; every row in `k` is at least as long as `q`, and `q.len()` is a multiple
+/// of 8.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+unsafe fn dot4_avx2<E: CacheValue>(q: &[f32], k: [&[E]; 4]) -> [f32; 4] {
     use std::arch::x86_64::*;
     // SAFETY: the caller's guarantees keep every load inside `q` and the rows.
     unsafe {
@@ -1517,7 +1700,7 @@ unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
         for c in (0..q.len()).step_by(8) {
             let qv = _mm256_loadu_ps(q.as_ptr().add(c));
             for (a, row) in acc.iter_mut().zip(k) {
-                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row.as_ptr().add(c)), *a);
+                *a = _mm256_fmadd_ps(qv, E::load8(row.as_ptr().add(c)), *a);
             }
         }
         let s = _mm256_hadd_ps(

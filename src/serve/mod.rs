@@ -21,8 +21,8 @@ use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 
 use crate::engine::message::{self, Feedback, FeedbackKind, Interaction, now_unix_ms};
 use crate::model::{
-    AdapterRegistry, ChatMessage, ChatOptions, GenerateConfig, LoraSet, ModelError, StopReason,
-    Tokenizer, Transformer, encode_chat_with,
+    AdapterRegistry, ChatMessage, ChatOptions, GenerateConfig, KvPrecision, LoraSet, ModelError,
+    StopReason, Tokenizer, Transformer, encode_chat_with,
 };
 
 /// Everything serving can fail with; the HTTP layer maps each to a status code.
@@ -77,6 +77,9 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// How many recent response ids feedback may refer to.
     pub recent_responses: usize,
+    /// Precision of each request's key/value cache: f16 halves the memory a long chat holds, at ~1% drift in
+    /// the logits; f32 (the default) answers exactly as the eval gate's forward computes.
+    pub kv_cache: KvPrecision,
 }
 
 impl Default for ServeConfig {
@@ -89,6 +92,7 @@ impl Default for ServeConfig {
             default_max_tokens: 256,
             max_body_bytes: 1 << 20,
             recent_responses: 10_000,
+            kv_cache: KvPrecision::F32,
         }
     }
 }
@@ -629,7 +633,7 @@ impl Server {
         // Distinguishes ids across restarts of the process, so a re-used counter never repeats an id.
         let id_prefix = format!("{:x}", now_unix_ms() % 0xffff_ffff);
         let engine = Arc::new(Engine {
-            model: Arc::new(model),
+            model: Arc::new(model.with_kv_precision(config.kv_cache)),
             tok: Arc::new(tok),
             chat,
             registry: AdapterRegistry::new(),
