@@ -50,6 +50,8 @@ pub struct ServeParams {
     pub adapters: Vec<(String, String)>,
     /// Key/value cache precision per request (`F32` exact, `F16` half the memory; see [`ServeConfig`]).
     pub kv_cache: KvPrecision,
+    /// Bytes of finished requests' KV caches kept so that a chat's next turn prefills only its new tokens.
+    pub prompt_cache_bytes: usize,
 }
 
 impl Default for ServeParams {
@@ -65,6 +67,7 @@ impl Default for ServeParams {
             max_body_bytes: c.max_body_bytes,
             adapters: Vec::new(),
             kv_cache: c.kv_cache,
+            prompt_cache_bytes: c.prompt_cache_bytes,
         }
     }
 }
@@ -170,6 +173,7 @@ impl Serve {
             max_tokens_limit: p.max_tokens,
             max_body_bytes: p.max_body_bytes,
             kv_cache: p.kv_cache,
+            prompt_cache_bytes: p.prompt_cache_bytes,
             ..ServeConfig::default()
         };
         let server = Server::load(&path, config).map_err(failed)?;

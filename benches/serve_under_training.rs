@@ -73,9 +73,12 @@ fn run(smoke: bool) -> Res<()> {
         std::env::temp_dir().join(format!("hearth-serve-train-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let path = bench_model(smoke, &scratch)?;
+    // Every request prefills its whole prompt, as before the prompt cache, so the figures stay comparable with
+    // earlier runs (the prompts share their opening, which the cache would serve).
     let config = ServeConfig {
         model_name: "base".to_owned(),
         threads: 1,
+        prompt_cache_bytes: 0,
         ..ServeConfig::default()
     };
     let server = Server::load(&path, config)?;

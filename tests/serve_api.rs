@@ -136,6 +136,34 @@ fn adapter(model: &Transformer, dir: &Path, name: &str, b_std: Option<f32>) -> S
     out.display().to_string()
 }
 
+/// Greedy generation for a conversation straight on the model code (no server), with caches of `precision`:
+/// the output and the prompt's length in tokens.
+fn direct_greedy(
+    path: &Path,
+    precision: KvPrecision,
+    messages: &[ChatMessage],
+    max_tokens: usize,
+) -> (hearth::model::GenerateOutput, usize) {
+    let g = hearth::model::GgufFile::open(path).unwrap();
+    let tok = Tokenizer::from_gguf_metadata(g.metadata()).unwrap();
+    let model = Transformer::from_gguf(path)
+        .unwrap()
+        .with_kv_precision(precision);
+    let ids = encode_chat_with(&tok, messages, true, &ChatOptions::default())
+        .unwrap()
+        .ids;
+    let out = hearth::model::generate(
+        &model,
+        &tok,
+        &ids,
+        None,
+        &GenerateConfig::greedy(&tok, max_tokens),
+        |_| true,
+    )
+    .unwrap();
+    (out, ids.len())
+}
+
 #[test]
 fn chat_completion_json_matches_direct_generation() {
     let dir = tempfile::tempdir().unwrap();
@@ -161,31 +189,17 @@ fn chat_completion_json_matches_direct_generation() {
     assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap()));
 
     // The same greedy generation, run directly on the model code.
-    let g = hearth::model::GgufFile::open(dir.path().join("tiny.gguf")).unwrap();
-    let tok = Tokenizer::from_gguf_metadata(g.metadata()).unwrap();
-    let model = Transformer::from_gguf(dir.path().join("tiny.gguf")).unwrap();
-    let ids = encode_chat_with(
-        &tok,
+    let (out, prompt_tokens) = direct_greedy(
+        &dir.path().join("tiny.gguf"),
+        KvPrecision::F32,
         &[ChatMessage::new(Role::User, "hello there")],
-        true,
-        &ChatOptions::default(),
-    )
-    .unwrap()
-    .ids;
-    let out = hearth::model::generate(
-        &model,
-        &tok,
-        &ids,
-        None,
-        &GenerateConfig::greedy(&tok, 12),
-        |_| true,
-    )
-    .unwrap();
+        12,
+    );
     assert_eq!(content, out.text);
     assert_eq!(completion as usize, out.tokens.len());
     assert_eq!(
         v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
-        ids.len()
+        prompt_tokens
     );
 
     // Text completions take a raw prompt.
@@ -228,28 +242,12 @@ fn the_kv_cache_setting_reaches_generation() {
         .as_str()
         .unwrap()
         .to_owned();
-    let g = hearth::model::GgufFile::open(&path).unwrap();
-    let tok = Tokenizer::from_gguf_metadata(g.metadata()).unwrap();
-    let model = Transformer::from_gguf(&path)
-        .unwrap()
-        .with_kv_precision(KvPrecision::F16);
-    let ids = encode_chat_with(
-        &tok,
+    let (out, _) = direct_greedy(
+        &path,
+        KvPrecision::F16,
         &[ChatMessage::new(Role::User, "hello there")],
-        true,
-        &ChatOptions::default(),
-    )
-    .unwrap()
-    .ids;
-    let out = hearth::model::generate(
-        &model,
-        &tok,
-        &ids,
-        None,
-        &GenerateConfig::greedy(&tok, 12),
-        |_| true,
-    )
-    .unwrap();
+        12,
+    );
     assert_eq!(content, out.text);
     server.shutdown();
     let params: hearth::actors::serve::ServeParams = ron::from_str("(kv_cache: F16)").unwrap();
@@ -258,6 +256,99 @@ fn the_kv_cache_setting_reaches_generation() {
         hearth::actors::serve::ServeParams::default().kv_cache,
         ServeConfig::default().kv_cache
     );
+}
+
+/// A chat's next turn reuses the previous turn's KV cache: the second request reports the prompt tokens it did
+/// not recompute (OpenAI's `usage.prompt_tokens_details.cached_tokens`, at least the whole first prompt) and
+/// answers exactly as a fresh generation of its prompt does; so does another chat that shares only the
+/// template's opening with the kept cache. A request under another adapter never reuses the base's cache (its
+/// keys and values differ), and with `prompt_cache_bytes: 0` nothing is reused.
+#[test]
+fn a_chats_next_turn_reuses_the_cached_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny(dir.path());
+    let model = Transformer::from_gguf(&path).unwrap();
+    let with_adapter = adapter(&model, dir.path(), "a", Some(0.5));
+    let cached = |r: &Reply| {
+        assert_eq!(r.code, 200, "{}", r.body);
+        json_of(r)["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    for budget in [ServeConfig::default().prompt_cache_bytes, 0] {
+        let config = ServeConfig {
+            prompt_cache_bytes: budget,
+            ..config(4)
+        };
+        let server = Server::load(&path, config).unwrap();
+        server
+            .engine()
+            .load_adapter("a", Path::new(&with_adapter))
+            .unwrap();
+        let addr = server.listen("127.0.0.1:0").unwrap();
+        let first = call(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &chat_body("tiny", "hello there", 8, false),
+        );
+        assert_eq!(cached(&first), 0);
+        let first = json_of(&first);
+        let answer = first["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let conversation = [
+            ChatMessage::new(Role::User, "hello there"),
+            ChatMessage::new(Role::Assistant, &answer),
+            ChatMessage::new(Role::User, "and then?"),
+        ];
+        let turn = |model: &str| {
+            json!({"model": model, "max_tokens": 8, "temperature": 0, "messages": [
+                {"role": "user", "content": "hello there"},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "and then?"}]})
+            .to_string()
+        };
+        // Under the adapter first: the base's cache must not serve it.
+        let other = call(addr, "POST", "/v1/chat/completions", &turn("a"));
+        assert_eq!(cached(&other), 0, "an adapter reused the base's cache");
+        let second = call(addr, "POST", "/v1/chat/completions", &turn("tiny"));
+        let reused = cached(&second);
+        if budget == 0 {
+            assert_eq!(reused, 0);
+        } else {
+            let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+            assert!(reused >= first_prompt, "{reused} < {first_prompt}");
+        }
+        let (fresh, _) = direct_greedy(&path, KvPrecision::F32, &conversation, 8);
+        assert_eq!(
+            json_of(&second)["choices"][0]["message"]["content"],
+            fresh.text.as_str()
+        );
+        // Another chat shares only the template's opening with the kept cache, which holds more positions
+        // after it: those are dropped and recomputed for the new prompt.
+        let other_chat = call(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &chat_body("tiny", "good morning", 8, false),
+        );
+        let shared = cached(&other_chat);
+        assert_eq!(shared > 0, budget > 0, "{shared}");
+        let (fresh, n) = direct_greedy(
+            &path,
+            KvPrecision::F32,
+            &[ChatMessage::new(Role::User, "good morning")],
+            8,
+        );
+        assert!((shared as usize) < n);
+        assert_eq!(
+            json_of(&other_chat)["choices"][0]["message"]["content"],
+            fresh.text.as_str()
+        );
+        server.shutdown();
+    }
 }
 
 #[test]

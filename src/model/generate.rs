@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 
 use super::lora::LoraSet;
 use super::tokenizer::Tokenizer;
-use super::transformer::Transformer;
+use super::transformer::{KvCache, Transformer};
 use super::{ModelError, Result};
 
 /// How to pick tokens and when to stop.
@@ -279,8 +279,50 @@ pub fn generate(
     prompt: &[u32],
     lora: Option<&LoraSet>,
     cfg: &GenerateConfig,
-    mut on_token: impl FnMut(TokenEvent<'_>) -> bool,
+    on_token: impl FnMut(TokenEvent<'_>) -> bool,
 ) -> Result<GenerateOutput> {
+    Ok(generate_reusing(model, tok, prompt, lora, cfg, None, on_token)?.0)
+}
+
+/// A KV cache and the tokens at its positions: what a finished generation leaves, so that the next turn of
+/// the same conversation, whose prompt starts with those tokens, prefills only what is new.
+#[derive(Debug)]
+pub struct CachedPrefix {
+    /// The token at each cached position, in order (`tokens.len() == cache.len()`).
+    pub tokens: Vec<u32>,
+    pub cache: KvCache,
+}
+
+impl CachedPrefix {
+    /// How many leading positions `prompt` shares with this cache, leaving at least the prompt's last token
+    /// to run (its logits start generation).
+    pub fn reusable_for(&self, prompt: &[u32]) -> usize {
+        reusable_positions(&self.tokens, prompt)
+    }
+}
+
+fn reusable_positions(cached: &[u32], prompt: &[u32]) -> usize {
+    let common = cached
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
+    common.min(prompt.len().saturating_sub(1))
+}
+
+/// [`generate`], starting from `reuse` when given: a cache this model filled under the same adapter (the
+/// caller's to guarantee; keys and values depend on both). Its positions that `prompt` starts with are kept
+/// and only the rest of the prompt is prefilled. Returns the output, how many prompt positions came from
+/// `reuse`, and the cache of every position this call ran (the prompt, then each generated token fed back).
+pub fn generate_reusing(
+    model: &Transformer,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    lora: Option<&LoraSet>,
+    cfg: &GenerateConfig,
+    reuse: Option<CachedPrefix>,
+    mut on_token: impl FnMut(TokenEvent<'_>) -> bool,
+) -> Result<(GenerateOutput, usize, CachedPrefix)> {
     if prompt.is_empty() {
         return Err(ModelError::Input("empty prompt".into()));
     }
@@ -292,8 +334,16 @@ pub fn generate(
         )));
     }
     let mut sampler = Sampler::new(cfg);
-    let mut cache = model.new_cache();
-    let input = Tensor::from_slice(prompt, (1, prompt.len()), &Device::Cpu)?;
+    let (mut cache, reused) = match reuse {
+        Some(CachedPrefix { tokens, mut cache }) if tokens.len() == cache.len() => {
+            let keep = reusable_positions(&tokens, prompt);
+            cache.truncate(keep);
+            (cache, keep)
+        }
+        _ => (model.new_cache(), 0),
+    };
+    let mut fed = prompt.to_vec();
+    let input = Tensor::from_slice(&prompt[reused..], (1, prompt.len() - reused), &Device::Cpu)?;
     let mut logits: Vec<f32> =
         with_spinning_pool(|| model.forward_last(&input, Some(&mut cache), lora))?
             .squeeze(0)?
@@ -346,6 +396,7 @@ pub fn generate(
         logits = with_spinning_pool(|| model.forward_last(&input, Some(&mut cache), lora))?
             .squeeze(0)?
             .to_vec1()?;
+        fed.push(next);
     }
     if !stream.pending.is_empty() {
         stream.text.push('\u{FFFD}');
@@ -361,11 +412,15 @@ pub fn generate(
         // The caller stopped listening: return only what it was shown.
         stream.text.truncate(start);
     }
-    Ok(GenerateOutput {
-        tokens,
-        text: stream.text,
-        reason,
-    })
+    Ok((
+        GenerateOutput {
+            tokens,
+            text: stream.text,
+            reason,
+        },
+        reused,
+        CachedPrefix { tokens: fed, cache },
+    ))
 }
 
 /// Runs `f` (one forward pass) while the current pool's other threads busy-wait for its forks instead of

@@ -20,7 +20,10 @@ pub use chat::{
     ChatMessage, ChatOptions, ChatPrompt, Role, encode_chat, encode_chat_with, render_chat,
     render_chat_with,
 };
-pub use generate::{GenerateConfig, GenerateOutput, Sampler, StopReason, TokenEvent, generate};
+pub use generate::{
+    CachedPrefix, GenerateConfig, GenerateOutput, Sampler, StopReason, TokenEvent, generate,
+    generate_reusing,
+};
 pub use gguf::{Arch, GgufFile, ModelConfig, TinySpec, write_tiny_model};
 pub use lora::{AdapterRegistry, LoraConfig, LoraPair, LoraSet, LoraTarget};
 pub use tokenizer::Tokenizer;

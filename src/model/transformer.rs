@@ -803,6 +803,12 @@ impl KvCache {
         self.len = 0;
     }
 
+    /// Forgets every position from `len` on (keeping the buffers): the next forward continues after position
+    /// `len - 1`, overwriting what was cached after it.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// An independent copy (e.g. to reuse a cached system prompt for several requests). The
     /// buffers are written in place, so the cache is deliberately not `Clone`.
     pub fn fork(&self) -> Result<Self> {

@@ -347,6 +347,7 @@ async fn complete_inner(
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
         "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": c.cached_prompt_tokens},
     });
     let body = match endpoint {
         Endpoint::Chat => json!({

@@ -21,8 +21,8 @@ use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 
 use crate::engine::message::{self, Feedback, FeedbackKind, Interaction, now_unix_ms};
 use crate::model::{
-    AdapterRegistry, ChatMessage, ChatOptions, GenerateConfig, KvPrecision, LoraSet, ModelError,
-    StopReason, Tokenizer, Transformer, encode_chat_with,
+    AdapterRegistry, CachedPrefix, ChatMessage, ChatOptions, GenerateConfig, KvPrecision, LoraSet,
+    ModelError, StopReason, Tokenizer, Transformer, encode_chat_with,
 };
 
 /// Everything serving can fail with; the HTTP layer maps each to a status code.
@@ -80,6 +80,10 @@ pub struct ServeConfig {
     /// Precision of each request's key/value cache: f16 halves the memory a long chat holds, at ~1% drift in
     /// the logits; f32 (the default) answers exactly as the eval gate's forward computes.
     pub kv_cache: KvPrecision,
+    /// Bytes of finished requests' KV caches kept for reuse: a request whose prompt starts with a kept one's
+    /// tokens (the next turn of a chat, a shared system prompt) under the same adapter prefills only the rest.
+    /// 0 keeps none.
+    pub prompt_cache_bytes: usize,
 }
 
 impl Default for ServeConfig {
@@ -93,6 +97,7 @@ impl Default for ServeConfig {
             max_body_bytes: 1 << 20,
             recent_responses: 10_000,
             kv_cache: KvPrecision::F32,
+            prompt_cache_bytes: 256 << 20,
         }
     }
 }
@@ -138,6 +143,9 @@ pub struct Completion {
     /// OpenAI's `finish_reason`: `stop` or `length`.
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values came from an earlier request's cache (OpenAI's
+    /// `usage.prompt_tokens_details.cached_tokens`).
+    pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
 }
 
@@ -264,6 +272,54 @@ pub struct Engine {
     next_id: AtomicU64,
     id_prefix: String,
     closing: AtomicBool,
+    prompt_cache: PromptCache,
+}
+
+/// Finished requests' KV caches, most recently used first, within a byte budget. A request takes the entry
+/// that shares the longest prefix with its prompt (so two requests never share one cache) and gives back its
+/// own cache when done. Entries are matched by the adapter snapshot they were computed under: an entry holds
+/// that `Arc`, so a replaced or unloaded adapter's entries match nothing and age out.
+struct PromptCache {
+    budget_bytes: usize,
+    entries: Mutex<VecDeque<(Option<Arc<LoraSet>>, CachedPrefix)>>,
+}
+
+impl PromptCache {
+    fn same_adapter(a: &Option<Arc<LoraSet>>, b: &Option<Arc<LoraSet>>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// The entry for `lora` sharing the longest prefix with `prompt`, removed from the store; `None` when none
+    /// shares a position.
+    fn take(&self, lora: &Option<Arc<LoraSet>>, prompt: &[u32]) -> Option<CachedPrefix> {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let (best, shared) = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, (a, _))| Self::same_adapter(a, lora))
+            .map(|(i, (_, c))| (i, c.reusable_for(prompt)))
+            .max_by_key(|&(_, shared)| shared)?;
+        if shared == 0 {
+            return None;
+        }
+        entries.remove(best).map(|(_, c)| c)
+    }
+
+    /// Keeps `prefix` as the most recent entry, dropping the oldest while over budget.
+    fn put(&self, lora: Option<Arc<LoraSet>>, prefix: CachedPrefix) {
+        if prefix.cache.bytes() > self.budget_bytes || prefix.tokens.is_empty() {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.push_front((lora, prefix));
+        while entries.iter().map(|(_, c)| c.cache.bytes()).sum::<usize>() > self.budget_bytes {
+            entries.pop_back();
+        }
+    }
 }
 
 impl Engine {
@@ -523,12 +579,13 @@ impl Engine {
         }
         let started = Instant::now();
         let pipe = job.pipe.clone();
-        let result = crate::model::generate(
+        let result = crate::model::generate_reusing(
             &self.model,
             &self.tok,
             &job.ids,
             job.lora.as_deref(),
             &job.cfg,
+            self.prompt_cache.take(&job.lora, &job.ids),
             |ev| {
                 if !ev.text.is_empty() {
                     pipe.push(StreamEvent::Text(ev.text.to_owned()));
@@ -536,8 +593,11 @@ impl Engine {
                 !pipe.is_cancelled()
             },
         );
-        let out = match result {
-            Ok(out) => out,
+        let (out, cached_prompt_tokens) = match result {
+            Ok((out, reused, prefix)) => {
+                self.prompt_cache.put(job.lora.clone(), prefix);
+                (out, reused)
+            }
             Err(e) => {
                 tracing::warn!(id = %job.id, error = %e, "generation failed");
                 job.pipe.push(StreamEvent::Failed(e.to_string()));
@@ -555,6 +615,7 @@ impl Engine {
             text: out.text.clone(),
             finish_reason,
             prompt_tokens: job.ids.len(),
+            cached_prompt_tokens,
             completion_tokens: out.tokens.len(),
         }));
         if out.reason == StopReason::Cancelled {
@@ -565,6 +626,7 @@ impl Engine {
             "queue_ms": latency_ms.saturating_sub(decode_ms),
             "generate_ms": decode_ms,
             "prompt_tokens": job.ids.len(),
+            "cached_prompt_tokens": cached_prompt_tokens,
             "completion_tokens": out.tokens.len(),
         });
         let interaction = Interaction {
@@ -629,6 +691,10 @@ impl Server {
         config: ServeConfig,
     ) -> Result<Server, ServeError> {
         let (queue, queue_rx) = crossbeam_channel::bounded(config.queue_capacity.max(1));
+        let prompt_cache = PromptCache {
+            budget_bytes: config.prompt_cache_bytes,
+            entries: Mutex::new(VecDeque::new()),
+        };
         let (events, events_rx) = crossbeam_channel::bounded(EVENT_BUFFER);
         // Distinguishes ids across restarts of the process, so a re-used counter never repeats an id.
         let id_prefix = format!("{:x}", now_unix_ms() % 0xffff_ffff);
@@ -646,6 +712,7 @@ impl Server {
             next_id: AtomicU64::new(0),
             id_prefix,
             closing: AtomicBool::new(false),
+            prompt_cache,
         });
         let mut threads = Vec::new();
         // Each generation thread runs inside its own compute pool (as many threads as the process-wide pool):
