@@ -4,6 +4,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
@@ -349,6 +350,46 @@ fn a_chats_next_turn_reuses_the_cached_prompt() {
         );
         server.shutdown();
     }
+}
+
+/// The prompt cache keys entries by adapter snapshot; once that adapter is unloaded its entries must go, or the
+/// cache would keep its weights alive for as long as nothing else evicts them.
+#[test]
+fn the_prompt_cache_lets_go_of_an_unloaded_adapter() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny(dir.path());
+    let model = Transformer::from_gguf(&path).unwrap();
+    let adapter_dir = adapter(&model, dir.path(), "a", Some(0.5));
+    let server = Server::load(&path, config(4)).unwrap();
+    let set = Arc::new(LoraSet::load_peft(Path::new(&adapter_dir), model.config()).unwrap());
+    let weak = Arc::downgrade(&set);
+    server.engine().insert_adapter("a", set).unwrap();
+    let addr = server.listen("127.0.0.1:0").unwrap();
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("a", "hello there", 4, false),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+    server.engine().unload_adapter("a").unwrap();
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("tiny", "hello there", 4, false),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+    // The first job's worker may still be emitting its interaction event; give it a moment, not forever.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while weak.upgrade().is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        weak.upgrade().is_none(),
+        "the prompt cache kept an unloaded adapter alive"
+    );
+    server.shutdown();
 }
 
 #[test]

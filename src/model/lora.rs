@@ -853,6 +853,15 @@ impl AdapterRegistry {
             .remove(name)
     }
 
+    /// Whether `set` is installed under some name (the very snapshot, not an equal copy).
+    pub fn holds(&self, set: &Arc<LoraSet>) -> bool {
+        self.inner
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|s| Arc::ptr_eq(s, set))
+    }
+
     pub fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = self
             .inner

@@ -278,7 +278,8 @@ pub struct Engine {
 /// Finished requests' KV caches, most recently used first, within a byte budget. A request takes the entry
 /// that shares the longest prefix with its prompt (so two requests never share one cache) and gives back its
 /// own cache when done. Entries are matched by the adapter snapshot they were computed under: an entry holds
-/// that `Arc`, so a replaced or unloaded adapter's entries match nothing and age out.
+/// that `Arc`, so a replaced or unloaded adapter's entries match nothing, and they are dropped at the next
+/// `put`, so that the cache never keeps an unloaded adapter's weights alive.
 struct PromptCache {
     budget_bytes: usize,
     entries: Mutex<VecDeque<(Option<Arc<LoraSet>>, CachedPrefix)>>,
@@ -309,12 +310,20 @@ impl PromptCache {
         entries.remove(best).map(|(_, c)| c)
     }
 
-    /// Keeps `prefix` as the most recent entry, dropping the oldest while over budget.
-    fn put(&self, lora: Option<Arc<LoraSet>>, prefix: CachedPrefix) {
-        if prefix.cache.bytes() > self.budget_bytes || prefix.tokens.is_empty() {
+    /// Keeps `prefix` as the most recent entry, dropping entries whose adapter is no longer `installed` and
+    /// then the oldest while over budget.
+    fn put(
+        &self,
+        lora: Option<Arc<LoraSet>>,
+        prefix: CachedPrefix,
+        installed: impl Fn(&Arc<LoraSet>) -> bool,
+    ) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|(a, _)| a.as_ref().is_none_or(&installed));
+        let fits = prefix.cache.bytes() <= self.budget_bytes && !prefix.tokens.is_empty();
+        if !fits || lora.as_ref().is_some_and(|a| !installed(a)) {
             return;
         }
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries.push_front((lora, prefix));
         while entries.iter().map(|(_, c)| c.cache.bytes()).sum::<usize>() > self.budget_bytes {
             entries.pop_back();
@@ -595,7 +604,8 @@ impl Engine {
         );
         let (out, cached_prompt_tokens) = match result {
             Ok((out, reused, prefix)) => {
-                self.prompt_cache.put(job.lora.clone(), prefix);
+                self.prompt_cache
+                    .put(job.lora.clone(), prefix, |a| self.registry.holds(a));
                 (out, reused)
             }
             Err(e) => {
