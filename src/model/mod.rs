@@ -10,6 +10,7 @@
 pub mod chat;
 pub mod generate;
 pub mod gguf;
+pub mod huge_pages;
 pub mod lora;
 pub mod q8;
 pub mod team;

@@ -18,6 +18,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::gguf::{Arch, GgufFile, ModelConfig};
+use super::huge_pages::HugePageReport;
 use super::lora::{LoraPair, LoraSet, LoraTarget};
 use super::q8::QuantizedRows;
 use super::{ModelError, Result};
@@ -890,6 +891,8 @@ pub struct Transformer {
     head: QLinear,
     rope: Rope,
     kv_precision: KvPrecision,
+    /// What the OS did with the weights' pages at load.
+    huge_pages: HugePageReport,
 }
 
 fn norm_tensor(g: &mut GgufFile, name: &str, n: usize) -> Result<Tensor> {
@@ -974,7 +977,7 @@ impl Transformer {
         }
         let norm = norm_tensor(g, "output_norm.weight", h)?;
         let rope = Rope::new(&cfg)?;
-        Ok(Self {
+        let mut model = Self {
             config: cfg,
             embed,
             blocks,
@@ -982,7 +985,38 @@ impl Transformer {
             head,
             rope,
             kv_precision: KvPrecision::default(),
-        })
+            huge_pages: HugePageReport::default(),
+        };
+        if std::env::var("HEARTH_HUGE_PAGES").as_deref() != Ok("off") {
+            model.huge_pages = model.collapse_weights_into_huge_pages()?;
+        }
+        Ok(model)
+    }
+
+    /// Puts the packed weights a decode step streams onto huge pages where the OS allows it (see
+    /// [`super::huge_pages`]). `HEARTH_HUGE_PAGES=off` leaves them where they are, so that a benchmark can
+    /// compare the two in one build.
+    fn collapse_weights_into_huge_pages(&self) -> Result<HugePageReport> {
+        let mut packed = Vec::new();
+        let linears = self
+            .blocks
+            .iter()
+            .flat_map(|b| LoraTarget::ALL.iter().map(|&t| b.linear(t)))
+            .chain([&self.head]);
+        for w in linears.map(QLinear::weight).chain([&self.embed]) {
+            if let Weight::Quant(q) = w {
+                packed.push(q.data()?);
+            }
+        }
+        let buffers: Vec<&[u8]> = packed.iter().map(|d| &d[..]).collect();
+        let report = super::huge_pages::collapse_into_huge_pages(&buffers);
+        tracing::debug!(?report, "weights on huge pages");
+        Ok(report)
+    }
+
+    /// How many of the weights' 2 MiB chunks the OS moved onto huge pages at load, and how many it refused.
+    pub fn huge_pages(&self) -> HugePageReport {
+        self.huge_pages
     }
 
     pub fn config(&self) -> &ModelConfig {
