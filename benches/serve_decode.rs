@@ -112,11 +112,15 @@ fn run(smoke: bool) -> Res<()> {
     );
     let model = server.engine().model().clone();
     let pages = model.huge_pages();
-    println!(
-        "weights on huge pages: {:.1} MB ({} chunks refused by the OS)",
-        pages.collapsed_bytes() as f64 / 1e6,
-        pages.refused_chunks
-    );
+    if std::env::var("HEARTH_HUGE_PAGES").as_deref() == Ok("off") {
+        println!("weights left on small pages (HEARTH_HUGE_PAGES=off)");
+    } else {
+        println!(
+            "weights on huge pages: {:.1} MB ({} chunks refused by the OS)",
+            pages.collapsed_bytes() as f64 / 1e6,
+            pages.refused_chunks
+        );
+    }
     let bandwidth = bench_util::read_bandwidth(smoke);
     let per_token = model.decode_read_bytes() as f64;
     println!(
