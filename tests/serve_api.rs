@@ -101,6 +101,16 @@ fn sse_text(events: &[String]) -> (String, Option<String>) {
     (text, finish)
 }
 
+/// A non-streaming chat request of `content` to `model`, answered in full.
+fn chat(addr: SocketAddr, model: &str, content: &str, max_tokens: usize) -> Reply {
+    call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body(model, content, max_tokens, false),
+    )
+}
+
 fn chat_body(model: &str, content: &str, max_tokens: usize, stream: bool) -> String {
     json!({"model": model, "messages": [{"role": "user", "content": content}],
            "max_tokens": max_tokens, "temperature": 0, "stream": stream, "user": "ana"})
@@ -169,12 +179,7 @@ fn direct_greedy(
 fn chat_completion_json_matches_direct_generation() {
     let dir = tempfile::tempdir().unwrap();
     let (server, addr) = serve(dir.path(), 4);
-    let r = call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("tiny", "hello there", 12, false),
-    );
+    let r = chat(addr, "tiny", "hello there", 12);
     assert_eq!(r.code, 200, "{}", r.body);
     let v = json_of(&r);
     assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
@@ -232,12 +237,7 @@ fn the_kv_cache_setting_reaches_generation() {
     let server = Server::load(&path, config).unwrap();
     assert_eq!(server.engine().model().kv_precision(), KvPrecision::F16);
     let addr = server.listen("127.0.0.1:0").unwrap();
-    let r = call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("tiny", "hello there", 12, false),
-    );
+    let r = chat(addr, "tiny", "hello there", 12);
     assert_eq!(r.code, 200, "{}", r.body);
     let content = json_of(&r)["choices"][0]["message"]["content"]
         .as_str()
@@ -287,12 +287,7 @@ fn a_chats_next_turn_reuses_the_cached_prompt() {
             .load_adapter("a", Path::new(&with_adapter))
             .unwrap();
         let addr = server.listen("127.0.0.1:0").unwrap();
-        let first = call(
-            addr,
-            "POST",
-            "/v1/chat/completions",
-            &chat_body("tiny", "hello there", 8, false),
-        );
+        let first = chat(addr, "tiny", "hello there", 8);
         assert_eq!(cached(&first), 0);
         let first = json_of(&first);
         let answer = first["choices"][0]["message"]["content"]
@@ -329,12 +324,7 @@ fn a_chats_next_turn_reuses_the_cached_prompt() {
         );
         // Another chat shares only the template's opening with the kept cache, which holds more positions
         // after it: those are dropped and recomputed for the new prompt.
-        let other_chat = call(
-            addr,
-            "POST",
-            "/v1/chat/completions",
-            &chat_body("tiny", "good morning", 8, false),
-        );
+        let other_chat = chat(addr, "tiny", "good morning", 8);
         let shared = cached(&other_chat);
         assert_eq!(shared > 0, budget > 0, "{shared}");
         let (fresh, n) = direct_greedy(
@@ -365,20 +355,10 @@ fn the_prompt_cache_lets_go_of_an_unloaded_adapter() {
     let weak = Arc::downgrade(&set);
     server.engine().insert_adapter("a", set).unwrap();
     let addr = server.listen("127.0.0.1:0").unwrap();
-    let r = call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("a", "hello there", 4, false),
-    );
+    let r = chat(addr, "a", "hello there", 4);
     assert_eq!(r.code, 200, "{}", r.body);
     server.engine().unload_adapter("a").unwrap();
-    let r = call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("tiny", "hello there", 4, false),
-    );
+    let r = chat(addr, "tiny", "hello there", 4);
     assert_eq!(r.code, 200, "{}", r.body);
     // The first job's worker may still be emitting its interaction event; give it a moment, not forever.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -396,12 +376,7 @@ fn the_prompt_cache_lets_go_of_an_unloaded_adapter() {
 fn sse_stream_carries_the_same_text_and_ends_with_done() {
     let dir = tempfile::tempdir().unwrap();
     let (server, addr) = serve(dir.path(), 4);
-    let plain = json_of(&call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("tiny", "stream me", 20, false),
-    ));
+    let plain = json_of(&chat(addr, "tiny", "stream me", 20));
     let r = call(
         addr,
         "POST",
@@ -462,18 +437,8 @@ fn models_list_and_zero_adapter_answers_like_the_base() {
         .collect();
     assert_eq!(ids, ["tiny", "zero"]);
 
-    let base = json_of(&call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("tiny", "same?", 24, false),
-    ));
-    let with = json_of(&call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("zero", "same?", 24, false),
-    ));
+    let base = json_of(&chat(addr, "tiny", "same?", 24));
+    let with = json_of(&chat(addr, "zero", "same?", 24));
     assert_eq!(with["model"], "zero");
     assert_eq!(
         base["choices"][0]["message"]["content"],
@@ -549,12 +514,7 @@ fn adapter_swap_and_unload_do_not_disturb_a_stream_in_flight() {
     assert_eq!(after, reference, "the stream changed under an adapter swap");
 
     // Unloaded: naming it now is a 404 that names it.
-    let r = call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("live", "hi", 4, false),
-    );
+    let r = chat(addr, "live", "hi", 4);
     assert_eq!(r.code, 404);
     assert!(error_of(&r)["message"].as_str().unwrap().contains("live"));
     server.shutdown();
@@ -700,12 +660,7 @@ fn every_client_error_is_an_openai_error_naming_its_cause() {
 fn feedback_on_a_served_response_is_emitted() {
     let dir = tempfile::tempdir().unwrap();
     let (server, addr) = serve(dir.path(), 4);
-    let v = json_of(&call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat_body("tiny", "rate me", 6, false),
-    ));
+    let v = json_of(&chat(addr, "tiny", "rate me", 6));
     let id = v["id"].as_str().unwrap();
     let r = call(
         addr,
