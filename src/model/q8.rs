@@ -14,6 +14,9 @@
 
 use crate::model::team::SharedSlice;
 
+pub mod panels;
+pub use panels::{PanelWeights, matmul_panels, matvec_panels_many, panels_usable};
+
 /// Weights per Q8_0 block.
 pub const QK8_0: usize = 32;
 /// Bytes per Q8_0 block: an f16 scale and 32 int8.

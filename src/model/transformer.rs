@@ -1,7 +1,7 @@
 //! The owned Llama/Qwen3 forward.
 //!
-//! Weights are immutable after load and shared (`Arc<QTensor>` / cheap `Tensor` clones), so one
-//! [`Transformer`] serves many requests at once; each request owns its [`KvCache`] and passes the
+//! Weights are immutable after load and shared (`Arc<QTensor>`, `Arc<PanelWeights>`, cheap `Tensor` clones),
+//! so one [`Transformer`] serves many requests at once; each request owns its [`KvCache`] and passes the
 //! [`LoraSet`] it started with (or none). Adapters are applied unmerged,
 //! `y = W·x + scale·B·(A·x)`, so swapping an adapter never touches the base weights.
 //!
@@ -20,27 +20,126 @@ use serde::{Deserialize, Serialize};
 use super::gguf::{Arch, GgufFile, ModelConfig};
 use super::huge_pages::HugePageReport;
 use super::lora::{LoraPair, LoraSet, LoraTarget};
-use super::q8::QuantizedRows;
+use super::q8::{PanelWeights, QuantizedRows};
 use super::{ModelError, Result};
 
 mod decode;
 mod head;
 mod train_ops;
 
-/// A frozen weight: block-quantized and kept packed, or dense f32 (F32/F16/BF16 in the file, or a
-/// merged/dequantized copy).
+/// A frozen weight: block-quantized and kept packed, Q8_0 repacked into panels where the CPU has their kernel
+/// (see [`super::q8::panels`]), or dense f32 (F32/F16/BF16 in the file, or a merged/dequantized copy).
 #[derive(Clone, Debug)]
 pub enum Weight {
     Quant(Arc<QTensor>),
+    Panels(Arc<PanelWeights>),
     Dense(Tensor),
+}
+
+impl Weight {
+    /// A block-quantized GGUF tensor as the model keeps it: Q8_0 repacked into panels when
+    /// [`super::q8::panels_usable`] (and `HEARTH_Q8_LAYOUT` is not `gguf`, which keeps the file's layout so
+    /// that a benchmark can compare the two in one build), anything else as it is.
+    fn packed(q: Arc<QTensor>) -> Result<Self> {
+        if q.dtype() == GgmlDType::Q8_0
+            && super::q8::panels_usable()
+            && std::env::var("HEARTH_Q8_LAYOUT").as_deref() != Ok("gguf")
+            && let Ok((n_out, k)) = q.shape().dims2()
+        {
+            let panels =
+                PanelWeights::from_q8_0(&q.data()?, n_out, k).map_err(ModelError::Input)?;
+            return Ok(Weight::Panels(Arc::new(panels)));
+        }
+        Ok(Weight::Quant(q))
+    }
+
+    /// The weight as dense f32 `[out, in]`.
+    fn dequantize(&self) -> Result<Tensor> {
+        Ok(match self {
+            Weight::Quant(q) => dequantize(q)?,
+            Weight::Panels(p) => {
+                Tensor::from_vec(p.dequantize(), (p.n_out(), p.k()), &Device::Cpu)?
+            }
+            Weight::Dense(t) => t.clone(),
+        })
+    }
+
+    /// A Q8_0 weight in either layout, for hearth's int8 kernels; `None` for other types.
+    fn q8_0(&self) -> Option<QuantWeight> {
+        match self {
+            Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0 => Some(QuantWeight::Gguf(q.clone())),
+            Weight::Panels(p) => Some(QuantWeight::Panels(p.clone())),
+            _ => None,
+        }
+    }
+
+    /// The rows named by `tokens` (any shape), `[..tokens' dims, in]`.
+    fn embedding(&self, tokens: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Weight::Quant(q) => q.embedding(tokens)?,
+            Weight::Panels(p) => {
+                let ids = tokens.flatten_all()?.to_vec1::<u32>()?;
+                let mut rows = vec![0f32; ids.len() * p.k()];
+                for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(p.k())) {
+                    p.dequantize_row(id as usize, row)
+                        .map_err(ModelError::Input)?;
+                }
+                let mut dims = tokens.dims().to_vec();
+                dims.push(p.k());
+                Tensor::from_vec(rows, dims, &Device::Cpu)?
+            }
+            Weight::Dense(w) => {
+                let mut dims = tokens.dims().to_vec();
+                dims.push(w.dim(1)?);
+                w.index_select(&tokens.flatten_all()?, 0)?.reshape(dims)?
+            }
+        })
+    }
 }
 
 /// Quantized matmul `x·Wᵀ` that, unlike `QMatMul`, has a backward pass w.r.t. `x`. The weight stays frozen;
 /// the backward multiplies by its cached transpose (Q8_0, see [`TransposeCache`]) or by a dequantized copy
 /// that exists only during that product.
 struct QMatMulGrad {
-    w: Arc<QTensor>,
+    w: QuantWeight,
     transposed: Arc<TransposeCache>,
+}
+
+/// The weight of a [`QMatMulGrad`]: a GGUF tensor, or Q8_0 panels.
+#[derive(Clone)]
+enum QuantWeight {
+    Gguf(Arc<QTensor>),
+    Panels(Arc<PanelWeights>),
+}
+
+impl QuantWeight {
+    /// The Q8_0 weight's GGUF bytes, `[n_out, k]`; `None` for other types.
+    fn q8_0_bytes(&self) -> candle_core::Result<Option<std::borrow::Cow<'_, [u8]>>> {
+        Ok(match self {
+            QuantWeight::Gguf(q) if q.dtype() == GgmlDType::Q8_0 => Some(q.data()?),
+            QuantWeight::Gguf(_) => None,
+            QuantWeight::Panels(p) => Some(std::borrow::Cow::Owned(p.to_q8_0())),
+        })
+    }
+
+    fn dims(&self) -> candle_core::Result<(usize, usize)> {
+        match self {
+            QuantWeight::Gguf(q) => q.shape().dims2(),
+            QuantWeight::Panels(p) => Ok((p.n_out(), p.k())),
+        }
+    }
+
+    /// `y = x·Wᵀ` (`[m, n_out]`) for a Q8_0 weight through hearth's int8 kernels.
+    fn q8_0_matmul(&self, x: &QuantizedRows, y: &mut [f32]) -> std::result::Result<(), String> {
+        match self {
+            QuantWeight::Gguf(q) => {
+                let (n_out, _) = q.shape().dims2().map_err(|e| e.to_string())?;
+                let bytes = q.data().map_err(|e| e.to_string())?;
+                super::q8::matmul_quantized(&bytes, n_out, x, y)
+            }
+            QuantWeight::Panels(p) => super::q8::matmul_panels(p, x, y),
+        }
+    }
 }
 
 impl CustomOp1 for QMatMulGrad {
@@ -53,12 +152,15 @@ impl CustomOp1 for QMatMulGrad {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        if self.w.dtype() == GgmlDType::Q8_0
-            && let Some(r) = q8_0_fwd(&self.w, storage, layout)
-        {
+        if let Some(r) = q8_0_fwd(&self.w, storage, layout) {
             return r;
         }
-        self.w.cpu_fwd(storage, layout)
+        match &self.w {
+            QuantWeight::Gguf(q) => q.cpu_fwd(storage, layout),
+            QuantWeight::Panels(_) => {
+                candle_core::bail!("qmatmul-grad: Q8_0 panels take contiguous f32 [m, k] inputs")
+            }
+        }
     }
 
     fn bwd(
@@ -70,7 +172,12 @@ impl CustomOp1 for QMatMulGrad {
         if let Some(dx) = q8_0_input_grad(&self.w, &self.transposed, grad_res)? {
             return Ok(Some(dx));
         }
-        let w = dequantize(&self.w)?; // [out, in], for this product only
+        let w = match &self.w {
+            QuantWeight::Gguf(q) => dequantize(q)?,
+            QuantWeight::Panels(p) => Weight::Panels(p.clone())
+                .dequantize()
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+        }; // [out, in], for this product only
         Ok(Some(grad_res.broadcast_matmul(&w)?))
     }
 }
@@ -79,12 +186,14 @@ impl CustomOp1 for QMatMulGrad {
 /// the output axis (see [`TransposeCache`]). `None` when the weight is not Q8_0 or its output rows are no
 /// multiple of 32 (the caller takes the f32 route).
 fn q8_0_input_grad(
-    w: &QTensor,
+    w: &QuantWeight,
     transposed: &TransposeCache,
     dy: &Tensor,
 ) -> candle_core::Result<Option<Tensor>> {
-    let (n_out, k) = w.shape().dims2()?;
-    if w.dtype() != GgmlDType::Q8_0 || !n_out.is_multiple_of(super::q8::QK8_0) {
+    let (n_out, k) = w.dims()?;
+    if !n_out.is_multiple_of(super::q8::QK8_0)
+        || matches!(w, QuantWeight::Gguf(q) if q.dtype() != GgmlDType::Q8_0)
+    {
         return Ok(None);
     }
     let Some((&last, lead)) = dy.dims().split_last() else {
@@ -117,14 +226,17 @@ fn dequantize(w: &QTensor) -> candle_core::Result<Tensor> {
     w.dequantize(&Device::Cpu)
 }
 
-/// Decode-sized products with a Q8_0 weight through [`super::q8`] (see there for why); `None` hands the call to
-/// candle (not a contiguous f32 `[m, k]` input).
+/// Products with a Q8_0 weight through [`super::q8`] (see there for why); `None` hands the call to candle (not
+/// Q8_0, or not a contiguous f32 `[m, k]` input).
 fn q8_0_fwd(
-    w: &QTensor,
+    w: &QuantWeight,
     storage: &CpuStorage,
     layout: &Layout,
 ) -> Option<candle_core::Result<(CpuStorage, Shape)>> {
-    let (n_out, k) = w.shape().dims2().ok()?;
+    if matches!(w, QuantWeight::Gguf(q) if q.dtype() != GgmlDType::Q8_0) {
+        return None;
+    }
+    let (n_out, k) = w.dims().ok()?;
     let x = match storage {
         CpuStorage::F32(x) => x,
         _ => return None,
@@ -134,11 +246,10 @@ fn q8_0_fwd(
         return None;
     }
     let x = x.get(layout.start_offset()..layout.start_offset() + m * k)?;
-    let bytes = w.data().ok()?;
     let mut y = vec![0f32; m * n_out];
+    let done = QuantizedRows::new(x, k).and_then(|xq| w.q8_0_matmul(&xq, &mut y));
     Some(
-        super::q8::matmul(&bytes, n_out, k, x, m, &mut y)
-            .map(|()| (CpuStorage::F32(y), Shape::from((m, n_out))))
+        done.map(|()| (CpuStorage::F32(y), Shape::from((m, n_out))))
             .map_err(candle_core::Error::Msg),
     )
 }
@@ -216,13 +327,16 @@ impl std::fmt::Debug for TransposeCache {
 
 impl TransposeCache {
     /// The transpose of Q8_0 `w` (`[n_out, k]`), built on first use.
-    fn get(&self, w: &QTensor) -> candle_core::Result<&[u8]> {
+    fn get(&self, w: &QuantWeight) -> candle_core::Result<&[u8]> {
         if let Some(t) = self.0.get() {
             return Ok(t);
         }
-        let (n_out, k) = w.shape().dims2()?;
-        let t = super::q8::transpose_requantized(&w.data()?, n_out, k)
-            .map_err(candle_core::Error::Msg)?;
+        let (n_out, k) = w.dims()?;
+        let Some(bytes) = w.q8_0_bytes()? else {
+            candle_core::bail!("qmatmul-grad: only a Q8_0 weight has an int8 transpose");
+        };
+        let t =
+            super::q8::transpose_requantized(&bytes, n_out, k).map_err(candle_core::Error::Msg)?;
         // Two threads may build it at once; both results are the same bytes.
         Ok(self.0.get_or_init(|| t))
     }
@@ -237,7 +351,7 @@ impl QLinear {
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
                 Weight::Dense(q.dequantize(&Device::Cpu)?)
             }
-            _ => Weight::Quant(q),
+            _ => Weight::packed(q)?,
         };
         Ok(Self {
             weight,
@@ -278,10 +392,7 @@ impl QLinear {
 
     /// The weight as dense f32 `[out, in]`.
     pub fn dequantize(&self) -> Result<Tensor> {
-        Ok(match &self.weight {
-            Weight::Quant(q) => q.dequantize(&Device::Cpu)?,
-            Weight::Dense(t) => t.clone(),
-        })
+        self.weight.dequantize()
     }
 
     /// `x: [.., in] -> [.., out]`, plus `scale·B·(A·x)` when `lora` is given.
@@ -299,10 +410,9 @@ impl QLinear {
             Some(p) => self.dora_factor(p)?,
             None => None,
         };
-        if let Weight::Quant(q) = &self.weight
-            && q.dtype() == GgmlDType::Q8_0
+        if let Some(w) = self.weight.q8_0()
             && no_grad
-            && let Some(y) = q8_0_forward(q, &x2, lora, dora.as_ref())?
+            && let Some(y) = q8_0_forward(&w, &x2, lora, dora.as_ref())?
         {
             let mut out_dims = lead.to_vec();
             out_dims.push(self.out_features);
@@ -313,7 +423,11 @@ impl QLinear {
                 frozen_matmul(&x2, &q.dequantize(x2.device())?)?
             }
             Weight::Quant(q) => x2.contiguous()?.apply_op1(QMatMulGrad {
-                w: q.clone(),
+                w: QuantWeight::Gguf(q.clone()),
+                transposed: self.transposed.clone(),
+            })?,
+            Weight::Panels(p) => x2.contiguous()?.apply_op1(QMatMulGrad {
+                w: QuantWeight::Panels(p.clone()),
                 transposed: self.transposed.clone(),
             })?,
             Weight::Dense(w) => frozen_matmul(&x2, w)?,
@@ -576,18 +690,18 @@ fn lora_rows<A: FactorValue, B: FactorValue>(p: &LoraRows<A, B>, x: &[f32], y: &
 /// is added into the kernel's output buffer, where through candle it cost two tensors and an add per projection
 /// (~20% of a decode step with an adapter). `None` when an input is not contiguous f32 on CPU.
 fn q8_0_forward(
-    q: &QTensor,
+    w: &QuantWeight,
     x2: &Tensor,
     lora: Option<&LoraPair>,
     dora: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
-    let (n_out, k) = q.shape().dims2()?;
+    let (n_out, k) = w.dims()?;
     let (n, _) = x2.dims2()?;
     let x2 = x2.contiguous()?;
     let y = with_f32_slice(&x2, |x| -> Result<Option<Vec<f32>>> {
         let xq = QuantizedRows::new(x, k).map_err(ModelError::Input)?;
         let mut y = vec![0f32; n * n_out];
-        Ok(q8_0_into(q, x, &xq, lora, dora, &mut y)?.then_some(y))
+        Ok(q8_0_into(w, x, &xq, lora, dora, &mut y)?.then_some(y))
     });
     match y.transpose()?.flatten() {
         Some(y) => Ok(Some(Tensor::from_vec(y, (n, n_out), x2.device())?)),
@@ -598,15 +712,14 @@ fn q8_0_forward(
 /// [`q8_0_forward`] into `y` for `x` (rows of `in` values) already quantized as `xq`. `false` when a LoRA or
 /// DoRA tensor is not contiguous f32 on CPU; `y` then holds no usable result.
 fn q8_0_into(
-    q: &QTensor,
+    w: &QuantWeight,
     x: &[f32],
     xq: &QuantizedRows,
     lora: Option<&LoraPair>,
     dora: Option<&Tensor>,
     y: &mut [f32],
 ) -> Result<bool> {
-    let n_out = q.shape().dims2()?.0;
-    super::q8::matmul_quantized(&q.data()?, n_out, xq, y).map_err(ModelError::Input)?;
+    w.q8_0_matmul(xq, y).map_err(ModelError::Input)?;
     Ok(adapt_rows(x, lora, dora, y))
 }
 
@@ -921,10 +1034,12 @@ impl Transformer {
         } else {
             QLinear::from_qtensor(g.tensor("output.weight", Some(&[cfg.vocab_size, h]))?)?
         };
-        let embed = match embed_q.dtype() {
-            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+        let embed = match (embed_q.dtype(), &head.weight) {
+            (GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16, _) => {
                 Weight::Dense(embed_q.dequantize(&Device::Cpu)?)
             }
+            // A tied table repacked for the head serves lookups too, rather than being held twice.
+            (_, Weight::Panels(p)) if cfg.tied_embeddings => Weight::Panels(p.clone()),
             _ => Weight::Quant(embed_q),
         };
         // No with_capacity: a corrupt block_count must fail on the first missing tensor, not abort.
@@ -1004,8 +1119,10 @@ impl Transformer {
             .flat_map(|b| LoraTarget::ALL.iter().map(|&t| b.linear(t)))
             .chain([&self.head]);
         for w in linears.map(QLinear::weight).chain([&self.embed]) {
-            if let Weight::Quant(q) = w {
-                packed.push(q.data()?);
+            match w {
+                Weight::Quant(q) => packed.push(q.data()?),
+                Weight::Panels(p) => packed.push(std::borrow::Cow::Borrowed(p.bytes())),
+                Weight::Dense(_) => {}
             }
         }
         let buffers: Vec<&[u8]> = packed.iter().map(|d| &d[..]).collect();
@@ -1035,6 +1152,7 @@ impl Transformer {
     pub fn decode_read_bytes(&self) -> usize {
         let bytes = |l: &QLinear| match l.weight() {
             Weight::Quant(q) => q.storage_size_in_bytes(),
+            Weight::Panels(p) => p.bytes().len(),
             Weight::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
         };
         let per_block: usize = self
@@ -1074,21 +1192,22 @@ impl Transformer {
     /// multiple of the block size are kept as they are.
     pub fn requantized(&self, dtype: GgmlDType) -> Result<Self> {
         let re = |w: &Weight| -> Result<Weight> {
-            Ok(match w {
-                Weight::Quant(q) if q.dtype() != dtype => {
-                    let cols = q.shape().dims().last().copied().unwrap_or(0);
-                    if cols.is_multiple_of(dtype.block_size()) {
-                        let t = q.dequantize(&Device::Cpu)?;
-                        Weight::Quant(Arc::new(QTensor::quantize(&t, dtype)?))
-                    } else {
-                        w.clone()
-                    }
-                }
-                other => other.clone(),
-            })
+            let (from, cols) = match w {
+                Weight::Quant(q) => (q.dtype(), q.shape().dims().last().copied().unwrap_or(0)),
+                Weight::Panels(p) => (GgmlDType::Q8_0, p.k()),
+                Weight::Dense(_) => return Ok(w.clone()),
+            };
+            if from == dtype || !cols.is_multiple_of(dtype.block_size()) {
+                return Ok(w.clone());
+            }
+            Weight::packed(Arc::new(QTensor::quantize(&w.dequantize()?, dtype)?))
         };
         let mut m = self.clone();
-        let tied_same = matches!((&m.embed, &m.head.weight), (Weight::Quant(a), Weight::Quant(b)) if Arc::ptr_eq(a, b));
+        let tied_same = match (&m.embed, &m.head.weight) {
+            (Weight::Quant(a), Weight::Quant(b)) => Arc::ptr_eq(a, b),
+            (Weight::Panels(a), Weight::Panels(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
         m.embed = re(&m.embed)?;
         let head = if tied_same {
             m.embed.clone()
@@ -1238,13 +1357,7 @@ impl Transformer {
         {
             return self.decode_token(&tokens, c, lora);
         }
-        let mut x = match &self.embed {
-            Weight::Quant(q) => q.embedding(&tokens)?,
-            Weight::Dense(w) => {
-                w.index_select(&tokens.flatten_all()?, 0)?
-                    .reshape((b, l, cfg.hidden_size))?
-            }
-        };
+        let mut x = self.embed.embedding(&tokens)?;
         // Several positions at once: each attends to the cache and to itself and the positions before it.
         let causal = l > 1;
         for (li, blk) in self.blocks.iter().enumerate() {

@@ -10,7 +10,7 @@
 //! precision, so the two agree up to the order of float additions (tests compare them).
 
 use super::*;
-use crate::model::q8::{QuantizedRows, matvec_quantized_many};
+use crate::model::q8::{PanelWeights, QuantizedRows, matvec_panels_many, matvec_quantized_many};
 
 /// Buffers of one decode step, each the size of one activation.
 struct Step {
@@ -44,10 +44,7 @@ impl Transformer {
             cfg.intermediate_size,
         );
         let pos = cache.len();
-        let embedded = match &self.embed {
-            Weight::Quant(q) => q.embedding(&tokens.flatten_all()?)?,
-            Weight::Dense(w) => w.index_select(&tokens.flatten_all()?, 0)?,
-        };
+        let embedded = self.embed.embedding(&tokens.flatten_all()?)?;
         let mut s = Step {
             x: embedded.flatten_all()?.to_vec1::<f32>()?,
             normed: vec![0f32; h],
@@ -166,23 +163,35 @@ impl<'a> QuantizedInput<'a> {
     /// `y = W·x (+ scale·B·A·x, · DoRA factor)` for each projection of a stage: the Q8_0 weights through the
     /// kernel on the input quantized once, then their adapters; other weights through [`QLinear::forward`].
     fn project(&self, outs: Vec<Projection>) -> Result<()> {
-        let (mut fused, mut rest) = (Vec::new(), Vec::new());
+        let (mut gguf, mut panels, mut rest) = (Vec::new(), Vec::new(), Vec::new());
         for (lin, pair, y) in outs {
             match &lin.weight {
                 Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0 => {
-                    fused.push((lin, q.data()?, pair, y))
+                    gguf.push((lin, q.data()?, pair, y))
                 }
+                Weight::Panels(p) => panels.push((lin, p, pair, y)),
                 _ => rest.push((lin, pair, y)),
             }
         }
-        if !fused.is_empty() {
-            let mut products: Vec<(&[u8], &mut [f32])> = fused
+        if !gguf.is_empty() {
+            let mut products: Vec<(&[u8], &mut [f32])> = gguf
                 .iter_mut()
                 .map(|(_, w, _, y)| (&w[..], &mut **y))
                 .collect();
             matvec_quantized_many(self.q8()?, &mut products).map_err(ModelError::Input)?;
         }
-        for (lin, _, pair, y) in fused {
+        if !panels.is_empty() {
+            let mut products: Vec<(&PanelWeights, &mut [f32])> = panels
+                .iter_mut()
+                .map(|(_, w, _, y)| (&***w, &mut **y))
+                .collect();
+            matvec_panels_many(self.q8()?, &mut products).map_err(ModelError::Input)?;
+        }
+        let fused = gguf
+            .into_iter()
+            .map(|(lin, _, pair, y)| (lin, pair, y))
+            .chain(panels.into_iter().map(|(lin, _, pair, y)| (lin, pair, y)));
+        for (lin, pair, y) in fused {
             let dora = match pair {
                 Some(p) => lin.dora_factor(p)?,
                 None => None,

@@ -9,7 +9,6 @@
 
 use std::sync::Mutex;
 
-use candle_core::quantized::GgmlDType;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -97,12 +96,11 @@ struct HeadLogps {
 impl HeadLogps {
     /// `x_rows · Wᵀ` for `m` rows of `hidden` values, `[m, vocab]`.
     fn logits(&self, x_rows: Vec<f32>, m: usize) -> candle_core::Result<Vec<f32>> {
-        if let Weight::Quant(q) = &self.head
-            && q.dtype() == GgmlDType::Q8_0
-        {
+        if let Some(w) = self.head.q8_0() {
             let mut y = vec![0f32; m * self.vocab];
-            let bytes = q.data()?;
-            crate::model::q8::matmul(&bytes, self.vocab, self.hidden, &x_rows, m, &mut y)
+            let xq = crate::model::q8::QuantizedRows::new(&x_rows, self.hidden)
+                .map_err(candle_core::Error::Msg)?;
+            w.q8_0_matmul(&xq, &mut y)
                 .map_err(candle_core::Error::Msg)?;
             return Ok(y);
         }
@@ -113,21 +111,19 @@ impl HeadLogps {
     /// What the backward pass multiplies by: a Q8_0 head's transpose requantized for the int8 kernel (see
     /// `q8_0_input_grad` in the parent module), when the vocabulary is a multiple of 32; else the dense head.
     fn backward_weight(&self) -> candle_core::Result<BackwardWeight<'_>> {
-        if let Weight::Quant(q) = &self.head
-            && q.dtype() == GgmlDType::Q8_0
+        if let Some(w) = self.head.q8_0()
             && self.vocab.is_multiple_of(crate::model::q8::QK8_0)
         {
-            return Ok(BackwardWeight::Transposed(self.transposed.get(q)?));
+            return Ok(BackwardWeight::Transposed(self.transposed.get(&w)?));
         }
         Ok(BackwardWeight::Dense(self.dense()?))
     }
 
     /// The head as dense f32 `[vocab, hidden]`.
     fn dense(&self) -> candle_core::Result<Tensor> {
-        match &self.head {
-            Weight::Quant(q) => super::dequantize(q),
-            Weight::Dense(t) => Ok(t.clone()),
-        }
+        self.head
+            .dequantize()
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))
     }
 }
 
@@ -291,7 +287,7 @@ mod tests {
 
         let dense = QLinear::from_dense(w.clone()).unwrap();
         let q8 = QLinear::from_qtensor(std::sync::Arc::new(
-            QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(),
+            QTensor::quantize(&w, candle_core::quantized::GgmlDType::Q8_0).unwrap(),
         ))
         .unwrap();
         // One chunk (the default for this vocabulary), and chunks of 4 rows and of 1 (SmolLM2's vocabulary

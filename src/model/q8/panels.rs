@@ -1,0 +1,577 @@
+//! Q8_0 weights repacked once at load so that a product reads each weight as one sequential, aligned stream.
+//!
+//! In the GGUF layout a row is 34-byte blocks (an f16 scale, 32 int8), and the decode kernel reads eight rows
+//! at once, interleaved at the row stride: eight short streams with unaligned loads. Walking every projection
+//! of SmolLM2 the way a decode step does (one thread, AMD EPYC Zen 4, weights on huge pages), that kernel read
+//! 10-13 GB/s, while a plain sum over the same buffers read 27-30 GB/s; the kernel itself runs at 32-38 GB/s
+//! on weights already in cache, so it waited on memory. The hardware prefetchers follow one forward stream;
+//! they lose it on interleaved rows, and even on a panel layout that kept the scales apart from the quants
+//! (13-14 GB/s). Here a panel of 16 rows stores, per pair of blocks, the quants (for each group of four
+//! consecutive weights the 16 rows' bytes side by side: one aligned 64-byte line, offset by 128 for
+//! `vpdpbusd`) and then the pair's 16 × 2 f16 scales: 1,088 bytes, 17 lines, so a panel is read strictly
+//! front to back and every load is aligned. The same walk then read 25-29 GB/s, and on cached weights 87-96
+//! GB/s: each `vpdpbusd` gives 16 rows' partial sums in its lanes (no reduction across lanes), and one
+//! conversion gives 16 scales (no table lookup). Same bytes per weight as GGUF (1 + 1/16), except a padding
+//! block for an odd block count; the GGUF bytes are not kept ([`PanelWeights::to_q8_0`] rebuilds them exactly
+//! for what needs them, such as training's transposes).
+//!
+//! The kernels need AVX-512 F, BW and VNNI ([`panels_usable`]); other CPUs keep the GGUF layout and its
+//! kernels. A portable loop computes the same sums everywhere, for tests.
+
+use super::{PARALLEL_MIN_WEIGHTS, QK8_0, QuantRow, QuantizedRows, block_scale};
+use crate::model::team::SharedSlice;
+
+/// Weight rows per panel: one int32 lane each in a 512-bit register.
+pub const PANEL_ROWS: usize = 16;
+/// One group of four consecutive weights of a panel's rows: one 64-byte line.
+const GROUP_BYTES: usize = 4 * PANEL_ROWS;
+/// A block's quants in a panel (eight groups).
+const BLOCK_QUANT_BYTES: usize = QK8_0 * PANEL_ROWS;
+/// A block's scales in a panel.
+const BLOCK_SCALE_BYTES: usize = 2 * PANEL_ROWS;
+/// Two blocks' quants, then their scales: 17 whole lines.
+const PAIR_BYTES: usize = 2 * (BLOCK_QUANT_BYTES + BLOCK_SCALE_BYTES);
+
+/// Where block `b`'s quants start in a panel.
+#[inline(always)]
+fn quant_offset(b: usize) -> usize {
+    b / 2 * PAIR_BYTES + b % 2 * BLOCK_QUANT_BYTES
+}
+
+/// Where block `b`'s 16 scales start in a panel.
+#[inline(always)]
+fn scale_offset(b: usize) -> usize {
+    b / 2 * PAIR_BYTES + 2 * BLOCK_QUANT_BYTES + b % 2 * BLOCK_SCALE_BYTES
+}
+
+/// A Q8_0 weight `[n_out, k]` in panels of [`PANEL_ROWS`] rows (see the module doc). A last partial panel is
+/// padded with zero weights.
+pub struct PanelWeights {
+    lines: Vec<CacheLine>,
+    n_out: usize,
+    k: usize,
+}
+
+/// What the panels are stored in: 64-byte aligned, so every quant load is an aligned line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CacheLine([u8; 64]);
+
+impl std::fmt::Debug for PanelWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PanelWeights({}x{})", self.n_out, self.k)
+    }
+}
+
+impl PanelWeights {
+    /// Repacks a row-major Q8_0 weight `[n_out, k]` given as its raw GGUF bytes.
+    pub fn from_q8_0(w: &[u8], n_out: usize, k: usize) -> Result<Self, String> {
+        let row_bytes = k / QK8_0 * super::BLOCK_BYTES;
+        if k == 0 || !k.is_multiple_of(QK8_0) || n_out == 0 || w.len() != n_out * row_bytes {
+            return Err(format!(
+                "q8_0 panels: {} bytes are not {n_out} rows of {k} weights",
+                w.len()
+            ));
+        }
+        let panel_bytes = Self::panel_bytes_for(k);
+        let panels = n_out.div_ceil(PANEL_ROWS);
+        // 0x80 is a zero weight (offset by 128); the scales are all written below, padding rows' as zero.
+        let mut lines = vec![CacheLine([0x80; 64]); panels * panel_bytes / 64];
+        use rayon::prelude::*;
+        lines
+            .par_chunks_mut(panel_bytes / 64)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let panel = as_bytes_mut(panel);
+                for b in 0..k / QK8_0 {
+                    panel[scale_offset(b)..][..BLOCK_SCALE_BYTES].fill(0);
+                }
+                for l in 0..PANEL_ROWS.min(n_out - p * PANEL_ROWS) {
+                    let row = &w[(p * PANEL_ROWS + l) * row_bytes..][..row_bytes];
+                    for (b, blk) in row.chunks_exact(super::BLOCK_BYTES).enumerate() {
+                        panel[scale_offset(b) + 2 * l..][..2].copy_from_slice(&blk[..2]);
+                        for (i, &q) in blk[2..].iter().enumerate() {
+                            panel[quant_at(b, l, i)] = q ^ 0x80;
+                        }
+                    }
+                }
+            });
+        Ok(Self { lines, n_out, k })
+    }
+
+    /// The GGUF bytes this was made from, exactly.
+    pub fn to_q8_0(&self) -> Vec<u8> {
+        let blocks = self.k / QK8_0;
+        let row_bytes = blocks * super::BLOCK_BYTES;
+        let mut out = vec![0u8; self.n_out * row_bytes];
+        use rayon::prelude::*;
+        out.par_chunks_mut(row_bytes)
+            .enumerate()
+            .for_each(|(o, row)| {
+                let (panel, l) = (self.panel(o / PANEL_ROWS), o % PANEL_ROWS);
+                for (b, blk) in row.chunks_exact_mut(super::BLOCK_BYTES).enumerate() {
+                    blk[..2].copy_from_slice(&panel[scale_offset(b) + 2 * l..][..2]);
+                    for (i, q) in blk[2..].iter_mut().enumerate() {
+                        *q = panel[quant_at(b, l, i)] ^ 0x80;
+                    }
+                }
+            });
+        out
+    }
+
+    /// Row `o` as f32 into `out` (`k` values): an embedding lookup.
+    pub fn dequantize_row(&self, o: usize, out: &mut [f32]) -> Result<(), String> {
+        if o >= self.n_out || out.len() != self.k {
+            return Err(format!(
+                "q8_0 panels: row {o} of {} into {} values (rows have {})",
+                self.n_out,
+                out.len(),
+                self.k
+            ));
+        }
+        let (panel, l) = (self.panel(o / PANEL_ROWS), o % PANEL_ROWS);
+        for (b, vals) in out.chunks_exact_mut(QK8_0).enumerate() {
+            let d = block_scale(&panel[scale_offset(b) + 2 * l..]);
+            for (i, v) in vals.iter_mut().enumerate() {
+                *v = d * (panel[quant_at(b, l, i)] ^ 0x80) as i8 as f32;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row as f32, `[n_out, k]`, rows split across the current rayon pool.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.n_out * self.k];
+        use rayon::prelude::*;
+        out.par_chunks_mut(self.k).enumerate().for_each(|(o, row)| {
+            // Cannot fail: `o < n_out` and the row has `k` values.
+            let _ = self.dequantize_row(o, row);
+        });
+        out
+    }
+
+    pub fn n_out(&self) -> usize {
+        self.n_out
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The bytes held: what one product streams.
+    pub fn bytes(&self) -> &[u8] {
+        as_bytes(&self.lines)
+    }
+
+    fn panel_bytes_for(k: usize) -> usize {
+        (k / QK8_0).div_ceil(2) * PAIR_BYTES
+    }
+
+    /// Panel `p`'s bytes.
+    fn panel(&self, p: usize) -> &[u8] {
+        let n = Self::panel_bytes_for(self.k);
+        &self.bytes()[p * n..(p + 1) * n]
+    }
+}
+
+/// Where weight `i` of block `b` of a panel's row `l` lies.
+#[inline(always)]
+fn quant_at(b: usize, l: usize, i: usize) -> usize {
+    quant_offset(b) + i / 4 * GROUP_BYTES + 4 * l + i % 4
+}
+
+fn as_bytes(lines: &[CacheLine]) -> &[u8] {
+    // SAFETY: `CacheLine` is 64 plain bytes with no padding.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr().cast::<u8>(), lines.len() * 64) }
+}
+
+fn as_bytes_mut(lines: &mut [CacheLine]) -> &mut [u8] {
+    // SAFETY: as for `as_bytes`; the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), lines.len() * 64) }
+}
+
+/// Whether the panel kernels can run here: AVX-512 F, BW and VNNI (and `HEARTH_Q8_KERNEL` not forcing AVX2).
+/// Elsewhere a model keeps the GGUF layout, whose kernels are the fast ones there.
+pub fn panels_usable() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x86::gemm_usable()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `y = W·x` for each `(W, y)` pair and one input row: all products' panels dealt across threads as one split
+/// (the decode team of `model::team`, or the current rayon pool), as [`super::matvec_quantized_many`] does for
+/// the GGUF layout.
+pub fn matvec_panels_many(
+    x: &QuantizedRows,
+    products: &mut [(&PanelWeights, &mut [f32])],
+) -> Result<(), String> {
+    if x.rows.len() != 1 {
+        return Err(format!("q8_0 matvec: {} input rows, not one", x.rows.len()));
+    }
+    for (w, y) in products.iter() {
+        check(w, x, y.len())?;
+    }
+    let row = &x.rows[0];
+    let weights: usize = products.iter().map(|(w, _)| w.n_out * w.k).sum();
+    let parts: Vec<(&PanelWeights, SharedSlice<f32>)> = products
+        .iter_mut()
+        .map(|(w, y)| (*w, SharedSlice::new(y)))
+        .collect();
+    let total: usize = parts
+        .iter()
+        .map(|(w, _)| w.n_out.div_ceil(PANEL_ROWS))
+        .sum();
+    let run = |panels: std::ops::Range<usize>| {
+        let mut first_panel = 0;
+        for (w, y) in &parts {
+            let count = w.n_out.div_ceil(PANEL_ROWS);
+            let (a, b) = (
+                panels.start.clamp(first_panel, first_panel + count) - first_panel,
+                panels.end.clamp(first_panel, first_panel + count) - first_panel,
+            );
+            first_panel += count;
+            if a < b {
+                let rows = a * PANEL_ROWS..(b * PANEL_ROWS).min(w.n_out);
+                // SAFETY: `products` borrows every `y` mutably for this whole call, and panel ranges are
+                // disjoint, so these rows of this product are written by this range alone.
+                let out = unsafe { y.part(rows) };
+                panels_one_row(w, a..b, row, out);
+            }
+        }
+    };
+    if rayon::current_num_threads() == 1 || weights < PARALLEL_MIN_WEIGHTS {
+        run(0..total);
+    } else {
+        crate::model::team::for_each_range(total, run);
+    }
+    Ok(())
+}
+
+/// Panels `panels` of `w` times one input row, into `out` (their rows).
+fn panels_one_row(w: &PanelWeights, panels: std::ops::Range<usize>, x: &QuantRow, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::gemm_usable() {
+        let bytes = PanelWeights::panel_bytes_for(w.k);
+        // SAFETY: `gemm_usable` found AVX-512 F/BW/VNNI; the panels exist in `w`, whose rows have the `k`
+        // values `x` has (checked by the caller), and `out` has a slot for each of their rows.
+        unsafe { x86::panels_one_row(w.bytes()[panels.start * bytes..].as_ptr(), bytes, x, out) };
+        return;
+    }
+    for (p, out) in panels.zip(out.chunks_mut(PANEL_ROWS)) {
+        panel_rows(
+            w.panel(p),
+            std::slice::from_ref(x),
+            out.as_mut_ptr(),
+            0,
+            out.len(),
+        );
+    }
+}
+
+/// `y[r][o] = Σ_k x[r][k] · W[o][k]` (`y` is `[m, n_out]`) for any number of input rows: panels split across
+/// threads, and each panel, while in cache, meets every input row in tiles of up to eight rows.
+pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Result<(), String> {
+    check(w, x, y.len() / x.rows.len().max(1))?;
+    let m = x.rows.len();
+    if y.len() != m * w.n_out {
+        return Err(format!(
+            "q8_0 matmul: y has {} values, not {m}x{}",
+            y.len(),
+            w.n_out
+        ));
+    }
+    if m == 1 {
+        return matvec_panels_many(x, &mut [(w, y)]);
+    }
+    let n_out = w.n_out;
+    let y = SharedSlice::new(y);
+    crate::model::team::for_each_range(n_out.div_ceil(PANEL_ROWS), |panels| {
+        for p in panels {
+            let cols = PANEL_ROWS.min(n_out - p * PANEL_ROWS);
+            for (t, tile) in x.rows.chunks(TILE_ROWS).enumerate() {
+                // The tile's rows start at row `t · TILE_ROWS` of `y`; its columns p·16 .. p·16 + cols are this
+                // panel's, which no other range writes (panel ranges are disjoint).
+                let at = y
+                    .as_ptr()
+                    .wrapping_add(t * TILE_ROWS * n_out + p * PANEL_ROWS);
+                panel_rows(w.panel(p), tile, at, n_out, cols);
+            }
+        }
+    });
+    Ok(())
+}
+
+fn check(w: &PanelWeights, x: &QuantizedRows, n_out: usize) -> Result<(), String> {
+    if w.k != x.k || w.n_out != n_out {
+        return Err(format!(
+            "q8_0 panels: sizes do not agree (w {}x{}, x rows of {}, {n_out} outputs)",
+            w.n_out, w.k, x.k
+        ));
+    }
+    Ok(())
+}
+
+/// Input rows per tile of [`matmul_panels`]: eight int32 and eight f32 accumulators, eight independent
+/// `vpdpbusd` chains.
+const TILE_ROWS: usize = 8;
+
+/// One panel times up to [`TILE_ROWS`] input rows: row `r`'s `cols` results at `out + r · stride`.
+fn panel_rows(panel: &[u8], rows: &[QuantRow], out: *mut f32, stride: usize, cols: usize) {
+    debug_assert!(rows.len() <= TILE_ROWS && cols <= PANEL_ROWS);
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::gemm_usable() {
+        // SAFETY: `gemm_usable` found AVX-512 F/BW/VNNI; `panel` is a whole panel for rows of `k` values,
+        // which every row has (checked by the callers); `out` has `rows.len()` rows of `cols` slots `stride`
+        // apart that this call alone writes.
+        unsafe { x86::panel_rows(panel.as_ptr(), rows, out, stride, cols) };
+        return;
+    }
+    for (r, x) in rows.iter().enumerate() {
+        for l in 0..cols {
+            let mut acc = 0f32;
+            for b in 0..x.d.len() {
+                let s: i32 = (0..QK8_0)
+                    .map(|i| {
+                        (panel[quant_at(b, l, i)] ^ 0x80) as i8 as i32 * x.qs[b * QK8_0 + i] as i32
+                    })
+                    .sum();
+                acc += block_scale(&panel[scale_offset(b) + 2 * l..]) * x.d[b] * s as f32;
+            }
+            // SAFETY: as above, slot `l < cols` of row `r`.
+            unsafe { *out.add(r * stride + l) = acc };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{PANEL_ROWS, QuantRow, TILE_ROWS, quant_offset, scale_offset};
+    use crate::model::q8::QK8_0;
+
+    /// [`super::panel_rows`] on AVX-512.
+    ///
+    /// # Safety
+    /// As for the portable loop in [`super::panel_rows`], plus AVX-512 F, BW and VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn panel_rows(
+        panel: *const u8,
+        rows: &[QuantRow],
+        out: *mut f32,
+        stride: usize,
+        cols: usize,
+    ) {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            match rows.len() {
+                1 => one_row(panel, &rows[0], out, cols),
+                8 => tile::<8>(panel, rows, out, stride, cols),
+                7 => tile::<7>(panel, rows, out, stride, cols),
+                6 => tile::<6>(panel, rows, out, stride, cols),
+                5 => tile::<5>(panel, rows, out, stride, cols),
+                4 => tile::<4>(panel, rows, out, stride, cols),
+                3 => tile::<3>(panel, rows, out, stride, cols),
+                2 => tile::<2>(panel, rows, out, stride, cols),
+                n => debug_assert!(n == 0 || n > TILE_ROWS),
+            }
+        }
+    }
+
+    fn mask(cols: usize) -> __mmask16 {
+        if cols >= PANEL_ROWS {
+            0xffff
+        } else {
+            (1u16 << cols) - 1
+        }
+    }
+
+    /// Consecutive panels from `first` (each `panel_bytes` long) times one input row, into `out`: one panel per
+    /// 16 slots, the last one partial if `out` is.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VNNI are available; `first` starts `out.len().div_ceil(16)` whole panels for rows of
+    /// `x`'s length.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn panels_one_row(
+        first: *const u8,
+        panel_bytes: usize,
+        x: &QuantRow,
+        out: &mut [f32],
+    ) {
+        for (p, out) in out.chunks_mut(PANEL_ROWS).enumerate() {
+            // SAFETY: the caller's guarantees; panel `p` is one of them.
+            unsafe { one_row(first.add(p * panel_bytes), x, out.as_mut_ptr(), out.len()) };
+        }
+    }
+
+    /// One input row (decode): per block, eight `vpdpbusd` (a broadcast word of four activations times the 16
+    /// rows' four weights) in two chains, the first started from the offset fix, then scaled by the 16 weight
+    /// scales (converted from f16 in one instruction) times the activation scale into one accumulator.
+    ///
+    /// # Safety
+    /// As for [`panel_rows`].
+    #[inline(always)]
+    unsafe fn one_row(panel: *const u8, x: &QuantRow, out: *mut f32, cols: usize) {
+        // SAFETY: every read is inside the panel (block b < the row's blocks, group g < 8) or the row.
+        unsafe {
+            let xs = x.qs.as_ptr() as *const i32;
+            let mut acc = _mm512_setzero_ps();
+            for b in 0..x.d.len() {
+                let q = panel.add(quant_offset(b));
+                let xb = xs.add(b * QK8_0 / 4);
+                let mut d0 = _mm512_set1_epi32(*x.offset_fix.get_unchecked(b));
+                let mut d1 = _mm512_setzero_si512();
+                for g in (0..8).step_by(2) {
+                    let w0 = _mm512_load_si512(q.add(g * 64).cast());
+                    let w1 = _mm512_load_si512(q.add(g * 64 + 64).cast());
+                    d0 = _mm512_dpbusd_epi32(d0, w0, _mm512_set1_epi32(xb.add(g).read_unaligned()));
+                    d1 = _mm512_dpbusd_epi32(
+                        d1,
+                        w1,
+                        _mm512_set1_epi32(xb.add(g + 1).read_unaligned()),
+                    );
+                }
+                let dw = _mm512_cvtph_ps(_mm256_load_si256(panel.add(scale_offset(b)).cast()));
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*x.d.get_unchecked(b)));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), scale, acc);
+            }
+            _mm512_mask_storeu_ps(out, mask(cols), acc);
+        }
+    }
+
+    /// `R` input rows: per block, each weight line loaded once for all `R` rows' `vpdpbusd`s.
+    ///
+    /// # Safety
+    /// As for [`panel_rows`], with `rows.len() == R`.
+    #[inline(always)]
+    unsafe fn tile<const R: usize>(
+        panel: *const u8,
+        rows: &[QuantRow],
+        out: *mut f32,
+        stride: usize,
+        cols: usize,
+    ) {
+        // SAFETY: as for `one_row`, for each of the `R` rows and their output rows.
+        unsafe {
+            let xs: [*const i32; R] = std::array::from_fn(|r| rows[r].qs.as_ptr() as *const i32);
+            let mut acc = [_mm512_setzero_ps(); R];
+            for b in 0..rows[0].d.len() {
+                let q = panel.add(quant_offset(b));
+                let mut dots: [__m512i; R] = std::array::from_fn(|r| {
+                    _mm512_set1_epi32(*rows[r].offset_fix.get_unchecked(b))
+                });
+                for g in 0..8 {
+                    let wv = _mm512_load_si512(q.add(g * 64).cast());
+                    for r in 0..R {
+                        let word = xs[r].add(b * QK8_0 / 4 + g).read_unaligned();
+                        dots[r] = _mm512_dpbusd_epi32(dots[r], wv, _mm512_set1_epi32(word));
+                    }
+                }
+                let dw = _mm512_cvtph_ps(_mm256_load_si256(panel.add(scale_offset(b)).cast()));
+                for r in 0..R {
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*rows[r].d.get_unchecked(b)));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), scale, acc[r]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(out.add(r * stride), mask(cols), *a);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n × k` Q8_0 weights with varied scales and the int8 range's ends, as GGUF bytes.
+    fn weights(n: usize, k: usize) -> Vec<u8> {
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 255) as f32 - 127.0) / (1.0 + (i / 96 % 7) as f32))
+            .collect();
+        let mut out = Vec::new();
+        for row in w.chunks_exact(k) {
+            let q = super::super::quantize_row(row);
+            for (b, d) in q.d.iter().enumerate() {
+                out.extend_from_slice(&half::f16::from_f32(*d).to_bits().to_le_bytes());
+                out.extend(q.qs[b * QK8_0..(b + 1) * QK8_0].iter().map(|&v| v as u8));
+            }
+        }
+        out
+    }
+
+    fn inputs(m: usize, k: usize) -> Vec<f32> {
+        (0..m * k)
+            .map(|i| match i % 5 {
+                0 => -3.0,
+                1 => 3.0,
+                _ => ((i * 104729 % 97) as f32 - 48.0) / 17.0,
+            })
+            .collect()
+    }
+
+    /// The repack is lossless: the GGUF bytes come back exactly and every row dequantizes as candle's layout
+    /// says, for a partial last panel and an odd block count (a padded pair).
+    #[test]
+    fn panels_round_trip_to_the_gguf_bytes() {
+        for (n, k) in [(19, 96), (32, 64), (5, 32)] {
+            let gguf = weights(n, k);
+            let p = PanelWeights::from_q8_0(&gguf, n, k).unwrap();
+            assert_eq!(p.to_q8_0(), gguf, "{n}x{k}");
+            let mut dense = vec![0f32; n * k];
+            super::super::dequantize(&gguf, k, &mut dense).unwrap();
+            assert_eq!(p.dequantize(), dense, "{n}x{k}");
+        }
+        assert!(PanelWeights::from_q8_0(&[0; 33], 1, 32).is_err());
+    }
+
+    /// Every path over panels (one row, tiles of two to eight rows and their remainders, the threaded split)
+    /// agrees with the GGUF layout's scalar loop, for a partial panel and an odd block count.
+    #[test]
+    fn panel_products_match_the_gguf_kernels() {
+        let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+        for (n, k) in [(19, 96), (48, 128)] {
+            let gguf = weights(n, k);
+            let p = PanelWeights::from_q8_0(&gguf, n, k).unwrap();
+            for m in [1, 2, 3, 8, 9, 20] {
+                let x = inputs(m, k);
+                let xq = QuantizedRows::new(&x, k).unwrap();
+                let mut want = vec![0f32; m * n];
+                super::super::dot_rows_scalar(
+                    &gguf,
+                    n,
+                    k,
+                    &xq.rows,
+                    &mut want,
+                    super::super::OutLayout::by_input_row(n),
+                );
+                let mut got = vec![f32::NAN; m * n];
+                matmul_panels(&p, &xq, &mut got).unwrap();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(close(*g, *w), "{n}x{k}, {m} rows, value {i}: {g} vs {w}");
+                }
+            }
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let (n, k) = (4096, 64);
+        let (gguf, x) = (weights(n, k), inputs(1, k));
+        let p = PanelWeights::from_q8_0(&gguf, n, k).unwrap();
+        let xq = QuantizedRows::new(&x, k).unwrap();
+        let mut alone = vec![0f32; n];
+        matvec_panels_many(&xq, &mut [(&p, &mut alone)]).unwrap();
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        pool.install(|| matvec_panels_many(&xq, &mut [(&p, &mut a), (&p, &mut b)]))
+            .unwrap();
+        assert_eq!((&a, &b), (&alone, &alone));
+        assert!(matvec_panels_many(&xq, &mut [(&p, &mut vec![0f32; n - 1][..])]).is_err());
+    }
+}
