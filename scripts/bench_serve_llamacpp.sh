@@ -48,24 +48,31 @@ reps = sum(len(r["samples_ts"]) for r in rows if r["n_threads"] == 1 and r["n_pr
 print(f"llama.cpp {rows[0].get('build_commit', '?')} ({rows[0].get('cpu_info', '?')}), best of {reps} repetitions:")
 for (kind, t), ts in sorted(llama.items()):
     print(f"  {kind:7} threads {t}: {ts:7.1f} tok/s")
-ours, small_pages = {}, {}
-# hearth's last child reruns 1 thread with its weights on small pages: kept apart, printed as a ratio.
-small = False
+ours, small_pages, gguf_layout = {}, {}, {}
+# hearth's last two children rerun 1 thread with its weights on small pages, and with Q8_0 weights in the GGUF
+# layout: kept apart, printed as ratios. Each child's first line says it loaded; a rerun's next says what it
+# leaves out.
+child = "main"
 for line in os.environ["HEARTH_OUT"].splitlines():
-    if "on small pages" in line:
-        small = True
+    if " loaded in " in line:
+        child = "main"
+    elif "on small pages" in line:
+        child = "small"
+    elif "GGUF layout" in line:
+        child = "gguf"
     m = re.search(r"threads +(\d+) \| resident adapters 0 .*prefill \d+ tokens: +([\d.]+) tok/s \| decode \d+ tokens: +([\d.]+) tok/s \((\d+)% of", line)
     if m:
         t = int(m.group(1))
-        if small:
-            small_pages[t] = float(m.group(3))
+        if child != "main":
+            (small_pages if child == "small" else gguf_layout)[t] = float(m.group(3))
             continue
         ours[("prefill", t)] = float(m.group(2))
         ours[("decode", t)] = float(m.group(3))
         ours[("bound", t)] = int(m.group(4))
-for t, ts in sorted(small_pages.items()):
-    if ("decode", t) in ours:
-        print(f"hearth decode threads {t}, weights on huge / small pages: {ours[('decode', t)]:.1f} / {ts:.1f} = {ours[('decode', t)] / ts:.2f}x")
+for what, rerun in (("weights on huge / small pages", small_pages), ("Q8_0 in panels / GGUF layout", gguf_layout)):
+    for t, ts in sorted(rerun.items()):
+        if ("decode", t) in ours:
+            print(f"hearth decode threads {t}, {what}: {ours[('decode', t)]:.1f} / {ts:.1f} = {ours[('decode', t)] / ts:.2f}x")
 for t in (1, 2):
     for kind in ("decode", "prefill"):
         if (kind, t) in ours and (kind, t) in llama:
