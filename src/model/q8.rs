@@ -11,6 +11,10 @@
 //! or the current rayon pool) only when the work is large enough to pay for it. The activation is quantized
 //! to Q8_0 exactly as candle and llama.cpp do (d = amax/127, round to nearest), so results match theirs up to
 //! the order of float additions. Other CPUs get a portable scalar loop.
+//!
+//! Where the CPU has AVX-512 VNNI a model keeps its Q8_0 weights repacked into [`panels`] instead, whose
+//! layout the memory system streams twice as fast; the GGUF-layout kernels here then serve training's
+//! transposed weights, and models loaded with `HEARTH_Q8_LAYOUT=gguf`.
 
 use crate::model::team::SharedSlice;
 

@@ -57,9 +57,7 @@ impl Weight {
     fn dequantize(&self) -> Result<Tensor> {
         Ok(match self {
             Weight::Quant(q) => dequantize(q)?,
-            Weight::Panels(p) => {
-                Tensor::from_vec(p.dequantize(), (p.n_out(), p.k()), &Device::Cpu)?
-            }
+            Weight::Panels(p) => dequantize_panels(p)?,
             Weight::Dense(t) => t.clone(),
         })
     }
@@ -174,9 +172,7 @@ impl CustomOp1 for QMatMulGrad {
         }
         let w = match &self.w {
             QuantWeight::Gguf(q) => dequantize(q)?,
-            QuantWeight::Panels(p) => Weight::Panels(p.clone())
-                .dequantize()
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+            QuantWeight::Panels(p) => dequantize_panels(p)?,
         }; // [out, in], for this product only
         Ok(Some(grad_res.broadcast_matmul(&w)?))
     }
@@ -224,6 +220,11 @@ fn dequantize(w: &QTensor) -> candle_core::Result<Tensor> {
         return Tensor::from_vec(out, (n_out, k), &Device::Cpu);
     }
     w.dequantize(&Device::Cpu)
+}
+
+/// Q8_0 panels as dense f32 `[out, in]` (rows split across the current rayon pool).
+fn dequantize_panels(p: &PanelWeights) -> candle_core::Result<Tensor> {
+    Tensor::from_vec(p.dequantize(), (p.n_out(), p.k()), &Device::Cpu)
 }
 
 /// Products with a Q8_0 weight through [`super::q8`] (see there for why); `None` hands the call to candle (not
