@@ -9,11 +9,12 @@
 //! (13-14 GB/s). Here a panel of 16 rows stores, per pair of blocks, the quants (for each group of four
 //! consecutive weights the 16 rows' bytes side by side: one aligned 64-byte line, offset by 128 for
 //! `vpdpbusd`) and then the pair's 16 × 2 f16 scales: 1,088 bytes, 17 lines, so a panel is read strictly
-//! front to back and every load is aligned. The same walk then read 25-29 GB/s, and on cached weights 87-96
-//! GB/s: each `vpdpbusd` gives 16 rows' partial sums in its lanes (no reduction across lanes), and one
-//! conversion gives 16 scales (no table lookup). Same bytes per weight as GGUF (1 + 1/16), except a padding
-//! block for an odd block count; the GGUF bytes are not kept ([`PanelWeights::to_q8_0`] rebuilds them exactly
-//! for what needs them, such as training's transposes).
+//! front to back and every load is aligned. The same walk then read 20-25 GB/s through
+//! [`matvec_panels_many`] (1.8-2.5× the GGUF kernel in alternating runs), and 74-100 GB/s on cached weights:
+//! each `vpdpbusd` gives 16 rows' partial sums in its lanes (no reduction across lanes), and one conversion
+//! gives 16 scales (no table lookup). Software prefetching on top of this layout measured slower. Same bytes
+//! per weight as GGUF (1 + 1/16), except a padding block for an odd block count; the GGUF bytes are not kept
+//! ([`PanelWeights::to_q8_0`] rebuilds them exactly for what needs them, such as training's transposes).
 //!
 //! The kernels need AVX-512 F, BW and VNNI ([`panels_usable`]); other CPUs keep the GGUF layout and its
 //! kernels. A portable loop computes the same sums everywhere, for tests.
