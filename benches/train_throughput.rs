@@ -69,8 +69,9 @@ fn bench(name: &str, path: &PathBuf, steps: usize) -> Result<(), Box<dyn std::er
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // The allocator settings of the hearth binary, so the figures are the main job's.
+    // The allocator and candle settings of the hearth binary, so the figures are the main job's.
     hearth::malloc::tune_for_long_runs();
+    hearth::model::keep_candle_ops_on_the_calling_thread();
     let dir = std::env::temp_dir().join(format!("hearth-train-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let tiny = dir.join("tiny.gguf");

@@ -28,6 +28,24 @@ pub use generate::{
 pub use gguf::{Arch, GgufFile, ModelConfig, TinySpec, write_tiny_model};
 pub use lora::{AdapterRegistry, LoraConfig, LoraPair, LoraSet, LoraTarget};
 pub use tokenizer::Tokenizer;
+
+/// Runs candle's element-wise ops on the thread that calls them, unless `CANDLE_NUM_THREADS` is already set.
+///
+/// candle 0.11 spreads those ops over its own pool of `RAYON_NUM_THREADS - 1` workers, pinned to cores, that spin
+/// 25,000 rounds after every op before parking; hearth's parallel work (the int8 kernels, `train_ops`, the
+/// decode team) runs on rayon's threads, so those spinning workers take cores from it. In a 2-thread SmolLM2
+/// training step they were 21.6% of all samples (perf), and without them (`CANDLE_NUM_THREADS=1`, no pool
+/// workers) `cargo bench --bench train_throughput` measured 255-298 tok/s against 194-235 with them (rank 8
+/// and 16, three alternating pairs of runs). candle's matmuls keep using rayon.
+///
+/// Sets an environment variable, so it must run before any other thread starts (first thing in `main`).
+pub fn keep_candle_ops_on_the_calling_thread() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: the caller runs this before any other thread exists, so nothing reads the environment
+        // concurrently.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+}
 pub use transformer::{KvCache, KvPrecision, MAX_POSITIONS, QLinear, Transformer};
 
 /// Everything that can go wrong loading or running a model. Variants name the file, key or tensor
