@@ -31,8 +31,8 @@ pub use tokenizer::Tokenizer;
 
 /// Runs candle's element-wise ops on the thread that calls them, unless `CANDLE_NUM_THREADS` is already set.
 ///
-/// candle 0.11 spreads those ops over its own pool of `RAYON_NUM_THREADS - 1` workers, pinned to cores, that spin
-/// 25,000 rounds after every op before parking; hearth's parallel work (the int8 kernels, `train_ops`, the
+/// candle 0.11 spreads those ops over its own pool of `RAYON_NUM_THREADS - 1` workers that spin 25,000 rounds
+/// after every op before parking; hearth's parallel work (the int8 kernels, `train_ops`, the
 /// decode team) runs on rayon's threads, so those spinning workers take cores from it. In a 2-thread SmolLM2
 /// training step they were 21.6% of all samples (perf), and without them (`CANDLE_NUM_THREADS=1`, no pool
 /// workers) `cargo bench --bench train_throughput` measured 255-298 tok/s against 194-235 with them (rank 8
