@@ -261,7 +261,7 @@ fn run(smoke: bool) -> Res<()> {
 
 fn main() -> Res<()> {
     // candle's settings of the hearth binary, so the figures are the main job's.
-    hearth::model::keep_candle_ops_on_the_calling_thread();
+    hearth::model::configure_candle_threads();
     // `cargo bench` passes `--bench`; `cargo test --benches` runs a tiny smoke version.
     let smoke = !std::env::args().any(|a| a == "--bench");
     if smoke || std::env::var("HEARTH_BENCH_CHILD").is_ok() {

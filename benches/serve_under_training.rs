@@ -164,7 +164,7 @@ fn run(smoke: bool) -> Res<()> {
 fn main() -> Res<()> {
     // The allocator and candle settings of the hearth binary, so the figures are the main job's.
     hearth::malloc::tune_for_long_runs();
-    hearth::model::keep_candle_ops_on_the_calling_thread();
+    hearth::model::configure_candle_threads();
     // `cargo bench` passes `--bench`; `cargo test --benches` runs a tiny smoke version.
     let smoke = !std::env::args().any(|a| a == "--bench");
     run(smoke)

@@ -163,7 +163,7 @@ fn report_bad_lines(input: &Path, errors: &[impl std::fmt::Display]) {
 
 fn main() -> ExitCode {
     hearth::malloc::tune_for_long_runs();
-    hearth::model::keep_candle_ops_on_the_calling_thread();
+    hearth::model::configure_candle_threads();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

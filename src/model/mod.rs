@@ -29,21 +29,30 @@ pub use gguf::{Arch, GgufFile, ModelConfig, TinySpec, write_tiny_model};
 pub use lora::{AdapterRegistry, LoraConfig, LoraPair, LoraSet, LoraTarget};
 pub use tokenizer::Tokenizer;
 
-/// Runs candle's element-wise ops on the thread that calls them, unless `CANDLE_NUM_THREADS` is already set.
+/// Sets the two thread counts candle reads from the environment, each only where the user has not set it.
 ///
-/// candle 0.11 spreads those ops over its own pool of `RAYON_NUM_THREADS - 1` workers that spin 25,000 rounds
-/// after every op before parking; hearth's parallel work (the int8 kernels, `train_ops`, the
-/// decode team) runs on rayon's threads, so those spinning workers take cores from it. In a 2-thread SmolLM2
-/// training step they were 21.6% of all samples (perf), and without them (`CANDLE_NUM_THREADS=1`, no pool
-/// workers) `cargo bench --bench train_throughput` measured 255-298 tok/s against 194-235 with them (rank 8
-/// and 16, three alternating pairs of runs). candle's matmuls keep using rayon.
+/// - `CANDLE_NUM_THREADS=1`: candle's element-wise ops run on the thread that calls them. candle 0.11
+///   spreads them over its own pool of `RAYON_NUM_THREADS - 1` workers that spin 25,000 rounds after every op
+///   before parking; hearth's parallel work (the int8 kernels, `train_ops`, the decode team) runs on rayon's
+///   threads, so those spinning workers take cores from it. In a 2-thread SmolLM2 training step they were
+///   21.6% of all samples (perf), and without them `cargo bench --bench train_throughput` measured 255-298
+///   tok/s against 194-235 with them (rank 8 and 16, three alternating pairs of runs). candle's matmuls keep
+///   using rayon.
+/// - `RAYON_NUM_THREADS` = the available parallelism, the count rayon sizes its global pool by anyway: candle
+///   asks for a thread count at every matmul, and without the variable it gets it from
+///   `num_cpus::get_physical()`, which opens and parses `/proc/cpuinfo` each time (97 times per step of the
+///   tiny model's training, 7% of its samples in the kernel's `show_cpuinfo`).
 ///
-/// Sets an environment variable, so it must run before any other thread starts (first thing in `main`).
-pub fn keep_candle_ops_on_the_calling_thread() {
+/// Sets environment variables, so it must run before any other thread starts (first thing in `main`).
+pub fn configure_candle_threads() {
+    // SAFETY (both `set_var`s): the caller runs this before any other thread exists, so nothing reads the
+    // environment concurrently.
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        // SAFETY: the caller runs this before any other thread exists, so nothing reads the environment
-        // concurrently.
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
     }
 }
 pub use transformer::{KvCache, KvPrecision, MAX_POSITIONS, QLinear, Transformer};
