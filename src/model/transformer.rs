@@ -9,7 +9,8 @@
 //! [`Transformer::forward_train`] uses differentiable equivalents (`train_ops`, and the head's log-softmax in
 //! `head`). Quantized matmuls go through `QMatMulGrad`, whose backward multiplies by the weight (Q8_0: its
 //! requantized transpose, in int8; other types: the dequantized weight), so LoRA parameters receive
-//! gradients through frozen quantized layers (plain `QMatMul` silently drops them).
+//! gradients through frozen quantized layers (plain `QMatMul` silently drops them). In training, a Q8_0
+//! projection and its LoRA pair are one node (`lora_linear`), whose backward computes `dx`, `dA` and `dB` itself.
 
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ use super::{ModelError, Result};
 
 mod decode;
 mod head;
+mod lora_linear;
 mod train_ops;
 
 /// A frozen weight: block-quantized and kept packed, Q8_0 repacked into panels where the CPU has their kernel
@@ -179,19 +181,17 @@ impl CustomOp1 for QMatMulGrad {
 }
 
 /// `dy · W` for a Q8_0 weight through the int8 kernel, multiplying by the weight's transpose requantized along
-/// the output axis (see [`TransposeCache`]). `None` when the weight is not Q8_0 or its output rows are no
-/// multiple of 32 (the caller takes the f32 route).
+/// the output axis (see [`TransposeCache`]). `None` when [`int8_backward_fits`] says no (the caller takes the
+/// f32 route).
 fn q8_0_input_grad(
     w: &QuantWeight,
     transposed: &TransposeCache,
     dy: &Tensor,
 ) -> candle_core::Result<Option<Tensor>> {
-    let (n_out, k) = w.dims()?;
-    if !n_out.is_multiple_of(super::q8::QK8_0)
-        || matches!(w, QuantWeight::Gguf(q) if q.dtype() != GgmlDType::Q8_0)
-    {
+    if !int8_backward_fits(w) {
         return Ok(None);
     }
+    let (n_out, k) = w.dims()?;
     let Some((&last, lead)) = dy.dims().split_last() else {
         return Ok(None);
     };
@@ -200,12 +200,33 @@ fn q8_0_input_grad(
     }
     let m: usize = lead.iter().product();
     let dyv: Vec<f32> = dy.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-    let wt = transposed.get(w)?;
     let mut dx = vec![0f32; m * k];
-    super::q8::matmul(wt, k, n_out, &dyv, m, &mut dx).map_err(candle_core::Error::Msg)?;
+    q8_0_input_grad_into(w, transposed, &dyv, m, &mut dx)?;
     let mut shape = lead.to_vec();
     shape.push(k);
     Ok(Some(Tensor::from_vec(dx, shape, dy.device())?))
+}
+
+/// Whether a weight takes the int8 backward: Q8_0 with a multiple of 32 outputs (the transpose's blocks run
+/// along them).
+fn int8_backward_fits(w: &QuantWeight) -> bool {
+    !matches!(w, QuantWeight::Gguf(q) if q.dtype() != GgmlDType::Q8_0)
+        && w.dims()
+            .is_ok_and(|(n_out, _)| n_out.is_multiple_of(super::q8::QK8_0))
+}
+
+/// `dx = dy · W` (`dy` `[m, n_out]`, `dx` `[m, k]`) through the int8 kernel, for a weight
+/// [`int8_backward_fits`] accepts.
+fn q8_0_input_grad_into(
+    w: &QuantWeight,
+    transposed: &TransposeCache,
+    dy: &[f32],
+    m: usize,
+    dx: &mut [f32],
+) -> candle_core::Result<()> {
+    let (n_out, k) = w.dims()?;
+    let wt = transposed.get(w)?;
+    super::q8::matmul(wt, k, n_out, dy, m, dx).map_err(candle_core::Error::Msg)
 }
 
 /// The weight as dense f32 `[out, in]`: Q8_0 through [`super::q8::dequantize`] (parallel, ~10× candle's
@@ -418,6 +439,23 @@ impl QLinear {
             let mut out_dims = lead.to_vec();
             out_dims.push(self.out_features);
             return Ok(y.reshape(out_dims)?);
+        }
+        if let (Some(p), Some(w)) = (lora, self.weight.q8_0())
+            && int8_backward_fits(&w)
+        {
+            // Training through a Q8_0 weight: one fused node, in `x`'s own shape (see `lora_linear`).
+            let op = lora_linear::LoraLinearGrad {
+                w,
+                transposed: self.transposed.clone(),
+                scale: p.scale as f32,
+            };
+            let y = x
+                .contiguous()?
+                .apply_op3(&p.a.contiguous()?, &p.b.contiguous()?, op)?;
+            return Ok(match dora {
+                Some(f) => y.broadcast_mul(&f.reshape((1, self.out_features))?)?,
+                None => y,
+            });
         }
         let y = match &self.weight {
             Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS && q.dtype() != GgmlDType::Q8_0 => {
