@@ -10,7 +10,8 @@
 //! `head`). Quantized matmuls go through `QMatMulGrad`, whose backward multiplies by the weight (Q8_0: its
 //! requantized transpose, in int8; other types: the dequantized weight), so LoRA parameters receive
 //! gradients through frozen quantized layers (plain `QMatMul` silently drops them). In training, a Q8_0
-//! projection and its LoRA pair are one node (`lora_linear`), whose backward computes `dx`, `dA` and `dB` itself.
+//! projection and its LoRA pair are one node (`lora_linear`), whose backward computes `dx`, `dA` and `dB` itself,
+//! and so is the attention core between the projections (`attention_train`).
 
 use std::sync::Arc;
 
@@ -24,7 +25,9 @@ use super::lora::{LoraPair, LoraSet, LoraTarget};
 use super::q8::{PanelWeights, QuantizedRows};
 use super::{ModelError, Result};
 
+mod attention_train;
 mod decode;
+mod f32_gemm;
 mod head;
 mod lora_linear;
 mod train_ops;
@@ -1466,6 +1469,24 @@ impl Transformer {
         if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
             q = rms_norm(&q, qn, cfg.rms_eps, train)?;
             k = rms_norm(&k, kn, cfg.rms_eps, train)?;
+        }
+        if train && cache.is_none() && offset == 0 {
+            // Training: rotary embedding, scores, causal softmax and context as one node (`attention_train`).
+            let table = |t: &Tensor| -> Result<Vec<f32>> {
+                Ok(t.narrow(0, 0, l)?.flatten_all()?.to_vec1()?)
+            };
+            let core = attention_train::AttentionCore {
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                cos: table(&self.rope.cos)?,
+                sin: table(&self.rope.sin)?,
+                interleaved: self.rope.interleaved,
+            };
+            let ctx = q
+                .contiguous()?
+                .apply_op3(&k.contiguous()?, &v.contiguous()?, core)?;
+            return blk.o.forward(&ctx, pair(LoraTarget::O));
         }
         let q = self
             .rope

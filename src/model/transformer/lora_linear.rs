@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
+use super::f32_gemm::{Mat, gemm};
 use super::{QuantWeight, TransposeCache};
 use crate::model::q8::QuantizedRows;
 
@@ -23,98 +24,6 @@ pub(super) struct LoraLinearGrad {
     pub(super) transposed: Arc<TransposeCache>,
     /// LoRA's `alpha / r` (or `alpha / √r`).
     pub(super) scale: f32,
-}
-
-/// A row-major view of a matrix, or of its transpose (strides swapped).
-#[derive(Clone, Copy)]
-struct Mat<'a> {
-    data: &'a [f32],
-    rows: usize,
-    cols: usize,
-    row_stride: usize,
-    col_stride: usize,
-}
-
-impl<'a> Mat<'a> {
-    fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        Self {
-            data,
-            rows,
-            cols,
-            row_stride: cols,
-            col_stride: 1,
-        }
-    }
-
-    fn t(self) -> Self {
-        Self {
-            rows: self.cols,
-            cols: self.rows,
-            row_stride: self.col_stride,
-            col_stride: self.row_stride,
-            ..self
-        }
-    }
-
-    /// Whether every element the strides reach lies inside `data`.
-    fn in_bounds(&self) -> bool {
-        self.rows == 0
-            || self.cols == 0
-            || (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride
-                < self.data.len()
-    }
-}
-
-/// `dst (rows(lhs) × cols(rhs), row-major) = alpha·lhs·rhs`, or `dst += alpha·lhs·rhs` with `accumulate`.
-fn gemm(
-    dst: &mut [f32],
-    accumulate: bool,
-    lhs: Mat,
-    rhs: Mat,
-    alpha: f32,
-) -> candle_core::Result<()> {
-    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
-    if rhs.rows != k || dst.len() != m * n || !lhs.in_bounds() || !rhs.in_bounds() {
-        candle_core::bail!(
-            "lora-linear: gemm of {m}x{k} by {}x{n} into {} values",
-            rhs.rows,
-            dst.len()
-        );
-    }
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    let parallelism = match rayon::current_num_threads() {
-        1 => gemm::Parallelism::None,
-        n => gemm::Parallelism::Rayon(n),
-    };
-    // SAFETY: `dst` holds exactly m×n values written at row stride n, column stride 1, and the checks above
-    // keep every element the strides of `lhs` (m×k) and `rhs` (k×n) reach inside their slices; the three do
-    // not alias (`dst` is borrowed mutably).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.col_stride as isize,
-            lhs.row_stride as isize,
-            rhs.data.as_ptr(),
-            rhs.col_stride as isize,
-            rhs.row_stride as isize,
-            1.0,
-            alpha,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
-    Ok(())
 }
 
 /// The CPU storage of a tensor's storage.
@@ -194,6 +103,7 @@ impl CustomOp3 for LoraLinearGrad {
             Mat::new(x, m, k),
             Mat::new(a, r, k).t(),
             1.0,
+            true,
         )?;
         gemm(
             &mut y,
@@ -201,6 +111,7 @@ impl CustomOp3 for LoraLinearGrad {
             Mat::new(&xa, m, r),
             Mat::new(b, n_out, r).t(),
             self.scale,
+            true,
         )?;
         let mut dims = l1.shape().dims().to_vec();
         if let Some(last) = dims.last_mut() {
@@ -238,19 +149,19 @@ impl CustomOp3 for LoraLinearGrad {
         let s = self.scale;
         // xa = x·Aᵀ again (m×k×r, a few hundredths of the base product) rather than kept from the forward.
         let mut xa = vec![0f32; m * r];
-        gemm(&mut xa, false, xm, am.t(), 1.0)?;
+        gemm(&mut xa, false, xm, am.t(), 1.0, true)?;
         // dB = s·gᵀ·xa, [n_out, r]
         let mut db = vec![0f32; n_out * r];
-        gemm(&mut db, false, gm.t(), Mat::new(&xa, m, r), s)?;
+        gemm(&mut db, false, gm.t(), Mat::new(&xa, m, r), s, true)?;
         // g·B, [m, r]: dA = s·(g·B)ᵀ·x and dx's LoRA term s·(g·B)·A
         let mut gb = vec![0f32; m * r];
-        gemm(&mut gb, false, gm, bm, 1.0)?;
+        gemm(&mut gb, false, gm, bm, 1.0, true)?;
         let gbm = Mat::new(&gb, m, r);
         let mut da = vec![0f32; r * k];
-        gemm(&mut da, false, gbm.t(), xm, s)?;
+        gemm(&mut da, false, gbm.t(), xm, s, true)?;
         let mut dx = vec![0f32; m * k];
         super::q8_0_input_grad_into(&self.w, &self.transposed, gv, m, &mut dx)?;
-        gemm(&mut dx, true, gbm, am, s)?;
+        gemm(&mut dx, true, gbm, am, s, true)?;
         let device = x.device();
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), device)?),
