@@ -33,9 +33,10 @@ export HEARTH_GGUF
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# Same timed step counts as the hearth bench (after one untimed warm-up step each): 5 on the tiny model, 4 on SmolLM2.
+# Same timed step counts as the hearth bench (after one untimed warm-up step each): 20 on the tiny model (a step
+# takes ~15 ms, so 5 varied by a third between runs), 4 on SmolLM2.
 echo "== PyTorch + PEFT" >&2
-"$py" scripts/bench_train_peft.py --tiny --rank 8 16 --steps 5 --threads 2 | tee "$out/peft.txt"
+"$py" scripts/bench_train_peft.py --tiny --rank 8 16 --steps 20 --threads 2 | tee "$out/peft.txt"
 "$py" scripts/bench_train_peft.py --gguf "$HEARTH_GGUF" --rank 8 16 --steps 4 --threads 2 |
     tee -a "$out/peft.txt"
 
