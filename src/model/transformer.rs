@@ -1482,6 +1482,7 @@ impl Transformer {
                 cos: table(&self.rope.cos)?,
                 sin: table(&self.rope.sin)?,
                 interleaved: self.rope.interleaved,
+                probabilities: Default::default(),
             };
             let ctx = q
                 .contiguous()?

@@ -176,11 +176,7 @@ impl CustomOp1 for HeadLogps {
                     let lp = row[t] - max;
                     // One exponential per logit: kept as the unnormalised probability when a backward
                     // pass needs it, then scaled by 1 / Σ.
-                    let mut sum = 0f32;
-                    for v in row.iter_mut() {
-                        *v = (*v - max).exp();
-                        sum += *v;
-                    }
+                    let sum = super::train_ops::exp_shifted(row, max);
                     if self.keep {
                         let inv = 1.0 / sum;
                         row.iter_mut().for_each(|v| *v *= inv);

@@ -25,6 +25,36 @@ const ROWS_PER_TASK: usize = 16;
 /// Elements per parallel task of the element-wise op.
 const ELEMENTS_PER_TASK: usize = 1 << 14;
 
+/// `e^x` in plain arithmetic that vectorizes: `f32::exp` is a libm call per value the compiler cannot vectorize
+/// (~10% of a training step on the tiny model, 4% on SmolLM2, in the softmaxes and SiLU). This is `2^n · e^r`
+/// with `n = round(x / ln 2)` and a degree-6 Taylor polynomial for `e^r`, `|r| ≤ ln 2 / 2` (relative error
+/// below 3e-7, see the test). `x` is clamped to [−87, 88]: below, `e^−87` (≈ 1.6e-38) stands for zero.
+#[inline(always)]
+pub(super) fn exp_approx(x: f32) -> f32 {
+    const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n · LN2_HI is exact for the n that occur.
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Adding then subtracting 1.5 · 2^23 rounds to the nearest integer.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2_E + ROUND) - ROUND;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `v ← e^(v − shift)` for every value, returning their sum: a softmax's exponentials.
+pub(super) fn exp_shifted(values: &mut [f32], shift: f32) -> f32 {
+    for v in values.iter_mut() {
+        *v = exp_approx(*v - shift);
+    }
+    values.iter().sum()
+}
+
 /// The contiguous f32 values of a CPU input.
 pub(super) fn values<'a>(
     storage: &'a CpuStorage,
@@ -189,11 +219,10 @@ impl CustomOp1 for CausalSoftmax {
                     let max = x[..visible]
                         .iter()
                         .fold(f32::NEG_INFINITY, |m, v| m.max(v * self.scale));
-                    let mut sum = 0f32;
                     for (y, x) in y[..visible].iter_mut().zip(x) {
-                        *y = (x * self.scale - max).exp();
-                        sum += *y;
+                        *y = x * self.scale;
                     }
+                    let sum = exp_shifted(&mut y[..visible], max);
                     let inv = 1.0 / sum;
                     y[..visible].iter_mut().for_each(|y| *y *= inv);
                 }
@@ -228,7 +257,7 @@ pub(super) fn causal_softmax(
 struct SiluMul;
 
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp_approx(-x))
 }
 
 impl CustomOp2 for SiluMul {
@@ -402,6 +431,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn exp_shifted_matches_libm() {
+        let xs: Vec<f32> = (0..20_000).map(|i| -86.0 + i as f32 * 0.0087).collect();
+        let mut got = xs.clone();
+        let sum = exp_shifted(&mut got, 0.5);
+        for (x, g) in xs.iter().zip(&got) {
+            let want = ((x - 0.5) as f64).exp();
+            assert!(
+                ((*g as f64 - want) / want).abs() < 3e-7,
+                "e^({x} - 0.5): {g} vs {want}"
+            );
+        }
+        assert_eq!(sum, got.iter().sum::<f32>());
+        // Far below the range: a tiny positive value, never a NaN or an infinity.
+        let mut low = [-1e30f32, f32::NEG_INFINITY];
+        exp_shifted(&mut low, 0.0);
+        assert!(low.iter().all(|v| *v >= 0.0 && *v < 1e-37));
     }
 
     #[test]
