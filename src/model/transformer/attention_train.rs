@@ -221,10 +221,11 @@ impl CustomOp3 for AttentionCore {
             .iter()
             .zip(&guards)
         {
-            let candle_core::Storage::Cpu(c) = &**storage else {
-                candle_core::bail!("attention-core: CPU tensors only");
-            };
-            slices.push(values(c, layout, what)?);
+            slices.push(values(
+                super::train_ops::cpu_storage(storage)?,
+                layout,
+                what,
+            )?);
         }
         let [qv, kv, vv, dov] = [slices[0], slices[1], slices[2], slices[3]];
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);

@@ -14,43 +14,17 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::f32_gemm::{Mat, gemm};
+use super::train_ops::{cpu_storage, values};
 use super::{QuantWeight, TransposeCache};
 use crate::model::q8::QuantizedRows;
 
 /// The fused node; see the module doc. Built only for Q8_0 weights whose output count is a multiple of 32
-/// (the int8 backward's requirement, [`super::q8_0_input_grad`]).
+/// (the int8 backward's requirement, `int8_backward_fits`).
 pub(super) struct LoraLinearGrad {
     pub(super) w: QuantWeight,
     pub(super) transposed: Arc<TransposeCache>,
     /// LoRA's `alpha / r` (or `alpha / √r`).
     pub(super) scale: f32,
-}
-
-/// The CPU storage of a tensor's storage.
-fn cpu(storage: &candle_core::Storage) -> candle_core::Result<&CpuStorage> {
-    match storage {
-        candle_core::Storage::Cpu(c) => Ok(c),
-        _ => candle_core::bail!("lora-linear: CPU tensors only"),
-    }
-}
-
-/// The f32 values of a contiguous CPU storage under `layout`.
-fn f32_values<'a>(
-    storage: &'a CpuStorage,
-    layout: &Layout,
-    what: &str,
-) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(v) = storage else {
-        candle_core::bail!("lora-linear: {what} must be f32");
-    };
-    if !layout.is_contiguous() {
-        candle_core::bail!("lora-linear: {what} must be contiguous");
-    }
-    let start = layout.start_offset();
-    match v.get(start..start + layout.shape().elem_count()) {
-        Some(s) => Ok(s),
-        None => candle_core::bail!("lora-linear: {what} is shorter than its layout"),
-    }
 }
 
 impl LoraLinearGrad {
@@ -89,9 +63,9 @@ impl CustomOp3 for LoraLinearGrad {
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (m, k, r, n_out) = self.dims(l1.shape(), l2.shape(), l3.shape())?;
-        let x = f32_values(s1, l1, "x")?;
-        let a = f32_values(s2, l2, "A")?;
-        let b = f32_values(s3, l3, "B")?;
+        let x = values(s1, l1, "lora-linear: x")?;
+        let a = values(s2, l2, "lora-linear: A")?;
+        let b = values(s3, l3, "lora-linear: B")?;
         let mut y = vec![0f32; m * n_out];
         QuantizedRows::new(x, k)
             .and_then(|xq| self.w.q8_0_matmul(&xq, &mut y))
@@ -136,10 +110,14 @@ impl CustomOp3 for LoraLinearGrad {
             b.storage_and_layout(),
             g.storage_and_layout(),
         );
-        let xv = f32_values(cpu(&x_s.0)?, x_s.1, "x")?;
-        let av = f32_values(cpu(&a_s.0)?, a_s.1, "A")?;
-        let bv = f32_values(cpu(&b_s.0)?, b_s.1, "B")?;
-        let gv = f32_values(cpu(&g_s.0)?, g_s.1, "the output's gradient")?;
+        let xv = values(cpu_storage(&x_s.0)?, x_s.1, "lora-linear: x")?;
+        let av = values(cpu_storage(&a_s.0)?, a_s.1, "lora-linear: A")?;
+        let bv = values(cpu_storage(&b_s.0)?, b_s.1, "lora-linear: B")?;
+        let gv = values(
+            cpu_storage(&g_s.0)?,
+            g_s.1,
+            "lora-linear: the output's gradient",
+        )?;
         let (xm, am, bm, gm) = (
             Mat::new(xv, m, k),
             Mat::new(av, r, k),

@@ -70,6 +70,14 @@ pub(super) fn values<'a>(
     Ok(&x[layout.start_offset()..layout.start_offset() + layout.shape().elem_count()])
 }
 
+/// The CPU storage behind a tensor's storage guard.
+pub(super) fn cpu_storage(storage: &candle_core::Storage) -> candle_core::Result<&CpuStorage> {
+    match storage {
+        candle_core::Storage::Cpu(c) => Ok(c),
+        _ => candle_core::bail!("hearth's training ops run on CPU tensors only"),
+    }
+}
+
 /// The contiguous f32 values of a tensor, copied.
 fn to_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
     t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
