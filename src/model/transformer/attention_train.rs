@@ -315,21 +315,8 @@ impl CustomOp3 for AttentionCore {
 mod tests {
     use candle_core::{Device, Var};
 
+    use super::super::train_ops::relative_difference as rel;
     use super::*;
-
-    fn rel(a: &Tensor, b: &Tensor) -> f32 {
-        let a: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
-        let d: f32 = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).powi(2))
-            .sum::<f32>()
-            .sqrt();
-        let n: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
-        assert!(n > 0.0);
-        d / n
-    }
 
     /// The fused core gives the context and the gradients of `q`, `k` and `v` that the composed graph of the
     /// inference path gives (reshapes, transposes, `train_ops::rope`, matmuls, `train_ops::causal_softmax`),

@@ -155,6 +155,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::super::QMatMulGrad;
+    use super::super::train_ops::relative_difference as rel;
     use super::*;
     use crate::model::q8::PanelWeights;
 
@@ -166,20 +167,6 @@ mod tests {
                     - 1.0
             })
             .collect()
-    }
-
-    fn rel(a: &Tensor, b: &Tensor) -> f32 {
-        let a: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
-        let d: f32 = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).powi(2))
-            .sum::<f32>()
-            .sqrt();
-        let n: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
-        assert!(n > 0.0);
-        d / n
     }
 
     /// The fused node gives the output and the gradients of `x`, `A` and `B` that candle's own composition

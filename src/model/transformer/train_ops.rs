@@ -78,6 +78,25 @@ pub(super) fn cpu_storage(storage: &candle_core::Storage) -> candle_core::Result
     }
 }
 
+/// `‖a − b‖ / ‖b‖` over all values, for the fused ops' tests against candle's compositions.
+#[cfg(test)]
+pub(super) fn relative_difference(a: &Tensor, b: &Tensor) -> f32 {
+    let (a, b) = (to_vec(a).unwrap_or_default(), to_vec(b).unwrap_or_default());
+    assert!(
+        a.len() == b.len() && !b.is_empty(),
+        "shapes differ or are empty"
+    );
+    let d: f32 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f32>()
+        .sqrt();
+    let n: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
+    assert!(n > 0.0);
+    d / n
+}
+
 /// The contiguous f32 values of a tensor, copied.
 fn to_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
     t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
