@@ -20,7 +20,7 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
         (&*UNIT, C_UNIT),
     ]
 }
-use super::{Cand, PiiType, prio};
+use super::{Cand, PiiType, chars, prio};
 
 /// Street-type words that follow the name (US/UK style), folded. Strong ones are rarely
 /// anything but a street.
@@ -316,7 +316,7 @@ fn region_code(t: &Tok, text: &str) -> bool {
         && match t.kind {
             Kind::Word => {
                 s.chars().count() <= 3
-                    && s.chars().all(char::is_alphabetic)
+                    && s.chars().all(chars::is_alphabetic)
                     && !matches!(
                         &*t.key,
                         "and" | "or" | "the" | "to" | "in" | "at" | "on" | "of" | "for" | "via"

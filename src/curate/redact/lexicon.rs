@@ -3,6 +3,8 @@
 //! redactor needs no files or downloads at run time.
 
 use compact_str::CompactString;
+
+use super::chars;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::LazyLock;
@@ -222,10 +224,10 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
             }
             continue;
         }
-        if c.is_alphanumeric() {
+        if chars::is_alphanumeric(c) {
             let mut e = pos;
-            let mut upper_letters = c.is_uppercase() as usize;
-            let mut letters = c.is_alphabetic() as usize;
+            let mut upper_letters = chars::is_uppercase(c) as usize;
+            let mut letters = chars::is_alphabetic(c) as usize;
             loop {
                 while e < n && ASCII_CLASS[b[e] as usize] != 0 {
                     let k = ASCII_CLASS[b[e] as usize];
@@ -238,9 +240,9 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
                 }
                 let j = e;
                 let d = char_at(j);
-                if d.is_alphanumeric() {
-                    upper_letters += d.is_uppercase() as usize;
-                    letters += d.is_alphabetic() as usize;
+                if chars::is_alphanumeric(d) {
+                    upper_letters += chars::is_uppercase(d) as usize;
+                    letters += chars::is_alphabetic(d) as usize;
                     e = j + d.len_utf8();
                 } else if joiner(d) {
                     // joiner only inside a token: must be followed by an alphanumeric;
@@ -250,15 +252,15 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
                     let next = rc.next();
                     let possessive = matches!(d, '\'' | '’')
                         && next == Some('s')
-                        && !rc.next().is_some_and(char::is_alphanumeric)
-                        && c.is_uppercase()
+                        && !rc.next().is_some_and(chars::is_alphanumeric)
+                        && chars::is_uppercase(c)
                         && ![
                             "it", "that", "he", "she", "what", "there", "here", "who", "let",
                             "where", "how",
                         ]
                         .iter()
                         .any(|w| text[i..j].eq_ignore_ascii_case(w));
-                    if next.is_some_and(char::is_alphanumeric) && !possessive {
+                    if next.is_some_and(chars::is_alphanumeric) && !possessive {
                         e = j + d.len_utf8();
                     } else {
                         break;
@@ -268,7 +270,7 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
                 }
             }
             pos = e;
-            let kind = if c.is_numeric() {
+            let kind = if chars::is_numeric(c) {
                 Kind::Num
             } else {
                 Kind::Word
@@ -283,7 +285,7 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
                 s: i,
                 e,
                 kind,
-                cap: c.is_uppercase(),
+                cap: chars::is_uppercase(c),
                 all_caps: letters >= 2 && upper_letters == letters,
                 nl_before: nl,
                 sp_before: sp,

@@ -6,6 +6,7 @@
 //! Offsets in the public API are Unicode code points, end exclusive (as in the gold data).
 
 mod address;
+mod chars;
 mod lexicon;
 mod names;
 mod structured;

@@ -19,7 +19,7 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
         (&*PERSON_VERBS, C_PERSON_VERB),
     ]
 }
-use super::{Cand, PiiType, prio};
+use super::{Cand, PiiType, chars, prio};
 
 /// Honorifics and academic titles that precede a name (folded, without dots).
 static TITLES: LazyLock<StaticSet> = LazyLock::new(|| {
@@ -965,7 +965,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
         {
             // letters only (no `server01`), and a given name with a family name (a lone
             // word after `name:` is as often a config value)
-            let alpha = |x: &Tok| x.key.chars().all(char::is_alphabetic);
+            let alpha = |x: &Tok| x.key.chars().all(chars::is_alphabetic);
             let mut e = i;
             let mut words = 1;
             let mut j = i + 1;
