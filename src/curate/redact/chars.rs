@@ -18,18 +18,46 @@ static BMP: LazyLock<Box<[u8]>> = LazyLock::new(|| {
         .collect()
 });
 
+/// ASCII answers, written out at compile time (std's ASCII classes are the `is_ascii_*` ones;
+/// the test below checks every code point against std).
+static ASCII: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut i = 0;
+    while i < 128 {
+        let b = i as u8;
+        if b.is_ascii_alphabetic() {
+            t[i] |= ALPHABETIC;
+        }
+        if b.is_ascii_digit() {
+            t[i] |= NUMERIC;
+        }
+        if b.is_ascii_uppercase() {
+            t[i] |= UPPERCASE;
+        }
+        i += 1;
+    }
+    t
+};
+
 fn classes(c: char) -> u8 {
-    u8::from(c.is_alphabetic()) * ALPHABETIC
-        | u8::from(c.is_numeric()) * NUMERIC
-        | u8::from(c.is_uppercase()) * UPPERCASE
+    let mut bits = 0;
+    if c.is_alphabetic() {
+        bits |= ALPHABETIC;
+    }
+    if c.is_numeric() {
+        bits |= NUMERIC;
+    }
+    if c.is_uppercase() {
+        bits |= UPPERCASE;
+    }
+    bits
 }
 
 #[inline]
 fn lookup(c: char) -> u8 {
     let u = c as usize;
     if u < 0x80 {
-        // std's ASCII paths are already table-free
-        classes(c)
+        ASCII[u]
     } else if u <= 0xFFFF {
         BMP[u]
     } else {
