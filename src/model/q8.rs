@@ -35,34 +35,34 @@ const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 /// Weight rows the kernel computes together (eight accumulator chains).
 const ROW_GROUP: usize = 8;
 
-/// One activation row quantized to Q8_0: per block a scale and 32 int8.
-struct QuantRow {
-    d: Vec<f32>,
-    qs: Vec<i8>,
+/// One activation row quantized to Q8_0: per block a scale and 32 int8. A view into [`QuantizedRows`]' buffers.
+#[derive(Clone, Copy)]
+struct QuantRow<'a> {
+    d: &'a [f32],
+    qs: &'a [i8],
     /// Per block, `-128 · Σ qs`: the VNNI paths dot `w + 128` (unsigned) with `x`, and this undoes the offset.
-    offset_fix: Vec<i32>,
+    offset_fix: &'a [i32],
 }
 
-fn quantize_row(x: &[f32]) -> QuantRow {
+/// Quantizes one row `x` into its blocks' scales `d`, values `qs` and offset corrections (one entry per
+/// block of 32 in `d` and `offset_fix`, one per value in `qs`).
+fn quantize_row_into(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_fix: &mut [i32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if x86::usable() {
             // SAFETY: the CPU has AVX2 and FMA.
-            return unsafe { x86::quantize_row(x) };
+            return unsafe { x86::quantize_row_into(x, d, qs, offset_fix) };
         }
     }
-    quantize_row_generic(x)
+    quantize_row_generic(x, d, qs, offset_fix)
 }
 
 /// Compiled twice: portable, and inside an AVX2 function where the loops vectorize (`round` included; the
 /// portable build calls libm's `roundf` per value).
 #[inline(always)]
-fn quantize_row_generic(x: &[f32]) -> QuantRow {
-    let blocks = x.len() / QK8_0;
-    let mut d = Vec::with_capacity(blocks);
-    let mut offset_fix = Vec::with_capacity(blocks);
-    let mut qs = vec![0i8; x.len()];
-    for (xb, qb) in x.chunks_exact(QK8_0).zip(qs.chunks_exact_mut(QK8_0)) {
+fn quantize_row_generic(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_fix: &mut [i32]) {
+    let blocks = x.chunks_exact(QK8_0).zip(qs.chunks_exact_mut(QK8_0));
+    for (((xb, qb), d), fix) in blocks.zip(d.iter_mut()).zip(offset_fix.iter_mut()) {
         // max |v| over the bits (ordered like the values for non-negative floats) so the loop vectorizes, which
         // `f32::max` does not; a NaN counts as 0, as `f32::max` skips it.
         let amax = f32::from_bits(
@@ -79,11 +79,10 @@ fn quantize_row_generic(x: &[f32]) -> QuantRow {
         for (q, v) in qb.iter_mut().zip(xb) {
             *q = round_half_away(v * inv) as i8;
         }
-        offset_fix.push(-128 * qb.iter().map(|&q| q as i32).sum::<i32>());
+        *fix = -128 * qb.iter().map(|&q| q as i32).sum::<i32>();
         // The scale is stored as f16 in a Q8_0 block; round it the same way so sums match candle's.
-        d.push(half::f16::from_f32(scale).to_f32());
+        *d = half::f16::from_f32(scale).to_f32();
     }
-    QuantRow { d, qs, offset_fix }
 }
 
 /// `f32::round` (halves away from zero) from `trunc`, which compiles to one vector instruction where `round`
@@ -104,8 +103,13 @@ const PARALLEL_QUANTIZE_ROWS: usize = 32;
 
 /// Activation rows quantized to Q8_0 once, for several weights that read the same input (q, k and v; gate
 /// and up), where [`matmul`] would quantize them again for each.
+///
+/// All rows share three flat buffers: with three vectors per row, a training step on a small model spent ~9%
+/// of its time allocating and freeing them (a product quantizes hundreds of rows, dozens of times a step).
 pub struct QuantizedRows {
-    rows: Vec<QuantRow>,
+    d: Vec<f32>,
+    qs: Vec<i8>,
+    offset_fix: Vec<i32>,
     k: usize,
 }
 
@@ -118,18 +122,59 @@ impl QuantizedRows {
                 x.len()
             ));
         }
+        let (m, blocks) = (x.len() / k, k / QK8_0);
+        let mut d = vec![0f32; m * blocks];
+        let mut qs = vec![0i8; m * k];
+        let mut offset_fix = vec![0i32; m * blocks];
         // Prefill and training quantize hundreds of rows per product: split them across the current rayon
         // pool (on one thread this was ~4% of a SmolLM2 training step, with the other core waiting).
-        let rows = if x.len() / k >= PARALLEL_QUANTIZE_ROWS {
+        if m >= PARALLEL_QUANTIZE_ROWS {
             use rayon::prelude::*;
             x.par_chunks_exact(k)
+                .zip(qs.par_chunks_exact_mut(k))
+                .zip(d.par_chunks_exact_mut(blocks))
+                .zip(offset_fix.par_chunks_exact_mut(blocks))
                 .with_min_len(PARALLEL_QUANTIZE_ROWS / 2)
-                .map(quantize_row)
-                .collect()
+                .for_each(|(((x, qs), d), fix)| quantize_row_into(x, d, qs, fix));
         } else {
-            x.chunks_exact(k).map(quantize_row).collect()
-        };
-        Ok(Self { rows, k })
+            let rows = x.chunks_exact(k).zip(qs.chunks_exact_mut(k));
+            let rows = rows.zip(d.chunks_exact_mut(blocks));
+            for (((x, qs), d), fix) in rows.zip(offset_fix.chunks_exact_mut(blocks)) {
+                quantize_row_into(x, d, qs, fix);
+            }
+        }
+        Ok(Self {
+            d,
+            qs,
+            offset_fix,
+            k,
+        })
+    }
+
+    /// Number of rows.
+    fn len(&self) -> usize {
+        self.qs.len() / self.k
+    }
+
+    /// Row `r`'s view; `r` must be below [`Self::len`].
+    fn row(&self, r: usize) -> QuantRow<'_> {
+        let blocks = self.k / QK8_0;
+        QuantRow {
+            d: &self.d[r * blocks..(r + 1) * blocks],
+            qs: &self.qs[r * self.k..(r + 1) * self.k],
+            offset_fix: &self.offset_fix[r * blocks..(r + 1) * blocks],
+        }
+    }
+
+    /// Per-row views, the form the kernels take.
+    fn rows(&self) -> Vec<QuantRow<'_>> {
+        let blocks = self.k / QK8_0;
+        self.qs
+            .chunks_exact(self.k)
+            .zip(self.d.chunks_exact(blocks))
+            .zip(self.offset_fix.chunks_exact(blocks))
+            .map(|((qs, d), offset_fix)| QuantRow { d, qs, offset_fix })
+            .collect()
     }
 }
 
@@ -240,7 +285,7 @@ fn transpose_columns(w: &[u8], n_out: usize, row_bytes: usize, b: usize, dst: &m
             }
         }
         for (c, vals) in tile.iter().enumerate() {
-            // As `quantize_row`: d = max |v| / 127, values rounded at 1/d, d stored as f16.
+            // As `quantize_row_into`: d = max |v| / 127, values rounded at 1/d, d stored as f16.
             let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
             let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -260,7 +305,7 @@ pub fn matmul_quantized(
     x: &QuantizedRows,
     y: &mut [f32],
 ) -> Result<(), String> {
-    let (k, m) = (x.k, x.rows.len());
+    let (k, m) = (x.k, x.len());
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
     if w.len() != n_out * row_bytes || y.len() != m * n_out {
         return Err(format!(
@@ -269,7 +314,8 @@ pub fn matmul_quantized(
             y.len()
         ));
     }
-    let rows = &x.rows;
+    let rows = x.rows();
+    let rows = &rows[..];
     #[cfg(target_arch = "x86_64")]
     if m >= SPLIT_INPUT_ROWS && x86::gemm_usable() {
         gemm_panels(w, n_out, k, rows, y);
@@ -314,8 +360,8 @@ pub fn matvec_quantized_many(
 ) -> Result<(), String> {
     let k = x.k;
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
-    if x.rows.len() != 1 {
-        return Err(format!("q8_0 matvec: {} input rows, not one", x.rows.len()));
+    if x.len() != 1 {
+        return Err(format!("q8_0 matvec: {} input rows, not one", x.len()));
     }
     for (w, y) in products.iter() {
         if w.len() != y.len() * row_bytes {
@@ -326,7 +372,7 @@ pub fn matvec_quantized_many(
             ));
         }
     }
-    dot_rows_split(k, &x.rows, products);
+    dot_rows_split(k, &[x.row(0)], products);
     Ok(())
 }
 
@@ -494,18 +540,22 @@ mod x86 {
 
     use super::{BLOCK_BYTES, OutLayout, QK8_0, QuantRow, ROW_GROUP};
 
-    /// [`super::quantize_row`] compiled with AVX2.
+    /// [`super::quantize_row_into`] compiled with AVX2.
     ///
     /// # Safety
     /// AVX2 and FMA are available.
     /// The compiler kept the generic loop's saturating `as i8` and the block maximum scalar (a decode step spent
     /// 2.5% here); this is the same arithmetic eight lanes wide, bit-exact against the generic loop (tested).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn quantize_row(x: &[f32]) -> QuantRow {
+    pub unsafe fn quantize_row_into(
+        x: &[f32],
+        d: &mut [f32],
+        qs: &mut [i8],
+        offset_fix: &mut [i32],
+    ) {
         let blocks = x.len() / QK8_0;
-        let mut d = Vec::with_capacity(blocks);
-        let mut offset_fix = Vec::with_capacity(blocks);
-        let mut qs = vec![0i8; x.len()];
+        // The stores below write through `qs`'s pointer: its length is what keeps them in bounds.
+        assert!(qs.len() == blocks * QK8_0 && d.len() == blocks && offset_fix.len() == blocks);
         let abs_bits = _mm256_set1_epi32(0x7fff_ffff);
         let inf_bits = _mm256_set1_epi32(0x7f80_0000);
         let sign = _mm256_set1_ps(-0.0);
@@ -553,7 +603,7 @@ mod x86 {
                 );
                 let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
                 let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-                offset_fix.push(-128 * _mm_cvtsi128_si32(s));
+                offset_fix[b] = -128 * _mm_cvtsi128_si32(s);
                 let packed = _mm256_packs_epi16(
                     _mm256_packs_epi32(q[0], q[1]),
                     _mm256_packs_epi32(q[2], q[3]),
@@ -563,9 +613,8 @@ mod x86 {
                 scale
             };
             // The scale is stored as f16 in a Q8_0 block; round it the same way so sums match candle's.
-            d.push(half::f16::from_f32(scale).to_f32());
+            d[b] = half::f16::from_f32(scale).to_f32();
         }
-        QuantRow { d, qs, offset_fix }
     }
 
     /// [`super::transpose_columns`] compiled with AVX2.
@@ -1092,8 +1141,8 @@ mod tests {
 
     fn pack(w: &[f32], k: usize) -> Vec<u8> {
         let mut out = Vec::new();
-        for row in w.chunks_exact(k) {
-            let q = quantize_row(row);
+        let wq = QuantizedRows::new(w, k).unwrap();
+        for q in wq.rows() {
             for (b, d) in q.d.iter().enumerate() {
                 out.extend_from_slice(&half::f16::from_f32(*d).to_bits().to_le_bytes());
                 out.extend(q.qs[b * QK8_0..(b + 1) * QK8_0].iter().map(|&v| v as u8));
@@ -1128,7 +1177,8 @@ mod tests {
                     _ => ((i * 104729 % 97) as f32 - 48.0) / 17.0,
                 })
                 .collect();
-            let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
+            let xq = QuantizedRows::new(&x, k).unwrap();
+            let rows = xq.rows();
             let mut scalar = vec![0f32; n * m];
             dot_rows_scalar(&packed, n, k, &rows, &mut scalar, OutLayout::by_output(m));
             let mut y = vec![0f32; m * n];
@@ -1160,7 +1210,8 @@ mod tests {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 104729 % 97) as f32 - 48.0) / 7.0)
                 .collect();
-            let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
+            let xq = QuantizedRows::new(&x, k).unwrap();
+            let rows = xq.rows();
             let many = x86::dot_rows_each_isa(&packed, n, k, &rows);
             assert!(!many.is_empty() || !x86::usable());
             for r in 0..m {
@@ -1204,7 +1255,8 @@ mod tests {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 31 % 23) as f32 - 11.0) / 7.0)
                 .collect();
-            let rows: Vec<QuantRow> = x.chunks_exact(k).map(quantize_row).collect();
+            let xq = QuantizedRows::new(&x, k).unwrap();
+            let rows = xq.rows();
             let alone: Vec<Vec<f32>> = weights
                 .iter()
                 .zip(sizes)
@@ -1271,12 +1323,19 @@ mod tests {
         x[130] = f32::NEG_INFINITY;
         x[160] = -1e-40;
         // SAFETY: the CPU has AVX2 and FMA (checked above).
-        let simd = unsafe { x86::quantize_row(&x) };
-        let generic = quantize_row_generic(&x);
-        assert_eq!(simd.qs, generic.qs);
-        assert_eq!(simd.offset_fix, generic.offset_fix);
-        let bits = |v: &[f32]| v.iter().map(|d| d.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&simd.d), bits(&generic.d));
+        let quantized = |simd: bool| {
+            let blocks = x.len() / QK8_0;
+            let (mut d, mut qs, mut fix) =
+                (vec![0f32; blocks], vec![0i8; x.len()], vec![0i32; blocks]);
+            if simd {
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                unsafe { x86::quantize_row_into(&x, &mut d, &mut qs, &mut fix) };
+            } else {
+                quantize_row_generic(&x, &mut d, &mut qs, &mut fix);
+            }
+            (d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), qs, fix)
+        };
+        assert_eq!(quantized(true), quantized(false));
     }
 
     /// The requantized transpose holds every weight within half a step of its new block's scale (plus the

@@ -211,13 +211,13 @@ pub fn matvec_panels_many(
     x: &QuantizedRows,
     products: &mut [(&PanelWeights, &mut [f32])],
 ) -> Result<(), String> {
-    if x.rows.len() != 1 {
-        return Err(format!("q8_0 matvec: {} input rows, not one", x.rows.len()));
+    if x.len() != 1 {
+        return Err(format!("q8_0 matvec: {} input rows, not one", x.len()));
     }
     for (w, y) in products.iter() {
         check(w, x, y.len())?;
     }
-    let row = &x.rows[0];
+    let row = &x.row(0);
     let weights: usize = products.iter().map(|(w, _)| w.n_out * w.k).sum();
     let parts: Vec<(&PanelWeights, SharedSlice<f32>)> = products
         .iter_mut()
@@ -277,8 +277,8 @@ fn panels_one_row(w: &PanelWeights, panels: std::ops::Range<usize>, x: &QuantRow
 /// `y[r][o] = Σ_k x[r][k] · W[o][k]` (`y` is `[m, n_out]`) for any number of input rows: panels split across
 /// threads, and each panel, while in cache, meets every input row in tiles of up to eight rows.
 pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Result<(), String> {
-    check(w, x, y.len() / x.rows.len().max(1))?;
-    let m = x.rows.len();
+    check(w, x, y.len() / x.len().max(1))?;
+    let m = x.len();
     if y.len() != m * w.n_out {
         return Err(format!(
             "q8_0 matmul: y has {} values, not {m}x{}",
@@ -291,10 +291,11 @@ pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Resu
     }
     let n_out = w.n_out;
     let y = SharedSlice::new(y);
+    let rows = x.rows();
     crate::model::team::for_each_range(n_out.div_ceil(PANEL_ROWS), |panels| {
         for p in panels {
             let cols = PANEL_ROWS.min(n_out - p * PANEL_ROWS);
-            for (t, tile) in x.rows.chunks(TILE_ROWS).enumerate() {
+            for (t, tile) in rows.chunks(TILE_ROWS).enumerate() {
                 // The tile's rows start at row `t · TILE_ROWS` of `y`; its columns p·16 .. p·16 + cols are this
                 // panel's, which no other range writes (panel ranges are disjoint).
                 let at = y
@@ -497,8 +498,8 @@ mod tests {
             .map(|i| ((i * 7919 % 255) as f32 - 127.0) / (1.0 + (i / 96 % 7) as f32))
             .collect();
         let mut out = Vec::new();
-        for row in w.chunks_exact(k) {
-            let q = super::super::quantize_row(row);
+        let wq = QuantizedRows::new(&w, k).unwrap();
+        for q in wq.rows() {
             for (b, d) in q.d.iter().enumerate() {
                 out.extend_from_slice(&half::f16::from_f32(*d).to_bits().to_le_bytes());
                 out.extend(q.qs[b * QK8_0..(b + 1) * QK8_0].iter().map(|&v| v as u8));
@@ -548,7 +549,7 @@ mod tests {
                     &gguf,
                     n,
                     k,
-                    &xq.rows,
+                    &xq.rows(),
                     &mut want,
                     super::super::OutLayout::by_input_row(n),
                 );
