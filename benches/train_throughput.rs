@@ -87,7 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     bench(
         "tiny (hidden 64, 2 layers, Q8_0)",
         &tiny,
-        if measuring { 20 } else { 1 },
+        if measuring { 100 } else { 1 },
     )?;
     if !measuring {
         return Ok(());
