@@ -1322,7 +1322,6 @@ mod tests {
         x[100] = f32::INFINITY;
         x[130] = f32::NEG_INFINITY;
         x[160] = -1e-40;
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
         let quantized = |simd: bool| {
             let blocks = x.len() / QK8_0;
             let (mut d, mut qs, mut fix) =

@@ -3,11 +3,11 @@
 //! redactor needs no files or downloads at run time.
 
 use compact_str::CompactString;
-
-use super::chars;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::LazyLock;
+
+use super::chars;
 
 /// Small multiplicative hasher for short keys (gazetteer lookups dominate name detection;
 /// SipHash's DoS resistance buys nothing for a fixed, compiled-in word list).
