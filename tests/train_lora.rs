@@ -8,7 +8,7 @@ use hearth::model::lora::LoraTarget;
 use hearth::model::{ChatMessage, GenerateConfig, Role, encode_chat, generate};
 use hearth::train::data::Seq;
 use hearth::train::data::encode_turns;
-use hearth::train::loss::{masked_nll, token_logps};
+use hearth::train::loss::{dpo_loss, masked_nll, sequence_logps, token_logps};
 use hearth::train::{LoraTrainer, TrainConfig};
 use sha2::{Digest, Sha256};
 use train_util::*;
@@ -171,6 +171,78 @@ fn masked_tokens_contribute_zero_gradient() {
     );
 }
 
+/// The trainer's per-sequence graphs (`sequence_logps`) give the loss and every LoRA gradient of one
+/// whole-batch graph (`token_logps`), for sequences of different lengths and a loss that couples rows (DPO
+/// between two of them plus the SFT mean over all), on 1 and 3 threads alike.
+#[test]
+fn per_sequence_graphs_give_the_whole_batch_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, _) = tiny(dir.path());
+    let cfg = hearth::model::LoraConfig::new(4, 8.0, &LoraTarget::ALL);
+    let zero_b = hearth::model::LoraSet::fresh(&m, cfg.clone(), 5).unwrap();
+    let mut set = hearth::model::LoraSet::empty(cfg);
+    for (&(l, t), p) in zero_b.iter() {
+        let b = Tensor::randn(0f32, 0.1, p.b.dims(), &Device::Cpu).unwrap();
+        set.insert(l, t, hearth::model::LoraPair::new(p.a.clone(), b, p.scale));
+    }
+    let (set, vars) = set.to_vars().unwrap();
+    let seqs: Vec<Seq> = [19usize, 7, 26]
+        .iter()
+        .enumerate()
+        .map(|(s, &n)| Seq {
+            ids: (0..n as u32)
+                .map(|i| (i * 37 + 11 * s as u32 + 5) % 290)
+                .collect(),
+            mask: (0..n).map(|i| i % 3 != 0).collect(),
+        })
+        .collect();
+    let refs: Vec<&Seq> = seqs.iter().collect();
+    let loss_of = |tl: &hearth::train::loss::TokenLogps| {
+        let sums = tl.sums().unwrap();
+        let pick = |i: u32| sums.narrow(0, i as usize, 1).unwrap();
+        let zero = pick(0).zeros_like().unwrap();
+        let dpo = dpo_loss(&pick(2), &pick(1), &zero, &zero, 0.3).unwrap();
+        (masked_nll(&tl.lp, &tl.mask).unwrap() + dpo).unwrap()
+    };
+    let whole = token_logps(&m, Some(&set), &refs, 0).unwrap();
+    let whole_loss = loss_of(&whole);
+    let store = whole_loss.backward().unwrap();
+    let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let var_refs: Vec<_> = vars.iter().map(|(_, v)| v).collect();
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let (loss, grads) = pool.install(|| {
+            let per = sequence_logps(&m, Some(&set), &refs, 0).unwrap();
+            assert_eq!(per.logps.lp.dims(), whole.lp.dims());
+            assert_eq!(flat(&per.logps.mask), flat(&whole.mask));
+            let loss = loss_of(&per.logps);
+            let grads = per.gradients(&loss, &var_refs).unwrap();
+            (loss.to_scalar::<f32>().unwrap(), grads)
+        });
+        let expected = whole_loss.to_scalar::<f32>().unwrap();
+        assert!(
+            (loss - expected).abs() <= 1e-5 * expected.abs(),
+            "{loss} vs {expected}"
+        );
+        for ((name, v), g) in vars.iter().zip(grads) {
+            let (got, want) = (flat(&g.unwrap()), flat(store.get(v.as_tensor()).unwrap()));
+            let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
+            assert!(scale > 0.0, "{name}: no gradient");
+            let diff = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(
+                diff <= 1e-5 * scale,
+                "{name} on {threads} threads: {diff} of {scale}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_loss_mask_covers_exactly_the_assistant_spans() {
     let dir = tempfile::tempdir().unwrap();
@@ -256,14 +328,19 @@ fn a_fact_is_memorised_and_generated_greedily() {
     assert!(!greedy(None).text.contains(a), "the base already knew it");
 }
 
-fn trained_bytes(seed: u64) -> Vec<u8> {
+/// The adapter bytes a cycle over `mixed()` gives with `seed`, trained on `threads` threads.
+fn trained_bytes(seed: u64, threads: usize) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let (_, m, tok) = tiny(dir.path());
     let mut cfg = fast_cfg();
     cfg.seed = seed;
     cfg.dropout = 0.1;
     let mut tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
-    tr.train_cycle(&mixed(), |_| {}).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| tr.train_cycle(&mixed(), |_| {})).unwrap();
     let out = dir.path().join("a");
     tr.adapter().unwrap().save_peft(&out, m.config()).unwrap();
     std::fs::read(out.join("adapter_model.safetensors")).unwrap()
@@ -271,9 +348,12 @@ fn trained_bytes(seed: u64) -> Vec<u8> {
 
 #[test]
 fn same_seed_gives_identical_delta_bytes_and_another_seed_does_not() {
-    let a = trained_bytes(11);
-    assert_eq!(a, trained_bytes(11));
-    assert_ne!(a, trained_bytes(12));
+    let a = trained_bytes(11, 2);
+    assert_eq!(a, trained_bytes(11, 2));
+    // The work splits differ with the thread count; the bytes do not.
+    assert_eq!(a, trained_bytes(11, 1));
+    assert_eq!(a, trained_bytes(11, 3));
+    assert_ne!(a, trained_bytes(12, 2));
 }
 
 #[test]

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::data::{Example, Seq, encode_sample, encode_text};
-use super::loss::{TokenLogps, dpo_loss, kto_loss, masked_nll, token_logps};
+use super::loss::{SequenceLogps, TokenLogps, dpo_loss, kto_loss, masked_nll, sequence_logps};
 use super::reward::{Reward, builtin};
 use super::{Result, TrainConfig, TrainError, io_err};
 use crate::engine::message::Sample;
@@ -212,6 +212,25 @@ impl AdamW {
     }
 }
 
+/// One micro-batch's loss and the per-sequence graphs its gradients flow through.
+struct MicroLoss {
+    loss: Tensor,
+    /// Non-pad tokens forwarded.
+    tokens: usize,
+    /// `None` for an empty micro-batch (the loss is a constant).
+    policy: Option<SequenceLogps>,
+}
+
+impl MicroLoss {
+    /// The gradient of `loss` (this micro-batch's loss, possibly scaled) for each of `vars`.
+    fn gradients(&self, loss: &Tensor, vars: &[(String, Var)]) -> Result<Vec<Option<Tensor>>> {
+        match &self.policy {
+            Some(p) => p.gradients(loss, &vars.iter().map(|(_, v)| v).collect::<Vec<_>>()),
+            None => Ok(vec![None; vars.len()]),
+        }
+    }
+}
+
 fn rows(t: &Tensor, idx: &[u32]) -> Result<Tensor> {
     let i = Tensor::from_slice(idx, idx.len(), &Device::Cpu)?;
     Ok(t.index_select(&i, 0)?)
@@ -326,13 +345,14 @@ impl<'m> LoraTrainer<'m> {
             return Err(TrainError::NoData(samples.len()));
         }
         let mut rng = StdRng::seed_from_u64(self.cfg.seed);
-        let (loss, _) = self.micro_loss(&batch, &mut rng)?;
-        let grads = loss.backward()?;
+        let micro = self.micro_loss(&batch, &mut rng)?;
+        let grads = micro.gradients(&micro.loss, &self.vars)?;
         self.vars
             .iter()
-            .map(|(k, v)| {
-                let g = match grads.get(v.as_tensor()) {
-                    Some(g) => g.clone(),
+            .zip(grads)
+            .map(|((k, v), g)| {
+                let g = match g {
+                    Some(g) => g,
                     None => v.as_tensor().zeros_like()?,
                 };
                 Ok((k.clone(), g))
@@ -398,21 +418,21 @@ impl<'m> LoraTrainer<'m> {
                 let batch: Vec<&Example> = (0..self.cfg.batch_size)
                     .map(|j| &examples[order.at(micro as usize * self.cfg.batch_size + j)])
                     .collect();
-                let (loss, n) = self.micro_loss(&batch, &mut rng)?;
-                tokens += n;
-                let loss = (loss / self.cfg.grad_accum as f64)?;
+                let micro = self.micro_loss(&batch, &mut rng)?;
+                tokens += micro.tokens;
+                let loss = (&micro.loss / self.cfg.grad_accum as f64)?;
                 let value = loss.to_scalar::<f32>()? as f64;
                 loss_sum += value;
                 if !value.is_finite() {
                     finite = false;
                     continue;
                 }
-                let grads = loss.backward()?;
-                for (slot, (_, v)) in acc.iter_mut().zip(&self.vars) {
-                    if let Some(g) = grads.get(v.as_tensor()) {
+                let grads = micro.gradients(&loss, &self.vars)?;
+                for (slot, g) in acc.iter_mut().zip(grads) {
+                    if let Some(g) = g {
                         *slot = Some(match slot.take() {
                             Some(prev) => (prev + g)?,
-                            None => g.clone(),
+                            None => g,
                         });
                     }
                 }
@@ -615,8 +635,8 @@ impl<'m> LoraTrainer<'m> {
         Ok(())
     }
 
-    /// The loss of one micro-batch and its non-pad token count.
-    fn micro_loss(&self, examples: &[&Example], rng: &mut StdRng) -> Result<(Tensor, usize)> {
+    /// The loss of one micro-batch, its non-pad token count and what its gradients need.
+    fn micro_loss(&self, examples: &[&Example], rng: &mut StdRng) -> Result<MicroLoss> {
         let lora = self.dropped_set(rng)?;
         let mut b = Batch::default();
         for ex in examples {
@@ -648,14 +668,19 @@ impl<'m> LoraTrainer<'m> {
             b.replay.push(i);
         }
         if b.seqs.is_empty() {
-            return Ok((Tensor::new(0f32, &Device::Cpu)?, 0));
+            return Ok(MicroLoss {
+                loss: Tensor::new(0f32, &Device::Cpu)?,
+                tokens: 0,
+                policy: None,
+            });
         }
         let tokens = b.seqs.iter().map(|s| s.ids.len()).sum();
         let refs: Vec<&Seq> = b.seqs.iter().collect();
-        let tl = token_logps(self.model, Some(&lora), &refs, self.pad)?;
+        let policy = sequence_logps(self.model, Some(&lora), &refs, self.pad)?;
+        let tl = &policy.logps;
         let needs_ref = !(b.pairs.is_empty() && b.kto.is_empty() && b.grpo.is_empty());
         let reference = if needs_ref {
-            let r = token_logps(self.model, None, &refs, self.pad)?;
+            let r = sequence_logps(self.model, None, &refs, self.pad)?.logps;
             Some(TokenLogps {
                 lp: r.lp.detach(),
                 mask: r.mask,
@@ -734,6 +759,10 @@ impl<'m> LoraTrainer<'m> {
             (None, false) => masked_nll(&rows(&tl.lp, &b.replay)?, &rows(&tl.mask, &b.replay)?)?,
             (None, true) => Tensor::new(0f32, &Device::Cpu)?,
         };
-        Ok((loss, tokens))
+        Ok(MicroLoss {
+            loss,
+            tokens,
+            policy: Some(policy),
+        })
     }
 }
