@@ -77,6 +77,19 @@ fn base_unchanged_by_a_fresh_adapter_bitwise() {
     assert_eq!(logits(&m, Some(&fresh)), logits(&m, None));
 }
 
+/// A rank-4 adapter on every projection with `A` from `seed` and `B` random too (not zero), so that `A` gets
+/// gradients as well.
+fn random_lora(m: &hearth::model::Transformer, seed: u64) -> hearth::model::LoraSet {
+    let cfg = hearth::model::LoraConfig::new(4, 8.0, &LoraTarget::ALL);
+    let zero_b = hearth::model::LoraSet::fresh(m, cfg.clone(), seed).unwrap();
+    let mut set = hearth::model::LoraSet::empty(cfg);
+    for (&(l, t), p) in zero_b.iter() {
+        let b = Tensor::randn(0f32, 0.1, p.b.dims(), &Device::Cpu).unwrap();
+        set.insert(l, t, hearth::model::LoraPair::new(p.a.clone(), b, p.scale));
+    }
+    set
+}
+
 /// Through the trainer's own path (`token_logps`, whose head projects scored positions only): unscored
 /// positions get log-prob 0 and no part of the loss, and every LoRA gradient equals the gradient of the
 /// reference composition (all logits, log-softmax, gather, times the mask). Scoring every position instead
@@ -85,14 +98,7 @@ fn base_unchanged_by_a_fresh_adapter_bitwise() {
 fn masked_tokens_contribute_zero_gradient() {
     let dir = tempfile::tempdir().unwrap();
     let (_, m, _) = tiny(dir.path());
-    let cfg = hearth::model::LoraConfig::new(4, 8.0, &LoraTarget::ALL);
-    // B random too, so that A gets gradients as well.
-    let zero_b = hearth::model::LoraSet::fresh(&m, cfg.clone(), 3).unwrap();
-    let mut fresh = hearth::model::LoraSet::empty(cfg);
-    for (&(l, t), p) in zero_b.iter() {
-        let b = Tensor::randn(0f32, 0.1, p.b.dims(), &Device::Cpu).unwrap();
-        fresh.insert(l, t, hearth::model::LoraPair::new(p.a.clone(), b, p.scale));
-    }
+    let fresh = random_lora(&m, 3);
     let ids: Vec<u32> = (0..24u32).map(|i| (i * 53 + 3) % 290).collect();
     let mask: Vec<bool> = (0..24)
         .map(|i| i % 5 == 2 || (10..15).contains(&i))
@@ -178,14 +184,7 @@ fn masked_tokens_contribute_zero_gradient() {
 fn per_sequence_graphs_give_the_whole_batch_gradients() {
     let dir = tempfile::tempdir().unwrap();
     let (_, m, _) = tiny(dir.path());
-    let cfg = hearth::model::LoraConfig::new(4, 8.0, &LoraTarget::ALL);
-    let zero_b = hearth::model::LoraSet::fresh(&m, cfg.clone(), 5).unwrap();
-    let mut set = hearth::model::LoraSet::empty(cfg);
-    for (&(l, t), p) in zero_b.iter() {
-        let b = Tensor::randn(0f32, 0.1, p.b.dims(), &Device::Cpu).unwrap();
-        set.insert(l, t, hearth::model::LoraPair::new(p.a.clone(), b, p.scale));
-    }
-    let (set, vars) = set.to_vars().unwrap();
+    let (set, vars) = random_lora(&m, 5).to_vars().unwrap();
     let seqs: Vec<Seq> = [19usize, 7, 26]
         .iter()
         .enumerate()
