@@ -4,13 +4,17 @@
 //! character. The tokenizer asks three of those questions per character, and on the non-ASCII
 //! bench corpus the searches were ~11% of redaction time. The table below holds std's answers
 //! for the Basic Multilingual Plane (one byte per code point, built once from std itself, so
-//! the answers are the same by construction); other planes still ask std.
+//! the answers are the same by construction); other planes still ask std. It also records which
+//! characters lower-case to themselves, so that folding a token asks std's case tables (another
+//! search) only for the characters that change.
 
 use std::sync::LazyLock;
 
 const ALPHABETIC: u8 = 1;
 const NUMERIC: u8 = 2;
 const UPPERCASE: u8 = 4;
+/// `char::to_lowercase` gives something other than the character itself.
+const LOWERCASE_DIFFERS: u8 = 8;
 
 static BMP: LazyLock<Box<[u8]>> = LazyLock::new(|| {
     (0..=0xFFFFu32)
@@ -32,7 +36,7 @@ static ASCII: [u8; 128] = {
             t[i] |= NUMERIC;
         }
         if b.is_ascii_uppercase() {
-            t[i] |= UPPERCASE;
+            t[i] |= UPPERCASE | LOWERCASE_DIFFERS;
         }
         i += 1;
     }
@@ -49,6 +53,10 @@ fn classes(c: char) -> u8 {
     }
     if c.is_uppercase() {
         bits |= UPPERCASE;
+    }
+    let mut lower = c.to_lowercase();
+    if !(lower.next() == Some(c) && lower.next().is_none()) {
+        bits |= LOWERCASE_DIFFERS;
     }
     bits
 }
@@ -89,6 +97,12 @@ pub(crate) fn is_uppercase(c: char) -> bool {
     lookup(c) & UPPERCASE != 0
 }
 
+/// Whether [`char::to_lowercase`] gives exactly `c`.
+#[inline]
+pub(crate) fn lowercases_to_itself(c: char) -> bool {
+    lookup(c) & LOWERCASE_DIFFERS == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +115,11 @@ mod tests {
             assert_eq!(is_alphanumeric(c), c.is_alphanumeric(), "{c:?}");
             assert_eq!(is_numeric(c), c.is_numeric(), "{c:?}");
             assert_eq!(is_uppercase(c), c.is_uppercase(), "{c:?}");
+            assert_eq!(
+                lowercases_to_itself(c),
+                c.to_lowercase().eq(std::iter::once(c)),
+                "{c:?}"
+            );
         }
     }
 }
