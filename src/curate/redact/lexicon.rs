@@ -408,7 +408,7 @@ fn fold_into<S: FoldSink>(s: &str, mut out: S) -> S {
                 }
                 'ð' | 'Ð' => 'd',
                 '’' => '\'',
-                _ if super::chars::lowercases_to_itself(c) => c,
+                _ if chars::lowercases_to_itself(c) => c,
                 _ => {
                     out.extend(c.to_lowercase());
                     continue;
