@@ -307,7 +307,7 @@ fn particles_to_name(toks: &[Tok], i: usize) -> bool {
 }
 
 fn capword(t: &Tok) -> bool {
-    t.kind == Kind::Word && t.cap && !t.sentinel && (!t.all_caps || t.key.chars().count() <= 2)
+    t.kind == Kind::Word && t.cap && !t.sentinel && (!t.all_caps || t.key_chars <= 2)
 }
 
 /// Per-word evidence.
@@ -709,7 +709,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             // a word already accepted as (part of) a name earlier in this text
             let seen = content[p..q]
                 .iter()
-                .any(|&k| toks[k].key.chars().count() >= 3 && keys.contains(toks[k].key.as_ref()));
+                .any(|&k| toks[k].key_chars >= 3 && keys.contains(toks[k].key.as_ref()));
             // `Matej's address`, `Asya's kid`: a possessive before a personal noun
             let possessive = toks.get(e_tok + 1).is_some_and(|x| {
                 x.kind == Kind::Punct && matches!(x.text(text), "'" | "’") && !x.sp_before
@@ -832,7 +832,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 last_end = Some(e_tok);
                 for &k in &content[p..q] {
                     let e = &evs[content.iter().position(|&c| c == k).unwrap_or(0)];
-                    if toks[k].key.chars().count() >= 3 && !e.common && !e.place {
+                    if toks[k].key_chars >= 3 && !e.common && !e.place {
                         keys.insert(toks[k].key.to_string());
                     }
                 }
@@ -950,7 +950,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             x.kind == Kind::Word
                 && !x.cap
                 && !x.sentinel
-                && x.key.chars().count() >= 3
+                && x.key_chars >= 3
                 && flags_of(x) & (IN_COMMON | IN_PLACES) == 0
                 && !PRONOUNS.contains(&x.key.as_ref())
         };
