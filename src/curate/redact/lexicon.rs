@@ -29,11 +29,18 @@ impl Hasher for FxHasher {
     fn write_u32(&mut self, i: u32) {
         self.0 = (self.0.rotate_left(5) ^ u64::from(i)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
     fn write_usize(&mut self, i: usize) {
         self.0 = (self.0.rotate_left(5) ^ i as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
     fn finish(&self) -> u64 {
-        self.0
+        // A product's low bits depend only on the low bits of its factors, and hashbrown picks
+        // the bucket from the low bits: unrotated, a short word's bucket depended on its first
+        // two bytes only. The rotation brings the well-mixed high bits down (as rustc-hash 2
+        // does).
+        self.0.rotate_left(26)
     }
 }
 
@@ -550,11 +557,18 @@ pub(crate) static LEX: LazyLock<Lexicon> = LazyLock::new(|| {
 /// names through spelling: diacritics and endings such as -ová, -sen, -ski, -ez weigh towards
 /// a name, -tion, -ing, -ly towards a word.
 struct NameModel {
-    logodds: HashMap<[char; 3], f32, BuildHasherDefault<FxHasher>>,
+    /// Keyed by [`NameModel::pack`]ed trigrams: one hash round per lookup, where a `[char; 3]`
+    /// key hashed its length and each char (~4% of a non-ASCII redaction pass).
+    logodds: HashMap<u64, f32, BuildHasherDefault<FxHasher>>,
     prior: f32,
 }
 
 impl NameModel {
+    /// A trigram as one integer (a char fits in 21 bits).
+    fn pack(g: [char; 3]) -> u64 {
+        (u64::from(g[0]) << 42) | (u64::from(g[1]) << 21) | u64::from(g[2])
+    }
+
     fn grams(w: &str) -> impl Iterator<Item = [char; 3]> + '_ {
         let cs: Vec<char> = std::iter::once('^')
             .chain(w.chars())
@@ -592,7 +606,7 @@ impl NameModel {
             .map(|g| {
                 let p = (*cp.get(&g).unwrap_or(&0) as f32 + alpha) / dp;
                 let n = (*cn.get(&g).unwrap_or(&0) as f32 + alpha) / dn;
-                (g, (p / n).ln())
+                (Self::pack(g), (p / n).ln())
             })
             .collect();
         Self {
@@ -615,7 +629,7 @@ impl NameModel {
             a = b;
             b = c;
             // Non-Latin-1 letters are rare in English words: count them as name evidence.
-            let v = match self.logodds.get(&g) {
+            let v = match self.logodds.get(&Self::pack(g)) {
                 Some(v) => *v,
                 None if g.iter().any(|c| (*c as u32) > 0x17f) => 0.5,
                 None => self.prior,
