@@ -367,26 +367,22 @@ impl Redactor {
 
     /// Redacts: each span becomes its type's sentinel.
     pub fn redact(&self, text: &str) -> Redaction {
-        let cands = self.find_bytes(text);
+        let (cands, redacted) = self.find_bytes_and_text(text);
         let idx = CharIndex::new(text);
-        let mut out = String::with_capacity(text.len());
-        let mut pos = 0;
-        let mut spans = Vec::with_capacity(cands.len());
-        for c in &cands {
-            let Some(t) = c.ty else { continue };
-            out.push_str(&text[pos..c.start]);
-            out.push_str(t.sentinel());
-            pos = c.end;
-            spans.push(PiiSpan {
-                start: idx.char_of(c.start),
-                end: idx.char_of(c.end),
-                pii_type: t,
-                detector: c.detector,
-                confidence: c.confidence,
-            });
-        }
-        out.push_str(&text[pos..]);
-        Redaction { text: out, spans }
+        let spans = cands
+            .iter()
+            .filter_map(|c| {
+                c.ty.map(|t| PiiSpan {
+                    start: idx.char_of(c.start),
+                    end: idx.char_of(c.end),
+                    pii_type: t,
+                    detector: c.detector,
+                    confidence: c.confidence,
+                })
+            })
+            .collect();
+        let text = redacted.unwrap_or_else(|| sentinels_for(text, &cands).text);
+        Redaction { text, spans }
     }
 
     /// Byte-offset spans of `text`, closed under re-redaction: after replacing the spans with
@@ -394,6 +390,12 @@ impl Redactor {
     /// e.g. `10.0.0.142 Main Street`); new finds are mapped back and merged, until nothing
     /// new turns up. This makes `redact(redact(x)) == redact(x)`.
     fn find_bytes(&self, text: &str) -> Vec<Cand> {
+        self.find_bytes_and_text(text).0
+    }
+
+    /// [`Self::find_bytes`], plus the redacted text when the last re-scan was of exactly these
+    /// spans' sentinels (then it is the output, already built).
+    fn find_bytes_and_text(&self, text: &str) -> (Vec<Cand>, Option<String>) {
         // Always re-scan when something was found: a span can swallow the start of a
         // neighbour that its own detector rejected for lack of a boundary (`x.txt+1 (916) …`),
         // so no cheap local test proves the redacted text is already clean.
@@ -403,15 +405,10 @@ impl Redactor {
                 break;
             }
             // redacted text and, per sentinel, (redacted start, redacted end, original start, original end)
-            let spliced = crate::curate::Spliced::new(
-                text,
-                cands
-                    .iter()
-                    .filter_map(|c| c.ty.map(|t| (c.start, c.end, t.sentinel()))),
-            );
+            let spliced = sentinels_for(text, &cands);
             let (new, _) = self.pass(&spliced.text);
             if new.is_empty() {
-                break;
+                return (cands, Some(spliced.text));
             }
             let back = |r: usize, is_end: bool| spliced.original(r, is_end);
             for n in new {
@@ -425,7 +422,7 @@ impl Redactor {
             }
             cands.sort_by_key(|c| c.start);
         }
-        cands
+        (cands, None)
     }
 
     /// One detection pass: candidates after filtering and overlap resolution, and whether no
@@ -482,6 +479,16 @@ impl Redactor {
         });
         resolve(text, cands)
     }
+}
+
+/// `text` with each typed candidate replaced by its sentinel (candidates sorted, disjoint).
+fn sentinels_for(text: &str, cands: &[Cand]) -> crate::curate::Spliced {
+    crate::curate::Spliced::new(
+        text,
+        cands
+            .iter()
+            .filter_map(|c| c.ty.map(|t| (c.start, c.end, t.sentinel()))),
+    )
 }
 
 /// Greedy overlap resolution: priority, then length, then position.
