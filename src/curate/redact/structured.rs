@@ -125,6 +125,8 @@ struct Stats {
     hex_run: usize,
     /// hex digit, `:`, hex digit or `:` (IPv6 / MAC shape).
     hex_colon: bool,
+    /// `bc1`: a bech32 Bitcoin address's prefix (noted here rather than searched for apart).
+    bech32_head: bool,
 }
 
 fn stats(b: &[u8]) -> Stats {
@@ -138,6 +140,7 @@ fn stats(b: &[u8]) -> Stats {
         iban_head: false,
         hex_run: 0,
         hex_colon: false,
+        bech32_head: false,
     };
     let mut run = 0usize;
     for (i, &c) in b.iter().enumerate() {
@@ -154,6 +157,9 @@ fn stats(b: &[u8]) -> Stats {
                     && b[i - 3].is_ascii_alphabetic()
                 {
                     st.iban_head = true;
+                }
+                if c == b'1' && i >= 2 && b[i - 1] == b'c' && b[i - 2] == b'b' {
+                    st.bech32_head = true;
                 }
             }
             continue;
@@ -315,7 +321,7 @@ pub(crate) fn detect(text: &str, ctx: &Ctx, out: &mut Vec<Cand>) {
     if st.digits >= 7 {
         phones(b, out);
     }
-    if st.hex_run >= 25 || kw & KW_B58 != 0 || contains_seq(b, b"bc1") {
+    if st.hex_run >= 25 || kw & KW_B58 != 0 || st.bech32_head {
         wallets(b, kw & KW_B58 != 0, out);
     }
     if kw & KW_DOB != 0 {
