@@ -349,40 +349,16 @@ impl Redactor {
 
     /// Finds PII spans (code-point offsets, sorted, non-overlapping).
     pub fn find(&self, text: &str) -> Vec<PiiSpan> {
-        let cands = self.find_bytes(text);
-        let idx = CharIndex::new(text);
-        cands
-            .iter()
-            .filter_map(|c| {
-                c.ty.map(|t| PiiSpan {
-                    start: idx.char_of(c.start),
-                    end: idx.char_of(c.end),
-                    pii_type: t,
-                    detector: c.detector,
-                    confidence: c.confidence,
-                })
-            })
-            .collect()
+        spans_of(text, &self.find_bytes(text))
     }
 
     /// Redacts: each span becomes its type's sentinel.
     pub fn redact(&self, text: &str) -> Redaction {
         let (cands, redacted) = self.find_bytes_and_text(text);
-        let idx = CharIndex::new(text);
-        let spans = cands
-            .iter()
-            .filter_map(|c| {
-                c.ty.map(|t| PiiSpan {
-                    start: idx.char_of(c.start),
-                    end: idx.char_of(c.end),
-                    pii_type: t,
-                    detector: c.detector,
-                    confidence: c.confidence,
-                })
-            })
-            .collect();
-        let text = redacted.unwrap_or_else(|| sentinels_for(text, &cands).text);
-        Redaction { text, spans }
+        Redaction {
+            spans: spans_of(text, &cands),
+            text: redacted.unwrap_or_else(|| sentinels_for(text, &cands).text),
+        }
     }
 
     /// Byte-offset spans of `text`, closed under re-redaction: after replacing the spans with
@@ -479,6 +455,23 @@ impl Redactor {
         });
         resolve(text, cands)
     }
+}
+
+/// The typed candidates as reported spans, in code-point offsets of `text`.
+fn spans_of(text: &str, cands: &[Cand]) -> Vec<PiiSpan> {
+    let idx = CharIndex::new(text);
+    cands
+        .iter()
+        .filter_map(|c| {
+            c.ty.map(|t| PiiSpan {
+                start: idx.char_of(c.start),
+                end: idx.char_of(c.end),
+                pii_type: t,
+                detector: c.detector,
+                confidence: c.confidence,
+            })
+        })
+        .collect()
 }
 
 /// `text` with each typed candidate replaced by its sentinel (candidates sorted, disjoint).
