@@ -133,18 +133,22 @@ pub(crate) enum Key<'a> {
 }
 
 impl<'a> Key<'a> {
-    fn of(word: &'a str) -> Self {
+    /// The key of a word and its length in chars (known without counting unless the word
+    /// needed folding).
+    fn of(word: &'a str) -> (Self, usize) {
         let b = word.as_bytes();
         if b.iter()
             .all(|&c| c.is_ascii_lowercase() || c == b'-' || c == b'\'')
         {
-            Key::Borrowed(word)
+            (Key::Borrowed(word), word.len())
         } else if word.is_ascii() {
             let mut k = CompactString::from(word);
             k.make_ascii_lowercase();
-            Key::Owned(k)
+            (Key::Owned(k), word.len())
         } else {
-            Key::Owned(fold_key(word))
+            let k = fold_key(word);
+            let chars = k.chars().count();
+            (Key::Owned(k), chars)
         }
     }
 }
@@ -285,15 +289,10 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
                 Kind::Word
             };
             let word = &text[i..e];
-            let key = if kind != Kind::Word {
-                Key::Borrowed("")
+            let (key, key_chars) = if kind != Kind::Word {
+                (Key::Borrowed(""), 0)
             } else {
                 Key::of(word)
-            };
-            let key_chars = if key.is_ascii() {
-                key.len()
-            } else {
-                key.chars().count()
             };
             toks.push(Tok {
                 s: i,
