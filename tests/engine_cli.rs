@@ -109,7 +109,16 @@ fn sigterm_stops_sources_drains_and_exits_0() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    // Signal once samples reach the sink (the handler is installed by then), at least 700 ms in,
+    // at most 30 s: a fixed sleep could hit a slow start before the handler exists.
+    let out_path = dir.path().join("out.jsonl");
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(700)
+        || (started.elapsed() < Duration::from_secs(30)
+            && std::fs::read_to_string(&out_path).map_or(0, |s| s.lines().count()) <= 10)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
