@@ -410,7 +410,8 @@ impl FoldSink for FoldBuffer {
     }
 }
 
-/// What [`fold_into`] writes to: `String` for word lists, `CompactString` for token keys.
+/// What [`fold_into`] writes to: `String` for word lists, [`FoldBuffer`] for token keys
+/// (`CompactString` for the rare key too long for it).
 trait FoldSink: Extend<char> {
     fn push(&mut self, c: char);
     fn push_str(&mut self, s: &str);
