@@ -20,7 +20,7 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
         (&*UNIT, C_UNIT),
     ]
 }
-use super::{Cand, PiiType, chars, prio};
+use super::{Cand, PiiType, SpanIndex, chars, prio};
 
 /// Street-type words that follow the name (US/UK style), folded. Strong ones are rarely
 /// anything but a street.
@@ -959,6 +959,11 @@ fn us_street_words(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
 /// Finds address spans.
 pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     intersections(text, toks, out);
+    // Byte ranges of the numbers that open accepted addresses; phone candidates inside them
+    // are dropped once at the end (one pass over `out`, not one per address). The loop reads
+    // `out` only through `out.last()`, which after each accepted address is that address
+    // whether or not a phone was dropped before it, so dropping late changes no decision.
+    let mut house_numbers: Vec<(usize, usize)> = Vec::new();
     let mut i = 0;
     while i < toks.len() {
         let Some((mut s, mut e, level)) = core(toks, i, text) else {
@@ -1042,10 +1047,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
         if toks[s].kind == Kind::Num
             && let Some(first_word) = (s..e).find(|&k| toks[k].kind == Kind::Word)
         {
-            let numbers = toks[s].s..toks[first_word].s;
-            out.retain(|c| {
-                c.ty != Some(PiiType::Phone) || !(numbers.start <= c.start && c.end <= numbers.end)
-            });
+            house_numbers.push((toks[s].s, toks[first_word].s));
         }
         let conf = if segs > 0 || strong { 0.85 } else { 0.7 };
         out.push(
@@ -1060,6 +1062,10 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             .truncatable(toks[e - 1].e),
         );
         i = end;
+    }
+    if !house_numbers.is_empty() {
+        let house_numbers = SpanIndex::new(house_numbers);
+        out.retain(|c| c.ty != Some(PiiType::Phone) || !house_numbers.contains(c.start, c.end));
     }
 }
 

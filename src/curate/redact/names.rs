@@ -4,6 +4,7 @@
 //! (`my name is`, `Dear`, `says`). Accepted name words are then found again elsewhere in the
 //! same text (`… early Yefremova`).
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use super::lexicon::{
@@ -19,7 +20,7 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
         (&*PERSON_VERBS, C_PERSON_VERB),
     ]
 }
-use super::{Cand, PiiType, chars, prio};
+use super::{Cand, PiiType, SpanIndex, chars, prio};
 
 /// Honorifics and academic titles that precede a name (folded, without dots).
 static TITLES: LazyLock<StaticSet> = LazyLock::new(|| {
@@ -519,6 +520,14 @@ fn cue(before: &[&str], list: &[&[&str]]) -> bool {
 /// Finds person names.
 pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<Cand>) {
     let mut keys = WordSet::default();
+    // Only person candidates are added below, so the addresses found so far are all there
+    // will be; sorted, they are looked up by start without scanning `out` per name.
+    let mut address_starts: Vec<usize> = out
+        .iter()
+        .filter(|c| c.ty == Some(PiiType::Address))
+        .map(|c| c.start)
+        .collect();
+    address_starts.sort_unstable();
     known_names(toks, known, out);
     let n = toks.len();
     let mut last_end: Option<usize> = None;
@@ -738,10 +747,9 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             // rather a venue: `meet at Incadence, 4 Rue …`)
             let before_address = before.last().is_none_or(|w| *w != "at")
                 && next.is_some_and(|x| x.is_punct(text, ','))
-                && toks.get(e_tok + 2).is_some_and(|a| {
-                    out.iter()
-                        .any(|c| c.ty == Some(PiiType::Address) && c.start == a.s)
-                });
+                && toks
+                    .get(e_tok + 2)
+                    .is_some_and(|a| address_starts.binary_search(&a.s).is_ok());
             let strong_cue = header
                 || with_email
                 || before_address
@@ -841,25 +849,24 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
         }
         i = j.max(i + 1);
     }
-    before_and(text, toks, out);
-    named_common_word(text, toks, out);
-    lowercase_names(text, toks, out);
-    name_lists(text, toks, out);
+    let mut persons = Persons::default();
+    before_and(text, toks, out, &mut persons);
+    named_common_word(text, toks, out, &mut persons);
+    lowercase_names(text, toks, out, &mut persons);
+    name_lists(text, toks, out, &mut persons);
     // ---- second mention: a word already accepted as part of a name is a name elsewhere too
     if keys.is_empty() {
         firm_names(text, toks, out);
         return;
     }
-    let taken: Vec<(usize, usize)> = out
-        .iter()
-        .filter(|c| c.ty == Some(PiiType::Person))
-        .map(|c| (c.start, c.end))
-        .collect();
+    let taken = SpanIndex::new(
+        out.iter()
+            .filter(|c| c.ty == Some(PiiType::Person))
+            .map(|c| (c.start, c.end))
+            .collect(),
+    );
     for t in toks {
-        if capword(t)
-            && keys.contains(t.key.as_ref())
-            && !taken.iter().any(|&(s, e)| s < t.e && t.s < e)
-        {
+        if capword(t) && keys.contains(t.key.as_ref()) && !taken.overlaps(t.s, t.e) {
             out.push(Cand::new(
                 t.s,
                 t.e,
@@ -919,9 +926,36 @@ fn lower_name_word(t: &Tok, want: u32) -> bool {
         && !PRONOUNS.contains(&t.key.as_ref())
 }
 
-fn person_at(out: &[Cand], s: usize, e: usize) -> bool {
-    out.iter()
-        .any(|c| c.ty == Some(PiiType::Person) && c.start < e && s < c.end)
+/// The person spans in `out`, for "is there a person at `s..e`?" without scanning all of
+/// `out` per token (that made name detection quadratic: over a second on a 1.4 MB paste).
+/// Detectors only append to `out` while they ask, so each question first takes in the
+/// candidates appended since the last one and the answer stays exact.
+#[derive(Default)]
+struct Persons {
+    /// How many entries of `out` have been taken in.
+    seen: usize,
+    /// Person spans by start; the furthest end per start.
+    by_start: BTreeMap<usize, usize>,
+    /// Length of the longest person span: none starting `longest` or more bytes before `s`
+    /// can reach it.
+    longest: usize,
+}
+
+impl Persons {
+    /// Some person candidate in `out` overlaps `s..e`.
+    fn at(&mut self, out: &[Cand], s: usize, e: usize) -> bool {
+        for c in out.get(self.seen..).unwrap_or_default() {
+            if c.ty == Some(PiiType::Person) {
+                let end = self.by_start.entry(c.start).or_insert(c.end);
+                *end = (*end).max(c.end);
+                self.longest = self.longest.max(c.end.saturating_sub(c.start));
+            }
+        }
+        self.seen = out.len();
+        self.by_start
+            .range(s.saturating_sub(self.longest)..e)
+            .any(|(_, &end)| end > s)
+    }
 }
 
 /// Names typed in lower case: a given name followed by a family name (`olga krylova`,
@@ -939,7 +973,7 @@ fn lower_name(start: usize, end: usize) -> Cand {
     )
 }
 
-fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Persons) {
     let n = toks.len();
     let mut i = 0;
     while i < n {
@@ -957,7 +991,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
         // `name:    hyuuma t. maida`: a lower-case run after a person field label, with
         // initials, up to its line end
         if plain(t)
-            && !person_at(out, t.s, t.e)
+            && !persons.at(out, t.s, t.e)
             && i >= 2
             && toks[i - 1].is_punct(text, ':')
             && !t.nl_before
@@ -991,7 +1025,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
                 continue;
             }
         }
-        if plain(t) && !person_at(out, t.s, t.e) && cue(&words_before(toks, i), NAMING_CUES) {
+        if plain(t) && !persons.at(out, t.s, t.e) && cue(&words_before(toks, i), NAMING_CUES) {
             let e = if toks.get(i + 1).is_some_and(|x| plain(x) && !x.nl_before) {
                 i + 1
             } else {
@@ -1001,7 +1035,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             i = e + 1;
             continue;
         }
-        if !lower_name_word(t, IN_FIRST | IN_LAST) || person_at(out, t.s, t.e) {
+        if !lower_name_word(t, IN_FIRST | IN_LAST) || persons.at(out, t.s, t.e) {
             i += 1;
             continue;
         }
@@ -1054,7 +1088,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
 
 /// `Her maiden name is Key.`: after someone's `name is`, a capitalised word that closes the
 /// sentence is a name even when it is also an ordinary word.
-fn named_common_word(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+fn named_common_word(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Persons) {
     for i in 3..toks.len() {
         let t = &toks[i];
         if !capword(t)
@@ -1065,7 +1099,7 @@ fn named_common_word(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
                 &*toks[i - 3].key,
                 "my" | "his" | "her" | "your" | "their" | "maiden" | "first" | "last" | "middle"
             )
-            || person_at(out, t.s, t.e)
+            || persons.at(out, t.s, t.e)
         {
             continue;
         }
@@ -1087,7 +1121,7 @@ fn named_common_word(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
 
 /// `Basilio and Julian Fisher are …`: a name run opening its sentence right before `and` and
 /// an accepted name, when each of its words is a listed name or spelled like one.
-fn before_and(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+fn before_and(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Persons) {
     let starts: Vec<usize> = out
         .iter()
         .filter(|c| c.ty == Some(PiiType::Person))
@@ -1122,7 +1156,7 @@ fn before_and(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             b -= 1;
         }
         if !sentence_start(toks, b, text)
-            || person_at(out, toks[b].s, toks[e].e)
+            || persons.at(out, toks[b].s, toks[e].e)
             || PRONOUNS.contains(&toks[b].key.as_ref())
         {
             continue;
@@ -1187,7 +1221,7 @@ fn firm_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
 /// Lists of single names (`Kónya, Becker and Vasquez`, `silvana, adam, chad and caleb`): when
 /// one member is already a name, or most members are listed given names, the others are
 /// names too.
-fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
+fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Persons) {
     let n = toks.len();
     let member = |k: usize, cap: bool| -> bool {
         toks.get(k).is_some_and(|x| {
@@ -1251,7 +1285,7 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
                     .any(|&k| PRONOUNS.contains(&toks[k].key.as_ref()));
             let named = members
                 .iter()
-                .filter(|&&k| person_at(out, toks[k].s, toks[k].e))
+                .filter(|&&k| persons.at(out, toks[k].s, toks[k].e))
                 .count();
             let given = evs
                 .iter()
@@ -1266,7 +1300,7 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             {
                 for &k in &members {
                     let t = &toks[k];
-                    if !person_at(out, t.s, t.e) {
+                    if !persons.at(out, t.s, t.e) {
                         out.push(Cand::new(
                             t.s,
                             t.e,
@@ -1280,5 +1314,34 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             }
         }
         i = j.max(i + 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Questions interleaved with appends to `out` get the answers a scan of `out` gives.
+        #[test]
+        fn persons_answer_as_a_scan_of_out_does(
+            steps in prop::collection::vec((any::<bool>(), 0usize..80, 0usize..15, any::<bool>()), 1..60),
+        ) {
+            let mut out: Vec<Cand> = Vec::new();
+            let mut persons = Persons::default();
+            for (append, s, len, person) in steps {
+                let e = s + len;
+                if append {
+                    let ty = if person { PiiType::Person } else { PiiType::Address };
+                    out.push(Cand::new(s, e, ty, "test", 0.9, prio::PERSON));
+                } else {
+                    let scan = out
+                        .iter()
+                        .any(|c| c.ty == Some(PiiType::Person) && c.start < e && s < c.end);
+                    prop_assert_eq!(persons.at(&out, s, e), scan, "query {}..{}", s, e);
+                }
+            }
+        }
     }
 }
