@@ -104,7 +104,8 @@ fn side_by_side(name: &str, bytes: usize, records: &[&str], red: &Redactor) {
     );
 }
 
-/// Redact record by record (as the curation pipeline does) over the whole corpus.
+/// Redact record by record (as the curation pipeline does) over the whole corpus, then the
+/// same bytes as longer texts (side by side only).
 fn bench(c: &mut Criterion) {
     let red = Redactor::new(RedactConfig::default());
     let sec = SecretScanner::new(SecretConfig::default()).expect("default secret config");
@@ -146,6 +147,17 @@ fn bench(c: &mut Criterion) {
         });
         g.finish();
         side_by_side(name, text.len(), &records, &red);
+        // Long texts (an answer of a few KB, a pasted log): per-record costs fade, and any
+        // cost that grows faster than the text shows up.
+        let joined: Vec<String> = records.chunks(64).map(|c| c.join("\n")).collect();
+        let joined: Vec<&str> = joined.iter().map(String::as_str).collect();
+        side_by_side(
+            &format!("{name}, 64 records per text"),
+            text.len(),
+            &joined,
+            &red,
+        );
+        side_by_side(&format!("{name}, one text"), text.len(), &[&text], &red);
     }
 }
 
