@@ -521,13 +521,23 @@ fn cue(before: &[&str], list: &[&[&str]]) -> bool {
 pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<Cand>) {
     let mut keys = WordSet::default();
     // Only person candidates are added below, so the addresses found so far are all there
-    // will be; sorted, they are looked up by start without scanning `out` per name.
-    let mut address_starts: Vec<usize> = out
-        .iter()
-        .filter(|c| c.ty == Some(PiiType::Address))
-        .map(|c| c.start)
-        .collect();
-    address_starts.sort_unstable();
+    // will be; on a long text they are looked up by start, not found by scanning `out` per
+    // name.
+    let address_starts = (out.len() > SCAN_PERSONS_UP_TO).then(|| {
+        let mut starts: Vec<usize> = out
+            .iter()
+            .filter(|c| c.ty == Some(PiiType::Address))
+            .map(|c| c.start)
+            .collect();
+        starts.sort_unstable();
+        starts
+    });
+    let address_at = |s: usize, out: &[Cand]| match &address_starts {
+        Some(starts) => starts.binary_search(&s).is_ok(),
+        None => out
+            .iter()
+            .any(|c| c.ty == Some(PiiType::Address) && c.start == s),
+    };
     known_names(toks, known, out);
     let n = toks.len();
     let mut last_end: Option<usize> = None;
@@ -747,9 +757,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             // rather a venue: `meet at Incadence, 4 Rue …`)
             let before_address = before.last().is_none_or(|w| *w != "at")
                 && next.is_some_and(|x| x.is_punct(text, ','))
-                && toks
-                    .get(e_tok + 2)
-                    .is_some_and(|a| address_starts.binary_search(&a.s).is_ok());
+                && toks.get(e_tok + 2).is_some_and(|a| address_at(a.s, out));
             let strong_cue = header
                 || with_email
                 || before_address
@@ -926,6 +934,9 @@ fn lower_name_word(t: &Tok, want: u32) -> bool {
         && !PRONOUNS.contains(&t.key.as_ref())
 }
 
+/// Up to this many candidates, [`Persons::at`] scans `out` instead of indexing it.
+const SCAN_PERSONS_UP_TO: usize = 32;
+
 /// The person spans in `out`, for "is there a person at `s..e`?" without scanning all of
 /// `out` per token (that made name detection quadratic: over a second on a 1.4 MB paste).
 /// Detectors only append to `out` while they ask, so each question first takes in the
@@ -944,6 +955,13 @@ struct Persons {
 impl Persons {
     /// Some person candidate in `out` overlaps `s..e`.
     fn at(&mut self, out: &[Cand], s: usize, e: usize) -> bool {
+        // A short record's few candidates are scanned faster than any index is built; `out`
+        // only grows, so once it is past this size the index takes over for good.
+        if self.seen == 0 && out.len() <= SCAN_PERSONS_UP_TO {
+            return out
+                .iter()
+                .any(|c| c.ty == Some(PiiType::Person) && c.start < e && s < c.end);
+        }
         for c in out.get(self.seen..).unwrap_or_default() {
             if c.ty == Some(PiiType::Person) {
                 let end = self.by_start.entry(c.start).or_insert(c.end);
@@ -1323,10 +1341,11 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// Questions interleaved with appends to `out` get the answers a scan of `out` gives.
+        /// Questions interleaved with appends to `out` get the answers a scan of `out` gives,
+        /// before and after `out` outgrows the scanning fast path.
         #[test]
         fn persons_answer_as_a_scan_of_out_does(
-            steps in prop::collection::vec((any::<bool>(), 0usize..80, 0usize..15, any::<bool>()), 1..60),
+            steps in prop::collection::vec((any::<bool>(), 0usize..80, 0usize..15, any::<bool>()), 1..120),
         ) {
             let mut out: Vec<Cand> = Vec::new();
             let mut persons = Persons::default();
