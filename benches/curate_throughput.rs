@@ -104,6 +104,38 @@ fn side_by_side(name: &str, bytes: usize, records: &[&str], red: &Redactor) {
     );
 }
 
+/// Repetitive texts that once made redaction quadratic (a long list of names, a name repeated,
+/// candidates piling up for overlap resolution), and a few that never did.
+const SCALING_PATTERNS: &[&str] = &[
+    "Ann, Bob, Cy and Dee ",
+    "Ann ",
+    "10.0.0.142 Main Street ",
+    "Mr. Smith Jones ",
+    "12 Oak Road, ",
+    "a@b.co ",
+    "x.txt+1 (916) 530-2931 ",
+];
+
+/// Time of one redaction of each pattern repeated to 200 kB and to 800 kB: a ratio near 4
+/// means linear in the text's length; 16 would be quadratic. (Printed, not asserted: a timing
+/// bound would fail on a loaded machine and hide nothing a reader of this output misses.)
+fn scaling(red: &Redactor) {
+    for p in SCALING_PATTERNS {
+        let [small, large] = [200_000usize, 800_000].map(|n| {
+            let text = p.repeat(n / p.len());
+            best_secs(2, || {
+                black_box(red.redact(black_box(&text)));
+            })
+        });
+        eprintln!(
+            "scaling {p:?}: 200 kB {:.1} ms, 800 kB {:.1} ms, ratio {:.1} (4 = linear)",
+            small * 1e3,
+            large * 1e3,
+            large / small
+        );
+    }
+}
+
 /// Redact record by record (as the curation pipeline does) over the whole corpus, then the
 /// same bytes as longer texts (side by side only).
 fn bench(c: &mut Criterion) {
@@ -159,6 +191,7 @@ fn bench(c: &mut Criterion) {
         );
         side_by_side(&format!("{name}, one text"), text.len(), &[&text], &red);
     }
+    scaling(&red);
 }
 
 criterion_group!(benches, bench);

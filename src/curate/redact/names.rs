@@ -521,9 +521,10 @@ fn cue(before: &[&str], list: &[&[&str]]) -> bool {
 pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<Cand>) {
     let mut keys = WordSet::default();
     // Only person candidates are added below, so the addresses found so far are all there
-    // will be; on a long text they are looked up by start, not found by scanning `out` per
-    // name.
-    let address_starts = (out.len() > SCAN_PERSONS_UP_TO).then(|| {
+    // will be, among the first `found_before` candidates; on a long text they are looked up by
+    // start, not found by scanning `out` (which grows by a person per name) per name.
+    let found_before = out.len();
+    let address_starts = (found_before > SCAN_PERSONS_UP_TO).then(|| {
         let mut starts: Vec<usize> = out
             .iter()
             .filter(|c| c.ty == Some(PiiType::Address))
@@ -536,6 +537,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
         Some(starts) => starts.binary_search(&s).is_ok(),
         None => out
             .iter()
+            .take(found_before)
             .any(|c| c.ty == Some(PiiType::Address) && c.start == s),
     };
     known_names(toks, known, out);
@@ -846,8 +848,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                     .truncatable(toks[first_tok].e),
                 );
                 last_end = Some(e_tok);
-                for &k in &content[p..q] {
-                    let e = &evs[content.iter().position(|&c| c == k).unwrap_or(0)];
+                for (e, &k) in evs[p..q].iter().zip(&content[p..q]) {
                     if toks[k].key_chars >= 3 && !e.common && !e.place {
                         keys.insert(toks[k].key.to_string());
                     }
