@@ -20,7 +20,8 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
         (&*UNIT, C_UNIT),
     ]
 }
-use super::{Cand, PiiType, SpanIndex, chars, prio};
+use super::{Cand, PiiType, chars, prio};
+use crate::curate::SpanIndex;
 
 /// Street-type words that follow the name (US/UK style), folded. Strong ones are rarely
 /// anything but a street.

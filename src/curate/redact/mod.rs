@@ -16,6 +16,7 @@ use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
+use super::merge_rescan;
 use super::secrets::{CharIndex, SecretConfig, SecretScanner};
 
 /// The shipped English vocabulary (folded), shared with the secret filter's identifier check.
@@ -387,16 +388,16 @@ impl Redactor {
                 return (cands, Some(spliced.text));
             }
             let back = |r: usize, is_end: bool| spliced.original(r, is_end);
-            for n in new {
-                let (os, oe) = (back(n.start, false), back(n.end, true));
-                let mut merged = n;
-                merged.start = os;
-                merged.end = oe;
-                merged.min_end = oe;
-                cands.retain(|c| !(c.start < oe && os < c.end));
-                cands.push(merged);
-            }
-            cands.sort_by_key(|c| c.start);
+            let new = new.into_iter().map(|n| {
+                let end = back(n.end, true);
+                Cand {
+                    start: back(n.start, false),
+                    end,
+                    min_end: end,
+                    ..n
+                }
+            });
+            merge_rescan(&mut cands, new.collect(), |c| (c.start, c.end));
         }
         (cands, None)
     }
@@ -482,47 +483,6 @@ fn sentinels_for(text: &str, cands: &[Cand]) -> crate::curate::Spliced {
             .iter()
             .filter_map(|c| c.ty.map(|t| (c.start, c.end, t.sentinel()))),
     )
-}
-
-/// A fixed set of byte spans, possibly overlapping, that answers "does any of them overlap
-/// `s..e`?" in O(log n): sorted by start, with the furthest end reached so far. Asking a
-/// plain list once per token made detection quadratic in the length of a text.
-pub(crate) struct SpanIndex {
-    starts: Vec<usize>,
-    /// `furthest_end[i]`: the largest end among the first `i + 1` spans by start.
-    furthest_end: Vec<usize>,
-}
-
-impl SpanIndex {
-    pub(crate) fn new(mut spans: Vec<(usize, usize)>) -> Self {
-        spans.sort_unstable();
-        let mut furthest = 0;
-        let furthest_end = spans
-            .iter()
-            .map(|&(_, e)| {
-                furthest = furthest.max(e);
-                furthest
-            })
-            .collect();
-        Self {
-            starts: spans.into_iter().map(|(s, _)| s).collect(),
-            furthest_end,
-        }
-    }
-
-    /// Some span `(a, b)` has `a <= s && e <= b`.
-    pub(crate) fn contains(&self, s: usize, e: usize) -> bool {
-        let from_s = self.starts.partition_point(|&a| a <= s);
-        from_s > 0 && self.furthest_end[from_s - 1] >= e
-    }
-
-    /// Some span `(a, b)` has `a < e && s < b`.
-    pub(crate) fn overlaps(&self, s: usize, e: usize) -> bool {
-        // spans starting before `e` form a prefix; one of them overlaps iff its furthest end
-        // passes `s`
-        let before_end = self.starts.partition_point(|&a| a < e);
-        before_end > 0 && self.furthest_end[before_end - 1] > s
-    }
 }
 
 /// From this many kept spans on, [`resolve`] looks overlaps up in an index.
@@ -739,22 +699,6 @@ mod tests {
             let (slow, slow_clean) = resolve_by_scan(&text, v);
             prop_assert_eq!(key(&fast), key(&slow));
             prop_assert_eq!(fast_clean, slow_clean);
-        }
-
-        #[test]
-        fn span_index_answers_as_a_scan_does(
-            spans in prop::collection::vec((0usize..50, 0usize..10), 0..30),
-            queries in prop::collection::vec((0usize..60, 0usize..10), 1..30),
-        ) {
-            let spans: Vec<(usize, usize)> = spans.into_iter().map(|(s, l)| (s, s + l)).collect();
-            let index = SpanIndex::new(spans.clone());
-            for (s, l) in queries {
-                let e = s + l;
-                let scan = spans.iter().any(|&(a, b)| a < e && s < b);
-                prop_assert_eq!(index.overlaps(s, e), scan, "overlaps {}..{}", s, e);
-                let scan = spans.iter().any(|&(a, b)| a <= s && e <= b);
-                prop_assert_eq!(index.contains(s, e), scan, "contains {}..{}", s, e);
-            }
         }
     }
 }

@@ -20,7 +20,8 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
         (&*PERSON_VERBS, C_PERSON_VERB),
     ]
 }
-use super::{Cand, PiiType, SpanIndex, chars, prio};
+use super::{Cand, PiiType, chars, prio};
+use crate::curate::SpanIndex;
 
 /// Honorifics and academic titles that precede a name (folded, without dots).
 static TITLES: LazyLock<StaticSet> = LazyLock::new(|| {
