@@ -972,8 +972,9 @@ impl Persons {
             }
         }
         self.seen = out.len();
+        // (`min(e)`: a reversed question has an empty range, not a panicking one)
         self.by_start
-            .range(s.saturating_sub(self.longest)..e)
+            .range(s.saturating_sub(self.longest).min(e)..e)
             .any(|(_, &end)| end > s)
     }
 }
