@@ -15,7 +15,8 @@ pub(crate) struct Spliced {
 }
 
 impl Spliced {
-    /// Replaces each sorted, non-overlapping byte span of `text` with its sentinel.
+    /// Replaces each sorted, non-overlapping byte span of `text` with its sentinel. Sentinels
+    /// are never empty (`<EMAIL>`, `<SECRET:rule>`): [`Self::original`] relies on it.
     pub fn new<S: AsRef<str>>(
         text: &str,
         spans: impl IntoIterator<Item = (usize, usize, S)>,
