@@ -130,6 +130,73 @@ impl SpanIndex {
     }
 }
 
+/// Spans kept so far by an overlap resolution, pairwise non-overlapping (`a.start < b.end &&
+/// b.start < a.end` holds for no two), asked for the first one a new span overlaps. A few are
+/// scanned; from [`KeptSpans::INDEX_FROM`] on they are indexed, since scanning all of them per
+/// candidate made a text with 150,000 findings take 14 s. Non-empty ones have distinct starts and
+/// ends in the same order, so the first one overlapping is found next to the new span's start;
+/// empty ones (an empty capture) overlap what strictly contains their position and are apart.
+#[derive(Default)]
+pub(crate) struct KeptSpans {
+    /// All of them while fewer than `INDEX_FROM` (the first `few_len`; inline, so a short
+    /// record's resolution allocates nothing more); then none.
+    few: [(usize, usize); KeptSpans::INDEX_FROM - 1],
+    few_len: usize,
+    /// Non-empty ones, start -> end (once indexed).
+    spans: std::collections::BTreeMap<usize, usize>,
+    /// Positions of empty ones (once indexed).
+    empty: std::collections::BTreeSet<usize>,
+}
+
+impl KeptSpans {
+    /// Below this many a scan is faster than any index.
+    const INDEX_FROM: usize = 16;
+
+    pub(crate) fn insert(&mut self, start: usize, end: usize) {
+        if self.spans.is_empty() && self.empty.is_empty() && self.few_len < self.few.len() {
+            self.few[self.few_len] = (start, end);
+            self.few_len += 1;
+            return;
+        }
+        let few = std::mem::take(&mut self.few_len);
+        for &(s, e) in self.few[..few].iter().chain([&(start, end)]) {
+            if s < e {
+                self.spans.insert(s, e);
+            } else {
+                self.empty.insert(s);
+            }
+        }
+    }
+
+    /// The smallest start among kept spans `k` with `k.start < end && start < k.end`.
+    pub(crate) fn first_overlap(&self, start: usize, end: usize) -> Option<usize> {
+        if self.few_len > 0 {
+            return self.few[..self.few_len]
+                .iter()
+                .filter(|&&(s, e)| s < end && start < e)
+                .map(|&(s, _)| s)
+                .min();
+        }
+        // The non-empty span with the smallest end past `start` is the last one starting at or
+        // before `start`, if it reaches past `start`, else the first one after it.
+        let non_empty = match self.spans.range(..=start).next_back() {
+            Some((&s, &e)) if e > start => Some(s),
+            _ => self
+                .spans
+                .range((std::ops::Bound::Excluded(start), std::ops::Bound::Unbounded))
+                .next()
+                .map(|(&s, _)| s),
+        }
+        .filter(|&s| s < end);
+        let empty = if start + 1 < end {
+            self.empty.range(start + 1..end).next().copied()
+        } else {
+            None
+        };
+        non_empty.into_iter().chain(empty).min()
+    }
+}
+
 /// Merges what a re-scan of redacted text found (sorted by start, and mapped back to the
 /// original text, which keeps that order) into `found`, as replacing, one new span at a time in
 /// order, everything it overlaps would: a found span stays unless some new one overlaps it, and
@@ -243,6 +310,25 @@ mod tests {
             let mut slow = found;
             merge_one_by_one(&mut slow, new);
             prop_assert_eq!(fast, slow);
+        }
+
+        /// Spans offered in random order, kept when they overlap nothing kept: past
+        /// `INDEX_FROM` of them too, empty ones included.
+        #[test]
+        fn kept_spans_answer_as_a_scan_does(
+            offered in prop::collection::vec((0usize..600, 0usize..8), 0..200),
+        ) {
+            let mut kept = KeptSpans::default();
+            let mut scan: Vec<(usize, usize)> = Vec::new();
+            for (s, l) in offered {
+                let e = s + l;
+                let want = scan.iter().filter(|&&(a, b)| a < e && s < b).map(|&(a, _)| a).min();
+                prop_assert_eq!(kept.first_overlap(s, e), want, "{}..{}", s, e);
+                if want.is_none() {
+                    kept.insert(s, e);
+                    scan.push((s, e));
+                }
+            }
         }
 
         #[test]

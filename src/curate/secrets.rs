@@ -13,7 +13,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use super::{SpanIndex, merge_rescan};
+use super::{KeptSpans, SpanIndex, merge_rescan};
 
 /// What to do with a sample that holds a secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -1251,71 +1251,15 @@ fn resolve(mut v: Vec<RawFinding>) -> Vec<RawFinding> {
             .then(a.start.cmp(&b.start))
     });
     let mut kept: Vec<RawFinding> = Vec::with_capacity(v.len());
-    let mut index = KeptIndex::default();
+    let mut taken = KeptSpans::default();
     for f in v {
-        let overlaps = if kept.len() < INDEX_KEPT_FROM {
-            kept.iter().any(|k| k.start < f.end && f.start < k.end)
-        } else {
-            if index.is_empty() {
-                kept.iter().for_each(|k| index.insert(k.start, k.end));
-            }
-            index.overlaps(f.start, f.end)
-        };
-        if !overlaps {
-            if !index.is_empty() {
-                index.insert(f.start, f.end);
-            }
+        if taken.first_overlap(f.start, f.end).is_none() {
+            taken.insert(f.start, f.end);
             kept.push(f);
         }
     }
     kept.sort_by_key(|f| f.start);
     kept
-}
-
-/// From this many kept findings on, [`resolve`] asks a [`KeptIndex`] instead of scanning
-/// them all (which made a text with 150,000 findings take 14 s).
-const INDEX_KEPT_FROM: usize = 32;
-
-/// Kept findings, pairwise non-overlapping (`a.start < b.end && b.start < a.end` holds for
-/// no two), so non-empty ones have distinct starts and ends in the same order, and the only
-/// one that can overlap a new span is found next to its start. Empty ones (an empty capture)
-/// overlap what strictly contains their position and are kept apart.
-#[derive(Default)]
-struct KeptIndex {
-    /// Non-empty findings, start -> end.
-    spans: std::collections::BTreeMap<usize, usize>,
-    /// Positions of empty findings.
-    empty: std::collections::BTreeSet<usize>,
-}
-
-impl KeptIndex {
-    fn is_empty(&self) -> bool {
-        self.spans.is_empty() && self.empty.is_empty()
-    }
-
-    fn insert(&mut self, start: usize, end: usize) {
-        if start < end {
-            self.spans.insert(start, end);
-        } else {
-            self.empty.insert(start);
-        }
-    }
-
-    /// Some kept `k` has `k.start < end && start < k.end`.
-    fn overlaps(&self, start: usize, end: usize) -> bool {
-        // The non-empty kept span with the smallest end past `start` is the last one starting
-        // at or before `start`, if it reaches past `start`, else the first one after it.
-        let first_past = match self.spans.range(..=start).next_back() {
-            Some((&s, &e)) if e > start => Some(s),
-            _ => self
-                .spans
-                .range((std::ops::Bound::Excluded(start), std::ops::Bound::Unbounded))
-                .next()
-                .map(|(&s, _)| s),
-        };
-        first_past.is_some_and(|s| s < end)
-            || start + 1 < end && self.empty.range(start + 1..end).next().is_some()
-    }
 }
 
 /// Maps byte offsets to code-point offsets; free for ASCII text.

@@ -11,13 +11,13 @@ mod lexicon;
 mod names;
 mod structured;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
-use super::merge_rescan;
 use super::secrets::{CharIndex, SecretConfig, SecretScanner};
+use super::{KeptSpans, merge_rescan};
 
 /// The shipped English vocabulary (folded), shared with the secret filter's identifier check.
 pub(crate) fn english_words() -> &'static lexicon::WordSet {
@@ -485,9 +485,6 @@ fn sentinels_for(text: &str, cands: &[Cand]) -> crate::curate::Spliced {
     )
 }
 
-/// From this many kept spans on, [`resolve`] looks overlaps up in an index.
-const INDEX_KEPT_FROM: usize = 32;
-
 /// Greedy overlap resolution: priority, then length, then position.
 fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
     let mut clean = true;
@@ -498,11 +495,7 @@ fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
             .then(a.start.cmp(&b.start))
     });
     let mut kept: Vec<Cand> = Vec::with_capacity(v.len());
-    // Kept spans, start -> end, once there are INDEX_KEPT_FROM of them (fewer are scanned
-    // faster). They are non-empty and pairwise disjoint, so the first one overlapping a
-    // candidate is found next to the candidate's start in O(log n); scanning all of them per
-    // candidate made a 1.4 MB paste take over a second.
-    let mut taken: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut taken = KeptSpans::default();
     for mut c in v {
         if c.end <= c.start {
             continue;
@@ -510,24 +503,7 @@ fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
         // A stronger span cutting into the tail of a truncatable one shortens it (so a second
         // pass over the redacted text finds nothing new). The cut is the start of the first
         // kept span overlapping this one.
-        let cut = if kept.len() < INDEX_KEPT_FROM {
-            kept.iter()
-                .filter(|k| k.start < c.end && c.start < k.end)
-                .map(|k| k.start)
-                .min()
-        } else {
-            if taken.is_empty() {
-                taken.extend(kept.iter().map(|k| (k.start, k.end)));
-            }
-            match taken.range(..c.start).next_back() {
-                Some((&s, &e)) if e > c.start => Some(s),
-                _ => taken
-                    .range(c.start..)
-                    .next()
-                    .map(|(&s, _)| s)
-                    .filter(|&s| s < c.end),
-            }
-        };
+        let cut = taken.first_overlap(c.start, c.end);
         if let Some(cut) = cut {
             if c.ty.is_some() {
                 clean = false;
@@ -548,9 +524,7 @@ fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
                 continue;
             }
         }
-        if !taken.is_empty() {
-            taken.insert(c.start, c.end);
-        }
+        taken.insert(c.start, c.end);
         kept.push(c);
     }
     kept.retain(|c| c.ty.is_some());
