@@ -477,6 +477,8 @@ const PLACEHOLDERS: &[&str] = &[
 pub struct SecretScanner {
     config: SecretConfig,
     enabled: Vec<bool>,
+    /// How many entries of `enabled` are true (the keyword scan stops once all have hit).
+    enabled_rules: usize,
     allow: Vec<Regex>,
 }
 
@@ -522,6 +524,7 @@ impl SecretScanner {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             config,
+            enabled_rules: enabled.iter().filter(|e| **e).count(),
             enabled,
             allow,
         })
@@ -620,24 +623,28 @@ impl SecretScanner {
             return out;
         }
         let c = &*COMPILED;
-        let mut hit = [false; RULES.len()];
-        let mut left = self.enabled.iter().filter(|e| **e).count();
+        // bit per rule whose keyword occurs (in rule order, as findings are pushed)
+        const _: () = assert!(RULES.len() <= 64);
+        let mut hit = 0u64;
+        let mut left = self.enabled_rules;
         let b = text.as_bytes();
         for m in c.ac.find_overlapping_iter(text) {
             let r = c.kw_rule[m.pattern().as_usize()];
-            if !hit[r] && self.enabled[r] && keyword_case_ok(RULES[r].name, &b[m.start()..m.end()])
+            if hit & 1 << r == 0
+                && self.enabled[r]
+                && keyword_case_ok(RULES[r].name, &b[m.start()..m.end()])
             {
-                hit[r] = true;
+                hit |= 1 << r;
                 left -= 1;
                 if left == 0 {
                     break;
                 }
             }
         }
-        for (i, rule) in RULES.iter().enumerate() {
-            if !hit[i] {
-                continue;
-            }
+        while hit != 0 {
+            let i = hit.trailing_zeros() as usize;
+            hit &= hit - 1;
+            let rule = &RULES[i];
             // Bytes every match of the rule contains: a cheap no before the regex (the
             // assignment rule's lazy DFA is large and costly to warm on short records).
             let lacks_required_byte = match rule.check {

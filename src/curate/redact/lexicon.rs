@@ -46,8 +46,10 @@ impl Hasher for FxHasher {
 
 /// Fast string set used for all gazetteers.
 pub(crate) type WordSet = HashSet<String, BuildHasherDefault<FxHasher>>;
+/// Fast set of borrowed words.
+pub(crate) type StrSet<'a> = HashSet<&'a str, BuildHasherDefault<FxHasher>>;
 /// Fast set of static words (titles, street types …).
-pub(crate) type StaticSet = HashSet<&'static str, BuildHasherDefault<FxHasher>>;
+pub(crate) type StaticSet = StrSet<'static>;
 
 /// Builds a [`StaticSet`] from whitespace-separated words.
 pub(crate) fn static_set(words: &'static str) -> StaticSet {

@@ -356,6 +356,13 @@ impl Redactor {
     /// Redacts: each span becomes its type's sentinel.
     pub fn redact(&self, text: &str) -> Redaction {
         let (cands, redacted) = self.find_bytes_and_text(text);
+        if cands.is_empty() {
+            // most chat messages: nothing to splice, no offsets to convert
+            return Redaction {
+                spans: Vec::new(),
+                text: text.to_owned(),
+            };
+        }
         Redaction {
             spans: spans_of(text, &cands),
             text: redacted.unwrap_or_else(|| sentinels_for(text, &cands).text),

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use super::lexicon::{
     C_ORG, C_PERSON_VERB, C_TITLE, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, Kind, LEX, StaticSet,
-    Tok, WordSet, fold, static_set as set,
+    StrSet, Tok, fold, static_set as set,
 };
 
 /// The word lists that become class bits on tokens.
@@ -520,7 +520,11 @@ fn cue(before: &[&str], list: &[&[&str]]) -> bool {
 
 /// Finds person names.
 pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<Cand>) {
-    let mut keys = WordSet::default();
+    // keys of words accepted as names, borrowed from the tokens
+    let mut keys = StrSet::default();
+    // per capitalised run, reused: its content tokens and their evidence
+    let mut content: Vec<usize> = Vec::new();
+    let mut evs: Vec<Ev> = Vec::new();
     // Only person candidates are added below, so the addresses found so far are all there
     // will be, among the first `found_before` candidates; on a long text they are looked up by
     // start, not found by scanning `out` (which grows by a person per name) per name.
@@ -593,7 +597,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             }
         }
         let j_after_titles = j;
-        let mut content: Vec<usize> = Vec::new();
+        content.clear();
         let mut particle_lead = is_particle(t);
         while j < n {
             let w = &toks[j];
@@ -636,7 +640,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             continue;
         }
         // ---- split the run at blockers (common words, places) and score each piece
-        let mut evs: Vec<Ev> = content.iter().map(|&k| evidence(&toks[k])).collect();
+        evs.clear();
+        evs.extend(content.iter().map(|&k| evidence(&toks[k])));
         for k in 1..evs.len() {
             let prev_given = evs[k - 1].first && !evs[k - 1].common && !evs[k - 1].place;
             // only initials (`L`, `D.`) between
@@ -851,7 +856,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 last_end = Some(e_tok);
                 for (e, &k) in evs[p..q].iter().zip(&content[p..q]) {
                     if toks[k].key_chars >= 3 && !e.common && !e.place {
-                        keys.insert(toks[k].key.to_string());
+                        keys.insert(toks[k].key.as_ref());
                     }
                 }
             }
