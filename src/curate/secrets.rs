@@ -364,6 +364,16 @@ const RULES: &[RuleDef] = &[
     },
 ];
 
+/// Every rule's keywords with the rule's index (bits of [`SecretScanner::scan_selected`]'s
+/// `rule_hits`), for a caller that searches them along with keywords of its own.
+pub(crate) fn rule_keywords() -> impl Iterator<Item = (usize, &'static str)> {
+    const _: () = assert!(RULES.len() <= 64, "rule hits are a u64 bit set");
+    RULES
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| r.keywords.iter().map(move |k| (i, *k)))
+}
+
 /// Keywords are found case-insensitively; rules whose pattern is case-sensitive and contains
 /// the keyword literally need it in that case, so that `ask`/`desk` do not wake the Twilio
 /// rule (`SK…`). Exact: every match of these patterns contains the keyword in this case.
@@ -618,22 +628,18 @@ impl SecretScanner {
     /// One scan without the re-scan: for callers that re-scan their own redacted text (the
     /// PII redactor splices its sentinels and scans again until nothing new turns up).
     pub(crate) fn scan_once(&self, text: &str) -> Vec<RawFinding> {
-        let mut out = Vec::new();
-        if text.len() < 8 {
-            return out;
-        }
+        self.scan_selected(text, || self.keyword_hits(text))
+    }
+
+    /// Bit per rule (by index) whose keyword occurs in `text` and selects it.
+    pub(crate) fn keyword_hits(&self, text: &str) -> u64 {
         let c = &*COMPILED;
-        // bit per rule whose keyword occurs (in rule order, as findings are pushed)
-        const _: () = assert!(RULES.len() <= 64);
         let mut hit = 0u64;
         let mut left = self.enabled_rules;
         let b = text.as_bytes();
         for m in c.ac.find_overlapping_iter(text) {
             let r = c.kw_rule[m.pattern().as_usize()];
-            if hit & 1 << r == 0
-                && self.enabled[r]
-                && keyword_case_ok(RULES[r].name, &b[m.start()..m.end()])
-            {
+            if hit & 1 << r == 0 && self.keyword_selects(r, &b[m.start()..m.end()]) {
                 hit |= 1 << r;
                 left -= 1;
                 if left == 0 {
@@ -641,6 +647,34 @@ impl SecretScanner {
                 }
             }
         }
+        hit
+    }
+
+    /// Whether an occurrence `matched` of one of rule `rule`'s keywords selects the rule.
+    pub(crate) fn keyword_selects(&self, rule: usize, matched: &[u8]) -> bool {
+        self.enabled[rule] && keyword_case_ok(RULES[rule].name, matched)
+    }
+
+    /// How many rules are enabled (a keyword scan may stop once all are selected).
+    pub(crate) fn enabled_rules(&self) -> usize {
+        self.enabled_rules
+    }
+
+    /// [`Self::scan_once`] with the rules to run given as a bit per rule index: `rule_hits`
+    /// is asked only for a text long enough to hold a secret.
+    pub(crate) fn scan_selected(
+        &self,
+        text: &str,
+        rule_hits: impl FnOnce() -> u64,
+    ) -> Vec<RawFinding> {
+        let mut out = Vec::new();
+        if text.len() < 8 {
+            return out;
+        }
+        let c = &*COMPILED;
+        // bit per rule whose keyword occurs (in rule order, as findings are pushed)
+        let mut hit = rule_hits();
+        let b = text.as_bytes();
         while hit != 0 {
             let i = hit.trailing_zeros() as usize;
             hit &= hit - 1;

@@ -13,6 +13,9 @@ mod structured;
 
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
+use std::sync::LazyLock;
+
+use aho_corasick::{AhoCorasick, MatchKind};
 
 use serde::{Deserialize, Serialize};
 
@@ -298,6 +301,55 @@ pub(crate) mod prio {
     pub const PERSON: u8 = 40;
 }
 
+/// Keywords found in a text: secret rules selected (bit per rule index) and structured
+/// detector groups woken ([`structured::KEYWORD_GROUPS`] bits).
+#[derive(Clone, Copy)]
+struct KeywordHits {
+    secret_rules: u64,
+    groups: u8,
+}
+
+/// Whose keyword a pattern of [`KEYWORDS`] is.
+#[derive(Clone, Copy)]
+enum KeywordOwner {
+    /// A secret rule, by index.
+    SecretRule(usize),
+    /// A structured detector group bit.
+    Group(u8),
+}
+
+/// The secret rules' keywords and the structured detectors' context keywords in one
+/// ASCII-case-insensitive automaton, searched with overlaps (every occurrence of every
+/// keyword): each pass walks the text once for both instead of twice.
+struct KeywordAutomaton {
+    ac: AhoCorasick,
+    owner: Vec<KeywordOwner>,
+}
+
+static KEYWORDS: LazyLock<KeywordAutomaton> = LazyLock::new(|| {
+    let mut patterns = Vec::new();
+    let mut owner = Vec::new();
+    for (rule, k) in super::secrets::rule_keywords() {
+        patterns.push(k);
+        owner.push(KeywordOwner::SecretRule(rule));
+    }
+    for (group, ks) in structured::KEYWORD_GROUPS {
+        for k in *ks {
+            patterns.push(k);
+            owner.push(KeywordOwner::Group(*group));
+        }
+    }
+    KeywordAutomaton {
+        ac: AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::Standard)
+            .build(&patterns)
+            // constant short literals: building cannot fail
+            .expect("constant keyword automaton"),
+        owner,
+    }
+});
+
 /// The redactor. Build once, share across threads.
 pub struct Redactor {
     config: RedactConfig,
@@ -409,6 +461,34 @@ impl Redactor {
         (cands, None)
     }
 
+    /// Which keywords of [`KEYWORDS`] occur in `text`: one overlapping automaton walk, stopped
+    /// once every secret rule and every structured group has been seen.
+    fn keyword_hits(&self, text: &str) -> KeywordHits {
+        let b = text.as_bytes();
+        let mut hits = KeywordHits {
+            secret_rules: 0,
+            groups: 0,
+        };
+        let mut rules_left = self.secrets.enabled_rules();
+        for m in KEYWORDS.ac.find_overlapping_iter(b) {
+            match KEYWORDS.owner[m.pattern().as_usize()] {
+                KeywordOwner::SecretRule(r) => {
+                    if hits.secret_rules & 1 << r == 0
+                        && self.secrets.keyword_selects(r, &b[m.start()..m.end()])
+                    {
+                        hits.secret_rules |= 1 << r;
+                        rules_left -= 1;
+                    }
+                }
+                KeywordOwner::Group(g) => hits.groups |= g,
+            }
+            if rules_left == 0 && hits.groups == structured::ALL_KEYWORD_GROUPS {
+                break;
+            }
+        }
+        hits
+    }
+
     /// One detection pass: candidates after filtering and overlap resolution, and whether no
     /// typed candidate lost (or was cut by) an overlap.
     fn pass(&self, text: &str) -> (Vec<Cand>, bool) {
@@ -421,10 +501,17 @@ impl Redactor {
             user_name_only: self.config.file_path_mode == FilePathMode::UserNameOnly,
             url_credentials: self.config.url_credentials,
         };
-        structured::detect(text, &ctx, &mut cands);
+        // One keyword walk serves both the structured detectors' context gates and the
+        // secret filter's rule selection, whichever asks first.
+        let keywords = std::cell::OnceCell::new();
+        let keyword_hits = || *keywords.get_or_init(|| self.keyword_hits(text));
+        structured::detect(text, &ctx, || keyword_hits().groups, &mut cands);
         if self.on(PiiType::ApiKey) {
             // the redactor's own re-scan (see `find_bytes`) closes secrets too
-            for f in self.secrets.scan_once(text) {
+            for f in self
+                .secrets
+                .scan_selected(text, || keyword_hits().secret_rules)
+            {
                 // A URL password is reported as URL credentials by the structured pass.
                 if f.rule == "url-password" {
                     continue;
@@ -681,5 +768,44 @@ mod tests {
             prop_assert_eq!(key(&fast), key(&slow));
             prop_assert_eq!(fast_clean, slow_clean);
         }
+
+        /// The shared keyword walk (stopping early) selects the same secret rules as the
+        /// secret filter's own automaton and wakes exactly the structured groups one of whose
+        /// keywords occurs (case-insensitively), with some secret rules disabled or none.
+        #[test]
+        fn one_keyword_walk_answers_both_gates(
+            parts in prop::collection::vec(prop::sample::select(KEYWORD_PARTS), 0..24),
+            disabled in prop::collection::vec(prop::sample::select(DISABLED), 0..3),
+        ) {
+            let text: String = parts.concat();
+            let secrets = SecretConfig {
+                disabled_rules: disabled.iter().map(|d| d.to_string()).collect(),
+                ..SecretConfig::default()
+            };
+            let red = Redactor { secrets: SecretScanner::new(secrets).unwrap(), ..Redactor::new(RedactConfig::default()) };
+            let hits = red.keyword_hits(&text);
+            prop_assert_eq!(hits.secret_rules, red.secrets.keyword_hits(&text));
+            let lower = text.to_ascii_lowercase();
+            let groups = structured::KEYWORD_GROUPS
+                .iter()
+                .filter(|(_, ks)| ks.iter().any(|k| lower.contains(&k.to_ascii_lowercase())))
+                .fold(0, |m, (g, _)| m | g);
+            prop_assert_eq!(hits.groups, groups);
+        }
     }
+
+    /// Fragments that build texts full of (partial, overlapping, differently cased) keywords.
+    const KEYWORD_PARTS: &[&str] = &[
+        "pass", "word", "PASS", "token", "sk", "SK", "-ant-", "key", "KEY", "aws", "AKIA", "born",
+        "BIRTH", "dob", "passport", "nie", "wallet", "btc", "/home/", "/Users/", "gh", "p_", "xox",
+        "b-", " ", "=", ":", "né le", "Né Le", "eyJ", "hf_", "://", "a", "1",
+    ];
+
+    /// Secret rules a test may disable.
+    const DISABLED: &[&str] = &[
+        "twilio-api-key",
+        "secret-assignment",
+        "aws-access-key-id",
+        "jwt",
+    ];
 }

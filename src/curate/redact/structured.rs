@@ -186,102 +186,76 @@ fn stats(b: &[u8]) -> Stats {
     st
 }
 
-/// Case-insensitive context keywords that gate detectors needing them (birth dates, id
-/// numbers, legacy wallets); one automaton pass instead of several substring searches.
-struct KwGate {
-    ac: aho_corasick::AhoCorasick,
-    /// pattern index -> group
-    group: Vec<u8>,
-}
+/// Bits of the detector groups that case-insensitive context keywords wake (birth dates, id
+/// numbers, legacy wallets, home paths).
+pub(crate) const KW_DOB: u8 = 1;
+pub(crate) const KW_ID: u8 = 2;
+pub(crate) const KW_B58: u8 = 4;
+pub(crate) const KW_HOME: u8 = 8;
+/// Every group: a keyword scan may stop once it has seen them all.
+pub(crate) const ALL_KEYWORD_GROUPS: u8 = KW_DOB | KW_ID | KW_B58 | KW_HOME;
 
-const KW_DOB: u8 = 1;
-const KW_ID: u8 = 2;
-const KW_B58: u8 = 4;
-const KW_HOME: u8 = 8;
+/// Context keywords by group. The redactor searches them in the same automaton pass as the
+/// secret filter's rule keywords (one walk over the text instead of two).
+pub(crate) const KEYWORD_GROUPS: &[(u8, &[&str])] = &[
+    (
+        KW_DOB,
+        &[
+            "born",
+            "birth",
+            "dob",
+            "d.o.b",
+            "geboren",
+            "n\u{e9} le",
+            "n\u{e9}e le",
+            "nacimiento",
+        ],
+    ),
+    (
+        KW_ID,
+        &[
+            "passport",
+            "driver",
+            "driving",
+            "licence",
+            "license",
+            "national id",
+            "id card",
+            "identity card",
+            "personalausweis",
+            "id number",
+            "tax id",
+            "nin",
+            "dni",
+            "nie",
+            "codice fiscale",
+            "steuer-id",
+        ],
+    ),
+    (KW_B58, &["btc", "bitcoin", "wallet"]),
+    (
+        KW_HOME,
+        &[
+            "/home/",
+            "/users/",
+            ":\\users\\",
+            ":\\documents and settings\\",
+        ],
+    ),
+];
 
-static KW: LazyLock<KwGate> = LazyLock::new(|| {
-    let groups: &[(u8, &[&str])] = &[
-        (
-            KW_DOB,
-            &[
-                "born",
-                "birth",
-                "dob",
-                "d.o.b",
-                "geboren",
-                "n\u{e9} le",
-                "n\u{e9}e le",
-                "nacimiento",
-            ],
-        ),
-        (
-            KW_ID,
-            &[
-                "passport",
-                "driver",
-                "driving",
-                "licence",
-                "license",
-                "national id",
-                "id card",
-                "identity card",
-                "personalausweis",
-                "id number",
-                "tax id",
-                "nin",
-                "dni",
-                "nie",
-                "codice fiscale",
-                "steuer-id",
-            ],
-        ),
-        (KW_B58, &["btc", "bitcoin", "wallet"]),
-        (
-            KW_HOME,
-            &[
-                "/home/",
-                "/users/",
-                ":\\users\\",
-                ":\\documents and settings\\",
-            ],
-        ),
-    ];
-    let mut pats = Vec::new();
-    let mut group = Vec::new();
-    for (g, ws) in groups {
-        for w in *ws {
-            pats.push(*w);
-            group.push(*g);
-        }
-    }
-    KwGate {
-        ac: aho_corasick::AhoCorasick::builder()
-            .ascii_case_insensitive(true)
-            .build(&pats)
-            // constant literals: cannot fail
-            .expect("constant keyword automaton"),
-        group,
-    }
-});
-
-fn kw_groups(b: &[u8]) -> u8 {
-    let g = &*KW;
-    let mut m = 0u8;
-    for h in g.ac.find_overlapping_iter(b) {
-        m |= g.group[h.pattern().as_usize()];
-        if m == KW_DOB | KW_ID | KW_B58 | KW_HOME {
-            break;
-        }
-    }
-    m
-}
-
-/// Runs every structured detector.
-pub(crate) fn detect(text: &str, ctx: &Ctx, out: &mut Vec<Cand>) {
+/// Runs every structured detector. `keyword_groups` gives the [`KEYWORD_GROUPS`] bits whose
+/// keywords occur in `text`; it is asked only when a gated detector could match at all.
+pub(crate) fn detect(
+    text: &str,
+    ctx: &Ctx,
+    keyword_groups: impl FnOnce() -> u8,
+    out: &mut Vec<Cand>,
+) {
     let b = text.as_bytes();
     let st = stats(b);
     let kw = if st.slash || st.digits > 0 {
-        kw_groups(b)
+        keyword_groups()
     } else {
         0
     };
