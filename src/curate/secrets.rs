@@ -910,6 +910,10 @@ impl SecretScanner {
             while i < n && is_tok_byte(b[i]) {
                 i += 1;
             }
+            if i - s < min {
+                // too short even with its padding (most words)
+                continue;
+            }
             let mut e = i;
             while e > s && b[e - 1] == b'=' {
                 e -= 1;
