@@ -35,6 +35,11 @@ impl Spliced {
         Spliced { text: out, map }
     }
 
+    /// Per sentinel, in order: (start, end) in `text`, (start, end) in the original.
+    pub fn sentinels(&self) -> &[(usize, usize, usize, usize)] {
+        &self.map
+    }
+
     /// The original offset of `r` (an offset in `text`); an offset inside a sentinel maps to that span's
     /// start (`is_end` false) or end (`is_end` true).
     ///

@@ -4,6 +4,9 @@
 
 use compact_str::CompactString;
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
+
+use crate::curate::Spliced;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::LazyLock;
 
@@ -215,6 +218,22 @@ static ASCII_CLASS: [u8; 256] = {
 pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
     // about one token per three bytes in chat text (words, spaces, punctuation)
     let mut toks = Vec::with_capacity(text.len() / 3 + 4);
+    scan_tokens(text, 0, |t| {
+        toks.push(t);
+        ControlFlow::Continue(())
+    });
+    mark_sentinels(text, &mut toks);
+    toks
+}
+
+/// Tokenizes `text` from byte `from`, which must be 0 or the end of a token (whitespace read
+/// before a token is its `sp_before`/`nl_before`), handing each token to `emit` until it
+/// breaks. Returns whether it broke.
+fn scan_tokens<'a>(
+    text: &'a str,
+    from: usize,
+    mut emit: impl FnMut(Tok<'a>) -> ControlFlow<()>,
+) -> bool {
     let b = text.as_bytes();
     let n = b.len();
     // ASCII bytes are decoded directly; only non-ASCII chars go through UTF-8 decoding
@@ -227,7 +246,7 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
     };
     let mut nl = false;
     let mut sp = false;
-    let mut pos = 0;
+    let mut pos = from;
     while pos < n {
         let i = pos;
         let c = char_at(i);
@@ -296,7 +315,7 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
             } else {
                 Key::of(word)
             };
-            toks.push(Tok {
+            let tok = Tok {
                 s: i,
                 e,
                 kind,
@@ -312,9 +331,12 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
                 },
                 key,
                 sentinel: false,
-            });
+            };
+            if emit(tok).is_break() {
+                return true;
+            }
         } else {
-            toks.push(Tok {
+            let tok = Tok {
                 s: i,
                 e: pos,
                 kind: Kind::Punct,
@@ -326,12 +348,101 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
                 key_chars: 0,
                 sentinel: false,
                 cls: 0,
-            });
+            };
+            if emit(tok).is_break() {
+                return true;
+            }
         }
         nl = false;
         sp = false;
     }
-    // Mark `<LABEL>` and `<SECRET:rule>` sentinels so re-redaction leaves them alone.
+    false
+}
+
+/// The tokens of `spliced.text`, given `toks`, the tokens of the text it was spliced from.
+/// A token whose bytes and the whitespace before it lie outside every replaced span is the
+/// same token in both texts, only shifted, and is copied; the tokenizer runs only from the
+/// last such token before each sentinel until its tokens line up with the original's again.
+/// Equals `tokenize(&spliced.text)` (proptest below) for less work in the redactor's re-scan.
+///
+/// The tokenizer also reads past a token's end (a joiner, then `s` and one more char for a
+/// possessive), possibly into a replaced span, but a sentinel starts with `<`: neither a
+/// letter, digit, joiner nor space. Where the original had a letter or digit there, the token
+/// went on into the span, so it is not copied; where it had anything else, the token ended
+/// exactly as it does before `<`.
+pub(crate) fn retokenize<'a>(toks: &[Tok<'a>], spliced: &'a Spliced) -> Vec<Tok<'a>> {
+    let text = spliced.text.as_str();
+    let map = spliced.sentinels();
+    let mut out: Vec<Tok<'a>> = Vec::with_capacity(toks.len() + 4 * map.len());
+    let prev_end = |k: usize| if k == 0 { 0 } else { toks[k - 1].e };
+    // replaced spans ending at or before the region under test are passed for good
+    let mut span = 0;
+    let mut clean = |k: usize| {
+        let from = prev_end(k);
+        while span < map.len() && map[span].3 <= from {
+            span += 1;
+        }
+        span == map.len() || map[span].2 >= toks[k].e
+    };
+    debug_assert!(map.iter().all(|m| text.as_bytes()[m.0] == b'<'));
+    // next original token to copy, end of the last token out, and the shift between them
+    let mut k = 0;
+    let mut cursor = 0;
+    let mut shift: isize = 0;
+    // sentinels wholly before the last token out's end
+    let mut passed = 0;
+    loop {
+        while k < toks.len() && prev_end(k) as isize + shift == cursor as isize && clean(k) {
+            let t = &toks[k];
+            out.push(Tok {
+                s: (t.s as isize + shift) as usize,
+                e: (t.e as isize + shift) as usize,
+                sentinel: false,
+                ..t.clone()
+            });
+            cursor = out.last().map_or(0, |t| t.e);
+            k += 1;
+        }
+        let mut resync = None;
+        let broke = scan_tokens(text, cursor, |t| {
+            let end = t.e;
+            out.push(t);
+            while passed < map.len() && map[passed].1 <= end {
+                passed += 1;
+            }
+            // inside a sentinel: nothing in the original lines up here
+            if passed < map.len() && map[passed].0 < end {
+                return ControlFlow::Continue(());
+            }
+            let shift_here = passed
+                .checked_sub(1)
+                .map_or(0, |p| map[p].1 as isize - map[p].3 as isize);
+            let original_end = (end as isize - shift_here) as usize;
+            // an original token ends here too, and the next one is unaffected: copy from it
+            match toks.binary_search_by_key(&original_end, |t| t.e) {
+                Ok(j) if j + 1 < toks.len() && clean(j + 1) => {
+                    resync = Some((j + 1, shift_here));
+                    ControlFlow::Break(())
+                }
+                _ => ControlFlow::Continue(()),
+            }
+        });
+        cursor = out.last().map_or(0, |t| t.e);
+        match resync {
+            Some((next, s)) if broke => {
+                k = next;
+                shift = s;
+            }
+            _ => break,
+        }
+    }
+    mark_sentinels(text, &mut out);
+    out
+}
+
+/// Marks `<LABEL>` and `<SECRET:rule>` sentinels so re-redaction leaves them alone.
+fn mark_sentinels(text: &str, toks: &mut [Tok]) {
+    let b = text.as_bytes();
     for i in 0..toks.len() {
         if b[toks[i].s] == b'<' {
             let mut j = i + 1;
@@ -346,7 +457,6 @@ pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {
             }
         }
     }
-    toks
 }
 
 /// Lower-cases and strips common Latin diacritics so `Jürgen` matches `jurgen`.
@@ -674,5 +784,92 @@ mod tests {
         assert!(toks[1].sentinel && toks[2].sentinel && toks[3].sentinel);
         assert_eq!(toks[5].text(t), "Kurt-Schumacher-Str");
         assert_eq!(toks[7].text(t), "5/8");
+    }
+
+    /// Everything a token holds, comparable.
+    type Fields = (usize, usize, Kind, [bool; 5], String, usize, u32);
+
+    fn fields(toks: &[Tok]) -> Vec<Fields> {
+        toks.iter()
+            .map(|t| {
+                let flags = [t.cap, t.all_caps, t.nl_before, t.sp_before, t.sentinel];
+                (
+                    t.s,
+                    t.e,
+                    t.kind,
+                    flags,
+                    t.key.to_string(),
+                    t.key_chars,
+                    t.cls,
+                )
+            })
+            .collect()
+    }
+
+    /// Text pieces that exercise every tokenizer rule near a splice: joiners, possessives
+    /// (and the pronouns that are not), sentinel-like brackets, line breaks, non-ASCII.
+    const PIECES: &[&str] = &[
+        "Ann",
+        "ann",
+        "'s",
+        "’s",
+        "'",
+        "’",
+        "s",
+        "-",
+        "/",
+        "x",
+        " ",
+        "  ",
+        "\n",
+        "\r\n",
+        "\t",
+        "<",
+        ">",
+        "<PERSON>",
+        "EMAIL",
+        "It",
+        "it",
+        "12",
+        "3a",
+        ".",
+        ",",
+        "Jürgen",
+        "Αθήνα",
+        "é",
+        "_",
+        ":",
+        "SECRET:",
+        "Müller's",
+        "O'Brien",
+        "a-b",
+        "5/8",
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn retokenize_equals_tokenizing_the_spliced_text(
+            pieces in proptest::collection::vec(proptest::sample::select(PIECES), 0..40),
+            cuts in proptest::collection::vec((0usize..200, 1usize..12, 0usize..4), 0..6),
+        ) {
+            let text: String = pieces.concat();
+            let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+            // sorted, disjoint, non-empty spans on char boundaries
+            let mut spans = Vec::new();
+            let mut from = 0;
+            for (gap, len, label) in cuts {
+                let Some(&s) = bounds.iter().find(|&&b| b >= from + gap % 20) else { break };
+                let Some(&e) = bounds.iter().find(|&&b| b >= s + len) else { break };
+                let sentinel = ["<EMAIL>", "<PERSON>", "<SECRET:x>", "<ADDRESS>"][label];
+                spans.push((s, e, sentinel));
+                from = e;
+            }
+            let toks = tokenize(&text);
+            let spliced = Spliced::new(&text, spans);
+            proptest::prop_assert_eq!(
+                fields(&retokenize(&toks, &spliced)),
+                fields(&tokenize(&spliced.text))
+            );
+        }
     }
 }

@@ -435,14 +435,22 @@ impl Redactor {
         // Always re-scan when something was found: a span can swallow the start of a
         // neighbour that its own detector rejected for lack of a boundary (`x.txt+1 (916) …`),
         // so no cheap local test proves the redacted text is already clean.
-        let (mut cands, _) = self.pass(text);
+        //
+        // Tokens for the name and address detectors: the text's own, then for each re-scan
+        // those of the redacted text, copied from the text's wherever the splice left them
+        // unchanged (`lexicon::retokenize`).
+        let wants_tokens = self.on(PiiType::Address) || self.on(PiiType::Person);
+        let toks = (wants_tokens && !text.is_empty()).then(|| lexicon::tokenize(text));
+        let (mut cands, _) = self.pass(text, toks.as_deref());
         for _ in 0..4 {
             if cands.is_empty() {
                 break;
             }
             // redacted text and, per sentinel, (redacted start, redacted end, original start, original end)
             let spliced = sentinels_for(text, &cands);
-            let (new, _) = self.pass(&spliced.text);
+            let spliced_toks = toks.as_deref().map(|t| lexicon::retokenize(t, &spliced));
+            let (new, _) = self.pass(&spliced.text, spliced_toks.as_deref());
+            drop(spliced_toks);
             if new.is_empty() {
                 return (cands, Some(spliced.text));
             }
@@ -490,8 +498,9 @@ impl Redactor {
     }
 
     /// One detection pass: candidates after filtering and overlap resolution, and whether no
-    /// typed candidate lost (or was cut by) an overlap.
-    fn pass(&self, text: &str) -> (Vec<Cand>, bool) {
+    /// typed candidate lost (or was cut by) an overlap. `toks` are `text`'s tokens when the
+    /// name or address detector is on.
+    fn pass(&self, text: &str, toks: Option<&[lexicon::Tok]>) -> (Vec<Cand>, bool) {
         let mut cands: Vec<Cand> = Vec::with_capacity(16);
         if text.is_empty() {
             return (cands, true);
@@ -526,15 +535,12 @@ impl Redactor {
                 ));
             }
         }
-        let want_addr = self.on(PiiType::Address);
-        let want_person = self.on(PiiType::Person);
-        if want_addr || want_person {
-            let toks = lexicon::tokenize(text);
-            if want_addr {
-                address::detect(text, &toks, &mut cands);
+        if let Some(toks) = toks {
+            if self.on(PiiType::Address) {
+                address::detect(text, toks, &mut cands);
             }
-            if want_person {
-                names::detect(text, &toks, &self.known_names, &mut cands);
+            if self.on(PiiType::Person) {
+                names::detect(text, toks, &self.known_names, &mut cands);
             }
         }
         // Drop unwanted types and weak spans before resolving, so that a disabled detector
