@@ -6,8 +6,9 @@
 use std::sync::LazyLock;
 
 use super::lexicon::{
-    C_POST_TYPE, C_PREFIX_TYPE, C_STRONG_SUFFIX, C_TITLE, C_UNIT, C_WEAK_SUFFIX, IN_COMMON,
-    IN_FIRST, IN_PLACES, Kind, LEX, StaticSet, Tok, static_set as set,
+    C_ADDRESS_PARTICLE, C_POST_TYPE, C_PREFIX_TYPE, C_STRONG_SUFFIX, C_TITLE, C_TOWN_PARTICLE,
+    C_UNIT, C_WEAK_SUFFIX, IN_COMMON, IN_FIRST, IN_PLACES, Kind, LEX, StaticSet, Tok,
+    static_set as set,
 };
 
 /// The word lists that become class bits on tokens.
@@ -18,6 +19,14 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
         (&*PREFIX_TYPE, C_PREFIX_TYPE),
         (&*POST_TYPE, C_POST_TYPE),
         (&*UNIT, C_UNIT),
+    ]
+}
+
+/// The word lists that become class bits on tokens, as they are.
+pub(super) fn list_classes() -> [(&'static [&'static str], u32); 2] {
+    [
+        (PARTICLES, C_ADDRESS_PARTICLE),
+        (TOWN_PARTICLES, C_TOWN_PARTICLE),
     ]
 }
 use super::{Cand, PiiType, chars, prio};
@@ -180,7 +189,7 @@ const PARTICLES: &[&str] = &[
 const TOWN_PARTICLES: &[&str] = &["nad", "pod", "na", "u", "upon", "bei"];
 
 fn is_particle(t: &Tok) -> bool {
-    t.kind == Kind::Word && !t.cap && PARTICLES.contains(&key(t))
+    t.kind == Kind::Word && !t.cap && t.is(C_ADDRESS_PARTICLE)
 }
 
 /// `L1B 3AH`, `SW1A 1AA`, `H2X 1Y4` (UK and Canadian postcodes) starting at `i`.
@@ -247,7 +256,7 @@ fn city(toks: &[Tok], text: &str, i: usize) -> Option<usize> {
         if j > i && t.nl_before {
             break;
         }
-        let town_particle = t.kind == Kind::Word && !t.cap && TOWN_PARTICLES.contains(&key(t));
+        let town_particle = t.kind == Kind::Word && !t.cap && t.is(C_TOWN_PARTICLE);
         if is_capword(t) || (words > 0 && (is_particle(t) || town_particle)) {
             if is_capword(t) {
                 words += 1;

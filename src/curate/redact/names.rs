@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use super::lexicon::{
-    C_ORG, C_PERSON_VERB, C_TITLE, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, Kind, LEX, StaticSet,
-    StrSet, Tok, fold, static_set as set,
+    C_HEADER, C_NAME_CAP_PARTICLE, C_NAME_PARTICLE, C_ORG, C_OWNED, C_PERSON_FIELD, C_PERSON_VERB,
+    C_PRONOUN, C_TITLE, C_VOCATIVE_NEXT, C_WORK, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, Kind,
+    LEX, StaticSet, StrSet, Tok, fold, static_set as set,
 };
 
 /// The word lists that become class bits on tokens.
@@ -18,6 +19,20 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
         (&*TITLES, C_TITLE),
         (&*ORG, C_ORG),
         (&*PERSON_VERBS, C_PERSON_VERB),
+    ]
+}
+
+/// The word lists that become class bits on tokens, as they are.
+pub(super) fn list_classes() -> [(&'static [&'static str], u32); 8] {
+    [
+        (PARTICLES, C_NAME_PARTICLE),
+        (CAP_PARTICLES, C_NAME_CAP_PARTICLE),
+        (PRONOUNS, C_PRONOUN),
+        (HEADERS, C_HEADER),
+        (VOCATIVE_NEXT, C_VOCATIVE_NEXT),
+        (OWNED, C_OWNED),
+        (WORKS, C_WORK),
+        (PERSON_FIELDS, C_PERSON_FIELD),
     ]
 }
 use super::{Cand, PiiType, chars, prio};
@@ -295,7 +310,12 @@ const PARTICLES: &[&str] = &[
 ];
 
 fn is_particle(t: &Tok) -> bool {
-    t.kind == Kind::Word && !t.cap && PARTICLES.contains(&t.key.as_ref())
+    t.kind == Kind::Word && !t.cap && t.is(C_NAME_PARTICLE)
+}
+
+/// The word's key is one of [`CAP_PARTICLES`].
+fn is_cap_particle_key(t: &Tok) -> bool {
+    t.is(C_NAME_CAP_PARTICLE)
 }
 
 /// True if the particle at `i` leads, through at most two more particles on the same line, to
@@ -562,7 +582,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             });
         if !title_here {
             let next_cap = toks.get(i + 1).is_some_and(|x| capword(x) && !x.nl_before);
-            let cap_particle = t.cap && next_cap && CAP_PARTICLES.contains(&t.key.as_ref());
+            let cap_particle = t.cap && next_cap && is_cap_particle_key(t);
             let starts = capword(t) || (is_particle(t) && particles_to_name(toks, i));
             if cap_particle {
                 // `Le Blanchard`, `Van Dijk`: keep the particle with the name
@@ -613,7 +633,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             }
             if capword(w)
                 && !(content.is_empty()
-                    && CAP_PARTICLES.contains(&w.key.as_ref())
+                    && is_cap_particle_key(w)
                     && toks.get(j + 1).is_some_and(|x| capword(x) && !x.nl_before))
             {
                 content.push(j);
@@ -622,7 +642,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             }
             if content.is_empty()
                 && w.cap
-                && CAP_PARTICLES.contains(&w.key.as_ref())
+                && is_cap_particle_key(w)
                 && toks.get(j + 1).is_some_and(|x| capword(x) && !x.nl_before)
             {
                 particle_lead = true;
@@ -681,9 +701,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             let has_title = p == 0 && titles > 0;
             let before = words_before(toks, s_tok);
             let sent0 = sentence_start(toks, s_tok, text) && !has_title;
-            let header = s_tok >= 2
-                && toks[s_tok - 1].is_punct(text, ':')
-                && HEADERS.contains(&toks[s_tok - 2].key.as_ref());
+            let header =
+                s_tok >= 2 && toks[s_tok - 1].is_punct(text, ':') && toks[s_tok - 2].is(C_HEADER);
             // `X and Y`, `X, Y`: a name right after an accepted name
             let after_name = s_tok >= 2
                 && last_end.is_some_and(|le| le + 2 == s_tok)
@@ -702,7 +721,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                         && (x.kind == Kind::Word
                             || x.kind == Kind::Punct && matches!(x.text(text), "\"" | "“"))
                 })
-                && !HEADERS.contains(&toks[first_tok].key.as_ref())
+                && !toks[first_tok].is(C_HEADER)
                 && !evs[p..q].iter().any(|e| e.common || e.place);
             // `Hi Ann,`, `Hello Ann!`: a greeting addressing someone
             let vocative = before.last().is_some_and(|w| {
@@ -716,15 +735,15 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             // `Ann said`, `Ann shouted at …`: a verb only people do
             let person_verb = next
                 .is_some_and(|x| x.kind == Kind::Word && !x.cap && x.is(C_PERSON_VERB))
-                && !PRONOUNS.contains(&toks[first_tok].key.as_ref());
+                && !toks[first_tok].is(C_PRONOUN);
             // `Ann, can you …` (sentence start) and `…, Ann!`: addressing someone
             let vocative = vocative
                 || sent0
                     && q - p == 1
                     && next.is_some_and(|x| x.is_punct(text, ','))
-                    && toks.get(e_tok + 2).is_some_and(|x| {
-                        x.kind == Kind::Word && VOCATIVE_NEXT.contains(&x.key.as_ref())
-                    })
+                    && toks
+                        .get(e_tok + 2)
+                        .is_some_and(|x| x.kind == Kind::Word && x.is(C_VOCATIVE_NEXT))
                 || s_tok >= 1
                     && toks[s_tok - 1].is_punct(text, ',')
                     && next.is_some_and(|x| x.is_punct(text, '!'));
@@ -743,13 +762,11 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             }) && toks.get(e_tok + 2).is_some_and(|x| x.key == "s")
                 && toks
                     .get(e_tok + 3)
-                    .is_some_and(|x| x.kind == Kind::Word && OWNED.contains(&x.key.as_ref()));
+                    .is_some_and(|x| x.kind == Kind::Word && x.is(C_OWNED));
             // `the Hemingway novel`, `a Nina Simone concert`: a name used for a creative work
             // by its author or performer
             let work = q == content.len()
-                && next.is_some_and(|x| {
-                    x.kind == Kind::Word && !x.cap && WORKS.contains(&x.key.as_ref())
-                });
+                && next.is_some_and(|x| x.kind == Kind::Word && !x.cap && x.is(C_WORK));
             // `Jenna Houston (jh@example.com)`, `Eerden <x@y.de>`: a name with its e-mail
             let with_email = next.is_some_and(|x| {
                 (x.is_punct(text, '(') || x.is_punct(text, '<')) && {
@@ -938,7 +955,7 @@ fn lower_name_word(t: &Tok, want: u32) -> bool {
         && t.key.len() >= 3
         && f & want != 0
         && f & (IN_COMMON | IN_PLACES) == 0
-        && !PRONOUNS.contains(&t.key.as_ref())
+        && !t.is(C_PRONOUN)
 }
 
 /// Up to this many candidates, [`Persons::at`] scans `out` instead of indexing it.
@@ -1012,7 +1029,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut 
                 && !x.sentinel
                 && x.key_chars >= 3
                 && flags_of(x) & (IN_COMMON | IN_PLACES) == 0
-                && !PRONOUNS.contains(&x.key.as_ref())
+                && !x.is(C_PRONOUN)
         };
         // `name:    hyuuma t. maida`: a lower-case run after a person field label, with
         // initials, up to its line end
@@ -1021,7 +1038,7 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut 
             && i >= 2
             && toks[i - 1].is_punct(text, ':')
             && !t.nl_before
-            && PERSON_FIELDS.contains(&toks[i - 2].key.as_ref())
+            && toks[i - 2].is(C_PERSON_FIELD)
         {
             // letters only (no `server01`), and a given name with a family name (a lone
             // word after `name:` is as often a config value)
@@ -1176,14 +1193,14 @@ fn before_and(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
             && !toks[b].nl_before
             && (namey(&toks[b - 1]) || is_particle(&toks[b - 1]) || {
                 let x = &toks[b - 1];
-                x.cap && CAP_PARTICLES.contains(&x.key.as_ref())
+                x.cap && is_cap_particle_key(x)
             })
         {
             b -= 1;
         }
         if !sentence_start(toks, b, text)
             || persons.at(out, toks[b].s, toks[e].e)
-            || PRONOUNS.contains(&toks[b].key.as_ref())
+            || toks[b].is(C_PRONOUN)
         {
             continue;
         }
@@ -1306,9 +1323,7 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
             let clean = evs
                 .iter()
                 .all(|f| f & (IN_FIRST | IN_LAST) != 0 || f & (IN_COMMON | IN_PLACES) == 0)
-                && !members
-                    .iter()
-                    .any(|&k| PRONOUNS.contains(&toks[k].key.as_ref()));
+                && !members.iter().any(|&k| toks[k].is(C_PRONOUN));
             let named = members
                 .iter()
                 .filter(|&&k| persons.at(out, toks[k].s, toks[k].e))
