@@ -42,11 +42,15 @@ static IBAN: LazyLock<Regex> =
 static IPV6: LazyLock<Regex> = LazyLock::new(|| re(r"(?i-u)[0-9a-f]{0,4}(?::[0-9a-f]{0,4}){2,7}"));
 static MAC: LazyLock<Regex> =
     LazyLock::new(|| re(r"(?i-u)[0-9a-f]{2}(?::[0-9a-f]{2}){5}|[0-9a-f]{2}(?:-[0-9a-f]{2}){5}"));
-static HOME_PATH: LazyLock<Regex> = LazyLock::new(|| {
-    re(
-        r#"(?-u)(?:/home/|/Users/|/users/|[A-Za-z]:\\(?:Users|users|Documents and Settings)\\)(<[A-Z_]{1,20}>|[^/\\\s'"<>:|*?`,;()\[\]{}]{1,64})(?:[/\\][^\s'"<>|*?`]*)?"#,
-    )
-});
+/// A home directory's root, then its user name (a sentinel or up to 64 name bytes): the head
+/// of [`HOME_PATH`]. The name's class excludes both separators, with which the rest of the
+/// path must start, so the greedy name the head finds is the one the whole path has.
+const HOME_HEAD: &str = r#"(?-u)(?:/home/|/Users/|/users/|[A-Za-z]:\\(?:Users|users|Documents and Settings)\\)(<[A-Z_]{1,20}>|[^/\\\s'"<>:|*?`,;()\[\]{}]{1,64})"#;
+static HOME_PATH: LazyLock<Regex> =
+    LazyLock::new(|| re(&format!(r#"{HOME_HEAD}(?:[/\\][^\s'"<>|*?`]*)?"#)));
+/// [`HOME_HEAD`] anchored: the user name of a path [`HOME_PATH`] found, searched for within
+/// the path only (a capture search over the whole text cost more per path).
+static HOME_PATH_HEAD: LazyLock<Regex> = LazyLock::new(|| re(&format!("^{HOME_HEAD}")));
 static WALLET: LazyLock<Regex> =
     LazyLock::new(|| re(r"(?-u)0x[0-9a-fA-F]{40}|bc1[02-9ac-hj-np-z]{25,62}"));
 /// Legacy base58 Bitcoin addresses; only searched near a crypto keyword (costly and noisy).
@@ -411,19 +415,23 @@ fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
     if !HOME_PATH.is_match(b) {
         return;
     }
-    for c in HOME_PATH.captures_iter(b) {
-        let (Some(m), Some(u)) = (c.get(0), c.get(1)) else {
+    for m in HOME_PATH.find_iter(b) {
+        let s = m.start();
+        let Some((us, ue)) = HOME_PATH_HEAD
+            .captures(&b[s..m.end()])
+            .and_then(|c| c.get(1))
+            .map(|u| (s + u.start(), s + u.end()))
+        else {
             continue;
         };
-        let s = m.start();
         // `>` too: after a sentinel such as `<EMAIL>` the path was glued to a word before
         if s > 0 && (alnum(b[s - 1]) || matches!(b[s - 1], b'.' | b'>')) {
             continue;
         }
-        let user = u.as_bytes();
+        let user = &b[us..ue];
         let ul = String::from_utf8_lossy(user).to_lowercase();
         let mut e = m.end();
-        while e > u.end()
+        while e > ue
             && matches!(
                 b[e - 1],
                 b'.' | b',' | b';' | b':' | b')' | b']' | b'}' | b'!' | b'?'
@@ -441,13 +449,13 @@ fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
             continue;
         }
         if ctx.user_name_only {
-            out.push(Cand::shield(s, u.start(), "path", prio::SHIELD));
-            if u.end() < e {
-                out.push(Cand::shield(u.end(), e, "path", prio::SHIELD));
+            out.push(Cand::shield(s, us, "path", prio::SHIELD));
+            if ue < e {
+                out.push(Cand::shield(ue, e, "path", prio::SHIELD));
             }
             out.push(Cand::new(
-                u.start(),
-                u.end(),
+                us,
+                ue,
                 PiiType::UserName,
                 "home-path",
                 0.9,
@@ -456,7 +464,7 @@ fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
         } else {
             out.push(
                 Cand::new(s, e, PiiType::FilePath, "home-path", 0.9, prio::FILE_PATH)
-                    .truncatable(u.end()),
+                    .truncatable(ue),
             );
         }
     }
@@ -1253,5 +1261,54 @@ mod tests {
         assert_eq!(card_brand(b"2221000000000009"), Some(true));
         assert!(is_date_like(b"2025-01-02"));
         assert!(!is_date_like(b"01.84.17.61.18"));
+    }
+
+    /// Pieces of home paths: roots, user names below, at and past the 64-byte cap, sentinels,
+    /// separators and the bytes that end a name or a path.
+    const PATH_PIECES: &[&str] = &[
+        "/home/",
+        "/Users/",
+        "C:\\Users\\",
+        "d:\\Documents and Settings\\",
+        "ann",
+        "<USER>",
+        "<",
+        ">",
+        "/",
+        "\\",
+        " ",
+        ".",
+        ":",
+        "$",
+        "é",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    ];
+
+    proptest::proptest! {
+        /// The user name [`HOME_PATH_HEAD`] finds within each path is group 1 of the whole
+        /// path's capture search.
+        #[test]
+        fn the_head_finds_the_user_name_of_the_whole_path(
+            pieces in proptest::collection::vec(proptest::sample::select(PATH_PIECES), 0..16),
+        ) {
+            let text = pieces.concat();
+            let b = text.as_bytes();
+            let whole: Vec<_> = HOME_PATH
+                .captures_iter(b)
+                .map(|c| c.get(1).map(|u| (u.start(), u.end())))
+                .collect();
+            let head: Vec<_> = HOME_PATH
+                .find_iter(b)
+                .map(|m| {
+                    HOME_PATH_HEAD
+                        .captures(&b[m.start()..m.end()])
+                        .and_then(|c| c.get(1))
+                        .map(|u| (m.start() + u.start(), m.start() + u.end()))
+                })
+                .collect();
+            proptest::prop_assert_eq!(whole, head);
+        }
     }
 }
