@@ -594,11 +594,11 @@ fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
             .then((b.end - b.start).cmp(&(a.end - a.start)))
             .then(a.start.cmp(&b.start))
     });
-    let mut kept: Vec<Cand> = Vec::with_capacity(v.len());
+    // kept in place, in the order above (no second vector)
     let mut taken = KeptSpans::default();
-    for mut c in v {
+    v.retain_mut(|c| {
         if c.end <= c.start {
-            continue;
+            return false;
         }
         // A stronger span cutting into the tail of a truncatable one shortens it (so a second
         // pass over the redacted text finds nothing new). The cut is the start of the first
@@ -618,18 +618,18 @@ fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
                     c.end -= 1;
                 }
             } else {
-                continue;
+                return false;
             }
             if c.end <= c.start {
-                continue;
+                return false;
             }
         }
         taken.insert(c.start, c.end);
-        kept.push(c);
-    }
-    kept.retain(|c| c.ty.is_some());
-    kept.sort_by_key(|c| c.start);
-    (kept, clean)
+        true
+    });
+    v.retain(|c| c.ty.is_some());
+    v.sort_by_key(|c| c.start);
+    (v, clean)
 }
 
 /// Counts from [`predict_jsonl`].
