@@ -1,5 +1,7 @@
 //! PEFT adapter I/O, hot swapping, and gradients through frozen quantized layers.
 
+mod train_util;
+
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
@@ -9,6 +11,7 @@ use hearth::model::{
     AdapterRegistry, Arch, LoraConfig, LoraPair, LoraSet, LoraTarget, TinySpec, Transformer,
     write_tiny_model,
 };
+use train_util::with_random_b;
 
 fn model(dir: &std::path::Path, arch: Arch, dtype: GgmlDType) -> Transformer {
     let mut spec = TinySpec::new(arch);
@@ -16,22 +19,6 @@ fn model(dir: &std::path::Path, arch: Arch, dtype: GgmlDType) -> Transformer {
     let p = dir.join("m.gguf");
     write_tiny_model(&p, &spec).unwrap();
     Transformer::from_gguf(&p).unwrap()
-}
-
-/// Same A, B drawn from N(0, 0.1) with `seed`, so that a failure reproduces (candle's CPU randn
-/// is unseeded, and a test whose bound holds for most draws would fail now and then).
-fn with_random_b(set: &LoraSet, seed: u64) -> LoraSet {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    // A constant, valid standard deviation.
-    let normal = rand_distr::Normal::new(0f32, 0.1).unwrap();
-    let mut out = LoraSet::empty(set.config.clone());
-    for (&(l, t), p) in set.iter() {
-        let b: Vec<f32> = (0..p.b.elem_count()).map(|_| rng.sample(normal)).collect();
-        let b = Tensor::from_vec(b, p.b.dims(), &Device::Cpu).unwrap();
-        out.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
-    }
-    out
 }
 
 #[test]

@@ -94,19 +94,8 @@ fn tiny_f32(dir: &std::path::Path) -> hearth::model::Transformer {
 /// A rank-4 adapter on every projection with `A` from `seed` and `B` random too (not zero), so that `A` gets
 /// gradients as well. `B` is drawn from a generator seeded with `seed` as well, so a failure reproduces.
 fn random_lora(m: &hearth::model::Transformer, seed: u64) -> hearth::model::LoraSet {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    // A constant, valid standard deviation.
-    let normal = rand_distr::Normal::new(0f32, 0.1).unwrap();
     let cfg = hearth::model::LoraConfig::new(4, 8.0, &LoraTarget::ALL);
-    let zero_b = hearth::model::LoraSet::fresh(m, cfg.clone(), seed).unwrap();
-    let mut set = hearth::model::LoraSet::empty(cfg);
-    for (&(l, t), p) in zero_b.iter() {
-        let b: Vec<f32> = (0..p.b.elem_count()).map(|_| rng.sample(normal)).collect();
-        let b = Tensor::from_vec(b, p.b.dims(), &Device::Cpu).unwrap();
-        set.insert(l, t, hearth::model::LoraPair::new(p.a.clone(), b, p.scale));
-    }
-    set
+    with_random_b(&hearth::model::LoraSet::fresh(m, cfg, seed).unwrap(), seed)
 }
 
 /// Through the trainer's own path (`token_logps`, whose head projects scored positions only): unscored

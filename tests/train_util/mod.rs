@@ -5,8 +5,27 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::GgmlDType;
 use hearth::engine::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
-use hearth::model::{Arch, TinySpec, Tokenizer, Transformer, write_tiny_model};
+use hearth::model::{Arch, LoraPair, LoraSet, TinySpec, Tokenizer, Transformer, write_tiny_model};
 use hearth::train::TrainConfig;
+
+/// `set` with every B drawn from N(0, 0.1²) by a generator seeded with `seed` (A kept): a
+/// delta that changes the model, as a fresh one (B = 0) does not. Seeded so that a failure
+/// reproduces (candle's CPU randn is unseeded, and a test whose bound holds for most draws
+/// would fail now and then).
+pub fn with_random_b(set: &LoraSet, seed: u64) -> LoraSet {
+    use candle_core::{Device, Tensor};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // A constant, valid standard deviation.
+    let normal = rand_distr::Normal::new(0f32, 0.1).unwrap();
+    let mut out = LoraSet::empty(set.config.clone());
+    for (&(l, t), p) in set.iter() {
+        let b: Vec<f32> = (0..p.b.elem_count()).map(|_| rng.sample(normal)).collect();
+        let b = Tensor::from_vec(b, p.b.dims(), &Device::Cpu).unwrap();
+        out.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
+    }
+    out
+}
 
 /// A tiny Llama with Q8_0 matrices (so gradients cross the quantized custom op).
 pub fn tiny(dir: &Path) -> (PathBuf, Transformer, Tokenizer) {
