@@ -4,11 +4,11 @@
 
 use compact_str::CompactString;
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::ControlFlow;
+use std::sync::LazyLock;
 
 use crate::curate::Spliced;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::LazyLock;
 
 use super::chars;
 
