@@ -133,6 +133,28 @@ struct Stats {
     bech32_head: bool,
 }
 
+/// What [`stats`] does with a byte: a hex digit extends the hex run (and may be a digit to
+/// count), a few punctuation bytes are counted, everything else only ends the run.
+const PLAIN: u8 = 0;
+const HEX: u8 = 1;
+const COUNTED: u8 = 2;
+static STAT_BYTES: [u8; 256] = {
+    let mut t = [PLAIN; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = if b.is_ascii_hexdigit() {
+            HEX
+        } else if matches!(b, b'.' | b'-' | b':' | b'@' | b'/' | b'\\') {
+            COUNTED
+        } else {
+            PLAIN
+        };
+        c += 1;
+    }
+    t
+};
+
 fn stats(b: &[u8]) -> Stats {
     let mut st = Stats {
         digits: 0,
@@ -148,7 +170,13 @@ fn stats(b: &[u8]) -> Stats {
     };
     let mut run = 0usize;
     for (i, &c) in b.iter().enumerate() {
-        if c.is_ascii_hexdigit() {
+        let class = STAT_BYTES[usize::from(c)];
+        if class == PLAIN {
+            // most bytes (letters past `f`, spaces): nothing to count
+            run = 0;
+            continue;
+        }
+        if class == HEX {
             run += 1;
             if run > st.hex_run {
                 st.hex_run = run;
