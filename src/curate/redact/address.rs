@@ -10,6 +10,8 @@ use super::lexicon::{
     C_UNIT, C_WEAK_SUFFIX, IN_COMMON, IN_FIRST, IN_PLACES, Kind, LEX, StaticSet, Tok,
     static_set as set,
 };
+use super::{Cand, PiiType, chars, prio};
+use crate::curate::SpanIndex;
 
 /// The word lists that become class bits on tokens.
 pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
@@ -22,15 +24,14 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
     ]
 }
 
-/// The word lists that become class bits on tokens, as they are.
+/// The short word lists that also become class bits on tokens (each asked with a bit test,
+/// not a scan of the list).
 pub(super) fn list_classes() -> [(&'static [&'static str], u32); 2] {
     [
         (PARTICLES, C_ADDRESS_PARTICLE),
         (TOWN_PARTICLES, C_TOWN_PARTICLE),
     ]
 }
-use super::{Cand, PiiType, chars, prio};
-use crate::curate::SpanIndex;
 
 /// Street-type words that follow the name (US/UK style), folded. Strong ones are rarely
 /// anything but a street.

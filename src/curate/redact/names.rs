@@ -12,6 +12,8 @@ use super::lexicon::{
     C_PRONOUN, C_TITLE, C_VOCATIVE_NEXT, C_WORK, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, Kind,
     LEX, StaticSet, StrSet, Tok, fold, static_set as set,
 };
+use super::{Cand, PiiType, chars, prio};
+use crate::curate::SpanIndex;
 
 /// The word lists that become class bits on tokens.
 pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
@@ -22,7 +24,8 @@ pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
     ]
 }
 
-/// The word lists that become class bits on tokens, as they are.
+/// The short word lists that also become class bits on tokens (each asked with a bit test,
+/// not a scan of the list).
 pub(super) fn list_classes() -> [(&'static [&'static str], u32); 8] {
     [
         (PARTICLES, C_NAME_PARTICLE),
@@ -35,8 +38,6 @@ pub(super) fn list_classes() -> [(&'static [&'static str], u32); 8] {
         (PERSON_FIELDS, C_PERSON_FIELD),
     ]
 }
-use super::{Cand, PiiType, chars, prio};
-use crate::curate::SpanIndex;
 
 /// Honorifics and academic titles that precede a name (folded, without dots).
 static TITLES: LazyLock<StaticSet> = LazyLock::new(|| {
