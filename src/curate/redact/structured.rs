@@ -135,20 +135,20 @@ struct Stats {
 
 /// What [`stats`] does with a byte: a hex digit extends the hex run (and may be a digit to
 /// count), a few punctuation bytes are counted, everything else only ends the run.
-const PLAIN: u8 = 0;
-const HEX: u8 = 1;
-const COUNTED: u8 = 2;
+const STAT_PLAIN: u8 = 0;
+const STAT_HEX: u8 = 1;
+const STAT_COUNTED: u8 = 2;
 static STAT_BYTES: [u8; 256] = {
-    let mut t = [PLAIN; 256];
+    let mut t = [STAT_PLAIN; 256];
     let mut c = 0;
     while c < 256 {
         let b = c as u8;
         t[c] = if b.is_ascii_hexdigit() {
-            HEX
+            STAT_HEX
         } else if matches!(b, b'.' | b'-' | b':' | b'@' | b'/' | b'\\') {
-            COUNTED
+            STAT_COUNTED
         } else {
-            PLAIN
+            STAT_PLAIN
         };
         c += 1;
     }
@@ -171,12 +171,12 @@ fn stats(b: &[u8]) -> Stats {
     let mut run = 0usize;
     for (i, &c) in b.iter().enumerate() {
         let class = STAT_BYTES[usize::from(c)];
-        if class == PLAIN {
+        if class == STAT_PLAIN {
             // most bytes (letters past `f`, spaces): nothing to count
             run = 0;
             continue;
         }
-        if class == HEX {
+        if class == STAT_HEX {
             run += 1;
             if run > st.hex_run {
                 st.hex_run = run;
