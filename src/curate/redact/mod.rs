@@ -441,7 +441,7 @@ impl Redactor {
         // unchanged (`lexicon::retokenize`).
         let wants_tokens = self.on(PiiType::Address) || self.on(PiiType::Person);
         let toks = (wants_tokens && !text.is_empty()).then(|| lexicon::tokenize(text));
-        let (mut cands, _) = self.pass(text, toks.as_deref());
+        let mut cands = self.pass(text, toks.as_deref());
         for _ in 0..4 {
             if cands.is_empty() {
                 break;
@@ -449,7 +449,7 @@ impl Redactor {
             // redacted text and, per sentinel, (redacted start, redacted end, original start, original end)
             let spliced = sentinels_for(text, &cands);
             let spliced_toks = toks.as_deref().map(|t| lexicon::retokenize(t, &spliced));
-            let (new, _) = self.pass(&spliced.text, spliced_toks.as_deref());
+            let new = self.pass(&spliced.text, spliced_toks.as_deref());
             drop(spliced_toks);
             if new.is_empty() {
                 return (cands, Some(spliced.text));
@@ -497,13 +497,12 @@ impl Redactor {
         hits
     }
 
-    /// One detection pass: candidates after filtering and overlap resolution, and whether no
-    /// typed candidate lost (or was cut by) an overlap. `toks` are `text`'s tokens when the
-    /// name or address detector is on.
-    fn pass(&self, text: &str, toks: Option<&[lexicon::Tok]>) -> (Vec<Cand>, bool) {
+    /// One detection pass: candidates after filtering and overlap resolution. `toks` are
+    /// `text`'s tokens when the name or address detector is on.
+    fn pass(&self, text: &str, toks: Option<&[lexicon::Tok]>) -> Vec<Cand> {
         let mut cands: Vec<Cand> = Vec::with_capacity(16);
         if text.is_empty() {
-            return (cands, true);
+            return cands;
         }
         let ctx = structured::Ctx {
             keep_non_personal_ips: self.config.keep_non_personal_ips,
@@ -586,8 +585,7 @@ fn sentinels_for(text: &str, cands: &[Cand]) -> crate::curate::Spliced {
 }
 
 /// Greedy overlap resolution: priority, then length, then position.
-fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
-    let mut clean = true;
+fn resolve(text: &str, mut v: Vec<Cand>) -> Vec<Cand> {
     v.sort_by(|a, b| {
         b.priority
             .cmp(&a.priority)
@@ -605,9 +603,6 @@ fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
         // kept span overlapping this one.
         let cut = taken.first_overlap(c.start, c.end);
         if let Some(cut) = cut {
-            if c.ty.is_some() {
-                clean = false;
-            }
             if cut >= c.min_end && cut > c.start {
                 c.end = cut;
                 // do not end on the separator before the cut
@@ -629,7 +624,7 @@ fn resolve(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
     });
     v.retain(|c| c.ty.is_some());
     v.sort_by_key(|c| c.start);
-    (v, clean)
+    v
 }
 
 /// Counts from [`predict_jsonl`].
@@ -720,8 +715,7 @@ mod tests {
     }
 
     /// [`resolve`] as it was written first: every kept span checked per candidate.
-    fn resolve_by_scan(text: &str, mut v: Vec<Cand>) -> (Vec<Cand>, bool) {
-        let mut clean = true;
+    fn resolve_by_scan(text: &str, mut v: Vec<Cand>) -> Vec<Cand> {
         v.sort_by(|a, b| {
             b.priority
                 .cmp(&a.priority)
@@ -739,9 +733,6 @@ mod tests {
                 .map(|k| k.start)
                 .min();
             if let Some(cut) = cut {
-                if c.ty.is_some() {
-                    clean = false;
-                }
                 if cut >= c.min_end && cut > c.start {
                     c.end = cut;
                     let b = text.as_bytes();
@@ -758,7 +749,7 @@ mod tests {
         }
         kept.retain(|c| c.ty.is_some());
         kept.sort_by_key(|c| c.start);
-        (kept, clean)
+        kept
     }
 
     fn key(v: &[Cand]) -> Vec<(usize, usize, u8)> {
@@ -769,10 +760,9 @@ mod tests {
         #[test]
         fn resolve_equals_the_scan_over_every_kept_span(v in cands()) {
             let text = "ab, cd. ef-gh ij\tkl mn, op. qr-st uv wx, yz. ab-cd ef gh, ij. kl-mn op qr".repeat(6);
-            let (fast, fast_clean) = resolve(&text, v.clone());
-            let (slow, slow_clean) = resolve_by_scan(&text, v);
+            let fast = resolve(&text, v.clone());
+            let slow = resolve_by_scan(&text, v);
             prop_assert_eq!(key(&fast), key(&slow));
-            prop_assert_eq!(fast_clean, slow_clean);
         }
 
         /// The shared keyword walk (stopping early) selects the same secret rules as the
