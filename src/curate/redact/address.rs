@@ -13,23 +13,17 @@ use super::lexicon::{
 use super::{Cand, PiiType, chars, prio};
 use crate::curate::SpanIndex;
 
-/// The word lists that become class bits on tokens.
-pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
+/// The word lists that become class bits on tokens (see `names::word_classes`).
+pub(super) fn word_classes() -> Vec<(Vec<&'static str>, u32)> {
+    let set = |s: &StaticSet| s.iter().copied().collect();
     vec![
-        (&*STRONG_SUFFIX, C_STRONG_SUFFIX),
-        (&*WEAK_SUFFIX, C_WEAK_SUFFIX),
-        (&*PREFIX_TYPE, C_PREFIX_TYPE),
-        (&*POST_TYPE, C_POST_TYPE),
-        (&*UNIT, C_UNIT),
-    ]
-}
-
-/// The short word lists that also become class bits on tokens (each asked with a bit test,
-/// not a scan of the list).
-pub(super) fn list_classes() -> [(&'static [&'static str], u32); 2] {
-    [
-        (PARTICLES, C_ADDRESS_PARTICLE),
-        (TOWN_PARTICLES, C_TOWN_PARTICLE),
+        (set(&STRONG_SUFFIX), C_STRONG_SUFFIX),
+        (set(&WEAK_SUFFIX), C_WEAK_SUFFIX),
+        (set(&PREFIX_TYPE), C_PREFIX_TYPE),
+        (set(&POST_TYPE), C_POST_TYPE),
+        (set(&UNIT), C_UNIT),
+        (PARTICLES.to_vec(), C_ADDRESS_PARTICLE),
+        (TOWN_PARTICLES.to_vec(), C_TOWN_PARTICLE),
     ]
 }
 

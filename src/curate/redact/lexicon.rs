@@ -663,23 +663,12 @@ pub(crate) static LEX: LazyLock<Lexicon> = LazyLock::new(|| {
             *flags.entry(w.clone()).or_default() |= bit;
         }
     }
-    for (set, bit) in super::names::word_classes()
+    for (words, bit) in super::names::word_classes()
         .into_iter()
         .chain(super::address::word_classes())
     {
-        for w in set {
-            *flags.entry((*w).to_string()).or_default() |= bit;
-        }
-    }
-    // Short word lists the detectors ask about per token: a bit test instead of a list scan
-    // (the scans were ~4% of a redaction pass). A list entry no key can equal (`van der`,
-    // `l'`) gets its bit all the same, so a test of the bit answers exactly as the scan did.
-    for (list, bit) in super::names::list_classes()
-        .into_iter()
-        .chain(super::address::list_classes())
-    {
-        for w in list {
-            *flags.entry((*w).to_string()).or_default() |= bit;
+        for w in words {
+            *flags.entry(w.to_string()).or_default() |= bit;
         }
     }
     Lexicon {

@@ -15,27 +15,23 @@ use super::lexicon::{
 use super::{Cand, PiiType, chars, prio};
 use crate::curate::SpanIndex;
 
-/// The word lists that become class bits on tokens.
-pub(super) fn word_classes() -> Vec<(&'static StaticSet, u32)> {
+/// The word lists that become class bits on tokens: the detector tests a bit where it would
+/// otherwise look a word up in a set or scan a list. An entry no key can equal (`van der`)
+/// gets its bit all the same, so the bit answers exactly as the list did.
+pub(super) fn word_classes() -> Vec<(Vec<&'static str>, u32)> {
+    let set = |s: &StaticSet| s.iter().copied().collect();
     vec![
-        (&*TITLES, C_TITLE),
-        (&*ORG, C_ORG),
-        (&*PERSON_VERBS, C_PERSON_VERB),
-    ]
-}
-
-/// The short word lists that also become class bits on tokens (each asked with a bit test,
-/// not a scan of the list).
-pub(super) fn list_classes() -> [(&'static [&'static str], u32); 8] {
-    [
-        (PARTICLES, C_NAME_PARTICLE),
-        (CAP_PARTICLES, C_NAME_CAP_PARTICLE),
-        (PRONOUNS, C_PRONOUN),
-        (HEADERS, C_HEADER),
-        (VOCATIVE_NEXT, C_VOCATIVE_NEXT),
-        (OWNED, C_OWNED),
-        (WORKS, C_WORK),
-        (PERSON_FIELDS, C_PERSON_FIELD),
+        (set(&TITLES), C_TITLE),
+        (set(&ORG), C_ORG),
+        (set(&PERSON_VERBS), C_PERSON_VERB),
+        (PARTICLES.to_vec(), C_NAME_PARTICLE),
+        (CAP_PARTICLES.to_vec(), C_NAME_CAP_PARTICLE),
+        (PRONOUNS.to_vec(), C_PRONOUN),
+        (HEADERS.to_vec(), C_HEADER),
+        (VOCATIVE_NEXT.to_vec(), C_VOCATIVE_NEXT),
+        (OWNED.to_vec(), C_OWNED),
+        (WORKS.to_vec(), C_WORK),
+        (PERSON_FIELDS.to_vec(), C_PERSON_FIELD),
     ]
 }
 

@@ -220,10 +220,10 @@ fn stats(b: &[u8]) -> Stats {
 
 /// Bits of the detector groups that case-insensitive context keywords wake (birth dates, id
 /// numbers, legacy wallets, home paths).
-pub(crate) const KW_DOB: u8 = 1;
-pub(crate) const KW_ID: u8 = 2;
-pub(crate) const KW_B58: u8 = 4;
-pub(crate) const KW_HOME: u8 = 8;
+const KW_DOB: u8 = 1;
+const KW_ID: u8 = 2;
+const KW_B58: u8 = 4;
+const KW_HOME: u8 = 8;
 /// Every group: a keyword scan may stop once it has seen them all.
 pub(crate) const ALL_KEYWORD_GROUPS: u8 = KW_DOB | KW_ID | KW_B58 | KW_HOME;
 
