@@ -1277,6 +1277,8 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
                 })
         })
     };
+    // a run's member tokens, reused: most words open no list and free it at once
+    let mut members: Vec<usize> = Vec::new();
     let mut i = 0;
     while i < n {
         let cap = toks[i].cap;
@@ -1293,7 +1295,8 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
             i += 1;
             continue;
         }
-        let mut members = vec![i];
+        members.clear();
+        members.push(i);
         let mut j = i + 1;
         loop {
             let mut k = j;

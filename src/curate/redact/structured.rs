@@ -8,6 +8,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::LazyLock;
 
 use regex::bytes::Regex;
+use smallvec::SmallVec;
 
 use super::{Cand, PiiType, prio};
 
@@ -898,8 +899,8 @@ fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
         {
             continue;
         }
-        let groups: Vec<(usize, usize)> = {
-            let mut g = Vec::new();
+        let groups: SmallVec<[(usize, usize); 8]> = {
+            let mut g = SmallVec::new();
             let mut i = s;
             while i < e {
                 let gs = i;
@@ -916,7 +917,7 @@ fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
         let mut found = false;
         for k in (1..=groups.len()).rev() {
             let ce = groups[k - 1].1;
-            let digits: Vec<u8> = b[s..ce]
+            let digits: SmallVec<[u8; 24]> = b[s..ce]
                 .iter()
                 .copied()
                 .filter(u8::is_ascii_digit)
@@ -925,11 +926,11 @@ fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
                 continue;
             }
             // groups of a card are 4-4-4-4(-3), 4-6-5, 4-6-4, or one block
-            let lens: Vec<usize> = groups[..k].iter().map(|(a, z)| z - a).collect();
+            let lens: SmallVec<[usize; 8]> = groups[..k].iter().map(|(a, z)| z - a).collect();
             let shape_ok = k == 1
                 || lens[..k - 1].iter().all(|&l| l == 4) && lens[k - 1] <= 4
-                || lens == [4, 6, 5]
-                || lens == [4, 6, 4];
+                || lens[..] == [4, 6, 5]
+                || lens[..] == [4, 6, 4];
             if !shape_ok || !luhn(&digits) {
                 continue;
             }
@@ -979,8 +980,7 @@ fn ssn(b: &[u8], s: usize, e: usize, groups: &[(usize, usize)], out: &mut Vec<Ca
     let ctx = before_ctx(b, s, 40);
     let has_ctx = has_any(&ctx, SSN_CTX);
     if groups.len() == 3 {
-        let l: Vec<usize> = groups.iter().map(|(x, y)| y - x).collect();
-        if l != [3, 2, 4] {
+        if groups.iter().map(|(x, y)| y - x).ne([3, 2, 4]) {
             return;
         }
         let sep1 = b[groups[0].1];
@@ -1081,17 +1081,16 @@ fn phones(b: &[u8], out: &mut Vec<Cand>) {
             continue;
         }
         // split off an extension
-        let low = v.to_ascii_lowercase();
-        let main_end = low
+        let main_end = v
             .iter()
-            .position(|&c| c == b'x' || c == b'e')
+            .position(|&c| matches!(c, b'x' | b'X' | b'e' | b'E'))
             .unwrap_or(v.len());
         let main = &v[..main_end];
         let digits = main.iter().filter(|c| c.is_ascii_digit()).count();
         if !(7..=15).contains(&digits) {
             continue;
         }
-        let seps: Vec<u8> = main
+        let seps: SmallVec<[u8; 24]> = main
             .iter()
             .copied()
             .filter(|c| matches!(c, b' ' | b'.' | b'-'))
@@ -1114,12 +1113,12 @@ fn phones(b: &[u8], out: &mut Vec<Cand>) {
         {
             continue;
         }
-        let groups: Vec<&[u8]> = main
+        let groups: SmallVec<[&[u8]; 8]> = main
             .split(|c| matches!(c, b' ' | b'.' | b'-' | b'(' | b')' | b'+'))
             .filter(|g| !g.is_empty())
             .collect();
-        let glens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
-        let nanp = (glens == [3, 3, 4] || glens == [1, 3, 3, 4])
+        let glens: SmallVec<[usize; 8]> = groups.iter().map(|g| g.len()).collect();
+        let nanp = (glens[..] == [3, 3, 4] || glens[..] == [1, 3, 3, 4])
             && groups[glens.len() - 3][0] >= b'2'
             && (main.contains(&b'(')
                 || seps.len() >= 2
@@ -1149,16 +1148,16 @@ fn phones(b: &[u8], out: &mut Vec<Cand>) {
 }
 
 fn is_date_like(v: &[u8]) -> bool {
-    let parts: Vec<&[u8]> = v.split(|c| matches!(c, b'.' | b'-' | b'/')).collect();
-    if parts.len() != 3
-        || parts
-            .iter()
-            .any(|p| p.is_empty() || !p.iter().all(u8::is_ascii_digit))
-    {
-        return false;
+    let mut l = [0usize; 3];
+    let mut parts = 0;
+    for p in v.split(|c| matches!(c, b'.' | b'-' | b'/')) {
+        if parts == 3 || p.is_empty() || !p.iter().all(u8::is_ascii_digit) {
+            return false;
+        }
+        l[parts] = p.len();
+        parts += 1;
     }
-    let l: Vec<usize> = parts.iter().map(|p| p.len()).collect();
-    matches!(l.as_slice(), [4, 1..=2, 1..=2] | [1..=2, 1..=2, 2 | 4])
+    parts == 3 && matches!(l, [4, 1..=2, 1..=2] | [1..=2, 1..=2, 2 | 4])
 }
 
 fn wallets(b: &[u8], b58: bool, out: &mut Vec<Cand>) {
