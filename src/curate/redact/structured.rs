@@ -134,18 +134,23 @@ struct Stats {
     bech32_head: bool,
 }
 
-/// What [`stats`] does with a byte: a hex digit extends the hex run (and may be a digit to
-/// count), a few punctuation bytes are counted, everything else only ends the run.
+/// What [`stats`] does with a byte: a hex digit extends the hex run (a decimal one is also
+/// counted, and may end an IBAN or bech32 head), a few punctuation bytes are counted,
+/// everything else only ends the run. Ordered so that one comparison sends the common bytes
+/// (letters, spaces) past the rest.
 const STAT_PLAIN: u8 = 0;
-const STAT_HEX: u8 = 1;
-const STAT_COUNTED: u8 = 2;
+const STAT_HEX_LETTER: u8 = 1;
+const STAT_DIGIT: u8 = 2;
+const STAT_COUNTED: u8 = 3;
 static STAT_BYTES: [u8; 256] = {
     let mut t = [STAT_PLAIN; 256];
     let mut c = 0;
     while c < 256 {
         let b = c as u8;
-        t[c] = if b.is_ascii_hexdigit() {
-            STAT_HEX
+        t[c] = if b.is_ascii_digit() {
+            STAT_DIGIT
+        } else if b.is_ascii_hexdigit() {
+            STAT_HEX_LETTER
         } else if matches!(b, b'.' | b'-' | b':' | b'@' | b'/' | b'\\') {
             STAT_COUNTED
         } else {
@@ -172,32 +177,27 @@ fn stats(b: &[u8]) -> Stats {
     let mut run = 0usize;
     for (i, &c) in b.iter().enumerate() {
         let class = STAT_BYTES[usize::from(c)];
-        if class == STAT_PLAIN {
-            // most bytes (letters past `f`, spaces): nothing to count
-            run = 0;
+        // Without a branch: in prose, hex letters (`a`-`f`) and other letters alternate
+        // unpredictably, and a mispredicted branch per switch cost more than this arithmetic.
+        run = (run + 1) * usize::from(matches!(class, STAT_HEX_LETTER | STAT_DIGIT));
+        st.hex_run = st.hex_run.max(run);
+        if class < STAT_DIGIT {
             continue;
         }
-        if class == STAT_HEX {
-            run += 1;
-            if run > st.hex_run {
-                st.hex_run = run;
+        if class == STAT_DIGIT {
+            st.digits += 1;
+            if i >= 3
+                && b[i - 1].is_ascii_digit()
+                && b[i - 2].is_ascii_alphabetic()
+                && b[i - 3].is_ascii_alphabetic()
+            {
+                st.iban_head = true;
             }
-            if c.is_ascii_digit() {
-                st.digits += 1;
-                if i >= 3
-                    && b[i - 1].is_ascii_digit()
-                    && b[i - 2].is_ascii_alphabetic()
-                    && b[i - 3].is_ascii_alphabetic()
-                {
-                    st.iban_head = true;
-                }
-                if c == b'1' && i >= 2 && b[i - 1] == b'c' && b[i - 2] == b'b' {
-                    st.bech32_head = true;
-                }
+            if c == b'1' && i >= 2 && b[i - 1] == b'c' && b[i - 2] == b'b' {
+                st.bech32_head = true;
             }
             continue;
         }
-        run = 0;
         match c {
             b'.' => st.dots += 1,
             b'-' => st.dashes += 1,
