@@ -1131,9 +1131,11 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut 
 fn named_common_word(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Persons) {
     for i in 3..toks.len() {
         let t = &toks[i];
-        if !capword(t)
+        // the rare `is` first: a test that almost always fails the same way is predicted,
+        // one on capitalisation (about every other word) is not
+        if toks[i - 1].key != "is"
+            || !capword(t)
             || t.nl_before
-            || toks[i - 1].key != "is"
             || toks[i - 2].key != "name"
             || !matches!(
                 &*toks[i - 3].key,
@@ -1228,10 +1230,11 @@ fn firm_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     };
     let mut i = 0;
     while i + 4 < n {
-        let shape = single(i)
-            && toks[i + 1].is_punct(text, ',')
-            && single(i + 2)
+        // the rare separators first (see `named_common_word`)
+        let shape = toks[i + 1].is_punct(text, ',')
             && (toks[i + 3].key == "and" || toks[i + 3].is_punct(text, '&'))
+            && single(i)
+            && single(i + 2)
             && single(i + 4)
             && !toks[i + 1..=i + 4].iter().any(|x| x.nl_before);
         if !shape {
@@ -1281,6 +1284,15 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
     let mut members: Vec<usize> = Vec::new();
     let mut i = 0;
     while i < n {
+        // A list has a separator right after its first member; without one the word opens
+        // nothing (tested first: see `named_common_word`).
+        if !toks
+            .get(i + 1)
+            .is_some_and(|x| x.is_punct(text, ',') || x.key == "and" || x.is_punct(text, '&'))
+        {
+            i += 1;
+            continue;
+        }
         let cap = toks[i].cap;
         // a sentence-opening word no list knows and not spelled like a name (`Honestly, …`)
         // is no list member
