@@ -144,8 +144,9 @@ fn is_zip(t: &Tok, text: &str) -> bool {
     ((d == 4 || d == 5) && s.len() == d) || (d == 5 && s.len() == 10 && s[5] == b'-')
 }
 
+/// (`&`: one branch on the answer, as in `names::capword`.)
 fn is_capword(t: &Tok) -> bool {
-    t.kind == Kind::Word && t.cap && !t.sentinel
+    (t.kind == Kind::Word) & t.cap & !t.sentinel
 }
 
 fn compound_street(t: &Tok) -> bool {
