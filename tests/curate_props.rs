@@ -74,6 +74,26 @@ proptest! {
         prop_assert_eq!(out2, out);
     }
 
+    /// The bare-token pass probes only every `min_token_len`-th byte for a long run: moving
+    /// the text right by any count of spaces moves every finding with it and loses none, so a
+    /// run the probes missed at some offset would show here.
+    #[test]
+    fn bare_tokens_are_found_at_every_offset(
+        pieces in prop::collection::vec(("[A-Za-z0-9+/=_-]{1,70}", "[ ,.;()\"]{1,2}"), 1..8),
+        shift in 0usize..40,
+    ) {
+        let text: String = pieces.iter().map(|(run, sep)| format!("{run}{sep}")).collect();
+        let moved = format!("{}{text}", " ".repeat(shift));
+        let at = |f: &hearth::curate::secrets::SecretFinding| (f.start, f.end, f.rule);
+        let found: Vec<_> = SEC.scan(&text).iter().map(at).collect();
+        let found_moved: Vec<_> = SEC
+            .scan(&moved)
+            .iter()
+            .map(|f| (f.start - shift, f.end - shift, f.rule))
+            .collect();
+        prop_assert_eq!(found, found_moved);
+    }
+
     #[test]
     fn arbitrary_bytes_as_lossy_text(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
         let text = String::from_utf8_lossy(&bytes);

@@ -900,16 +900,27 @@ impl SecretScanner {
         let b = text.as_bytes();
         let n = b.len();
         let min = self.config.min_token_len;
-        let mut i = 0;
-        while i < n {
-            if !is_tok_byte(b[i]) {
-                i += 1;
+        // A run of `min` or more token bytes covers `min` consecutive positions, so it holds
+        // one of every `min`-th byte: only those are probed, and a run is measured around a
+        // probe that hits one. On prose that reads a fraction of the bytes and leaves out the
+        // mispredicted loop exit at the end of every word.
+        let step = min.max(1);
+        let mut probe = step - 1;
+        while probe < n {
+            if !is_tok_byte(b[probe]) {
+                probe += step;
                 continue;
             }
-            let s = i;
+            let mut s = probe;
+            while s > 0 && is_tok_byte(b[s - 1]) {
+                s -= 1;
+            }
+            let mut i = probe + 1;
             while i < n && is_tok_byte(b[i]) {
                 i += 1;
             }
+            // the first probe at or past the run's end (`b[i]` is no token byte)
+            probe = i - i % step + step - 1;
             if i - s < min {
                 // too short even with its padding (most words)
                 continue;
