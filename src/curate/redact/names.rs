@@ -570,7 +570,9 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
     let mut i = 0;
     while i < n {
         let t = &toks[i];
-        if t.sentinel || t.kind != Kind::Word {
+        // Whatever follows needs a title, a capital or a particle: one test on all of them
+        // (with `&`, one branch) passes over the other words and the punctuation.
+        if !((t.kind == Kind::Word) & !t.sentinel & (t.cap | t.is(C_TITLE | C_NAME_PARTICLE))) {
             i += 1;
             continue;
         }
