@@ -6,9 +6,9 @@
 use std::sync::LazyLock;
 
 use super::lexicon::{
-    C_ADDRESS_PARTICLE, C_POST_TYPE, C_PREFIX_TYPE, C_STRONG_SUFFIX, C_TITLE, C_TOWN_PARTICLE,
-    C_UNIT, C_WEAK_SUFFIX, IN_COMMON, IN_FIRST, IN_PLACES, Kind, LEX, StaticSet, Tok,
-    static_set as set,
+    C_ADDRESS_PARTICLE, C_LOWER_CORE_KEY, C_POST_TYPE, C_PREFIX_TYPE, C_STRONG_SUFFIX, C_TITLE,
+    C_TOWN_PARTICLE, C_UNIT, C_WEAK_SUFFIX, IN_COMMON, IN_FIRST, IN_PLACES, Kind, LEX, StaticSet,
+    Tok, static_set as set,
 };
 use super::{Cand, PiiType, chars, prio};
 use crate::curate::SpanIndex;
@@ -24,7 +24,20 @@ pub(super) fn word_classes() -> Vec<(Vec<&'static str>, u32)> {
         (set(&UNIT), C_UNIT),
         (PARTICLES.to_vec(), C_ADDRESS_PARTICLE),
         (TOWN_PARTICLES.to_vec(), C_TOWN_PARTICLE),
+        (LOWER_CORE_KEYS.to_vec(), C_LOWER_CORE_KEY),
     ]
+}
+
+/// Keys with which [`core`] opens a street core even in lower case, besides the prefix
+/// street types: `p.o. box`, `psc 7951, box 9972`, `unit 1009 box 0219`.
+const LOWER_CORE_KEYS: &[&str] = &["p", "psc", "unit"];
+
+/// Whether [`core`] can find anything at `t`: every rule opens at a number, a capitalised
+/// word, a prefix street type or one of [`LOWER_CORE_KEYS`]. Most tokens are none of these
+/// and skip the call and its string comparisons (one branch, with `&`).
+fn may_open_core(t: &Tok) -> bool {
+    let word = (t.kind == Kind::Word) & (t.cap | t.is(C_PREFIX_TYPE | C_LOWER_CORE_KEY));
+    !t.sentinel & (word | (t.kind == Kind::Num))
 }
 
 /// Street-type words that follow the name (US/UK style), folded. Strong ones are rarely
@@ -972,6 +985,10 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     let mut house_numbers: Vec<(usize, usize)> = Vec::new();
     let mut i = 0;
     while i < toks.len() {
+        if !may_open_core(&toks[i]) {
+            i += 1;
+            continue;
+        }
         let Some((mut s, mut e, level)) = core(toks, i, text) else {
             i += 1;
             continue;

@@ -84,6 +84,7 @@ pub(crate) const C_VOCATIVE_NEXT: u32 = 1 << 18;
 pub(crate) const C_OWNED: u32 = 1 << 19;
 pub(crate) const C_WORK: u32 = 1 << 20;
 pub(crate) const C_PERSON_FIELD: u32 = 1 << 21;
+pub(crate) const C_LOWER_CORE_KEY: u32 = 1 << 22;
 
 /// Token class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
