@@ -949,14 +949,13 @@ fn flags_of(t: &Tok) -> u32 {
 
 /// A lower-case word that only the name lists know (`olga`, `kleist`).
 fn lower_name_word(t: &Tok, want: u32) -> bool {
-    let f = flags_of(t);
-    t.kind == Kind::Word
-        && !t.cap
-        && !t.sentinel
-        && t.key.len() >= 3
-        && f & want != 0
-        && f & (IN_COMMON | IN_PLACES) == 0
-        && !t.is(C_PRONOUN)
+    // (`&`: one branch, see `capword`; `want` holds name-list bits only)
+    (t.kind == Kind::Word)
+        & !t.cap
+        & !t.sentinel
+        & (t.key.len() >= 3)
+        & t.is(want & (IN_FIRST | IN_LAST))
+        & !t.is(IN_COMMON | IN_PLACES | C_PRONOUN)
 }
 
 /// Up to this many candidates, [`Persons::at`] scans `out` instead of indexing it.
@@ -1024,22 +1023,22 @@ fn lowercase_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut 
         let t = &toks[i];
         // `my name is vitoria`, `call me borna jerković`: after a naming cue any lower-case
         // word that is no ordinary word (nor place) is a name, with a following one as surname
+        // (`&`: one branch, see `capword`)
         let plain = |x: &Tok| {
-            x.kind == Kind::Word
-                && !x.cap
-                && !x.sentinel
-                && x.key_chars >= 3
-                && flags_of(x) & (IN_COMMON | IN_PLACES) == 0
-                && !x.is(C_PRONOUN)
+            (x.kind == Kind::Word)
+                & !x.cap
+                & !x.sentinel
+                & (x.key_chars >= 3)
+                & !x.is(IN_COMMON | IN_PLACES | C_PRONOUN)
         };
         // `name:    hyuuma t. maida`: a lower-case run after a person field label, with
         // initials, up to its line end
-        if plain(t)
-            && !persons.at(out, t.s, t.e)
-            && i >= 2
+        if i >= 2
             && toks[i - 1].is_punct(text, ':')
-            && !t.nl_before
             && toks[i - 2].is(C_PERSON_FIELD)
+            && plain(t)
+            && !t.nl_before
+            && !persons.at(out, t.s, t.e)
         {
             // letters only (no `server01`), and a given name with a family name (a lone
             // word after `name:` is as often a config value)
@@ -1236,7 +1235,7 @@ fn firm_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     while i + 4 < n {
         // the rare separators first (see `named_common_word`)
         let shape = toks[i + 1].is_punct(text, ',')
-            && (toks[i + 3].key == "and" || toks[i + 3].is_punct(text, '&'))
+            & ((toks[i + 3].key == "and") | toks[i + 3].is_punct(text, '&'))
             && single(i)
             && single(i + 2)
             && single(i + 4)
@@ -1292,7 +1291,7 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
         // nothing (tested first: see `named_common_word`).
         if !toks
             .get(i + 1)
-            .is_some_and(|x| x.is_punct(text, ',') || x.key == "and" || x.is_punct(text, '&'))
+            .is_some_and(|x| x.is_punct(text, ',') | (x.key == "and") | x.is_punct(text, '&'))
         {
             i += 1;
             continue;
