@@ -949,7 +949,8 @@ fn flags_of(t: &Tok) -> u32 {
 
 /// A lower-case word that only the name lists know (`olga`, `kleist`).
 fn lower_name_word(t: &Tok, want: u32) -> bool {
-    // (`&`: one branch, see `capword`; `want` holds name-list bits only)
+    // (`&`: one branch, see `capword`; of `want` only the name-list bits can hold, since
+    // the word must be in no other list)
     (t.kind == Kind::Word)
         & !t.cap
         & !t.sentinel
