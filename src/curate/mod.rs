@@ -1,5 +1,25 @@
 //! Curation: everything a captured datum passes before it may train. Nothing personal leaves this stage.
 
+/// A 256-entry table of `$class` for every byte value, built at compile time: the byte
+/// scanners of redaction and the secret filter read one entry per byte instead of a chain of
+/// range tests (`byte_table!(|b| b.is_ascii_digit())`). Defined before the submodules below,
+/// so it is in scope in all of them.
+macro_rules! byte_table {
+    (|$b:ident| $class:expr) => {{
+        let mut table = [{
+            let $b = 0u8;
+            $class
+        }; 256];
+        let mut i = 1;
+        while i < 256 {
+            let $b = i as u8;
+            table[i] = $class;
+            i += 1;
+        }
+        table
+    }};
+}
+
 pub mod dedup;
 pub mod guard;
 pub mod redact;

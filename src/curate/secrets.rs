@@ -1250,16 +1250,8 @@ fn is_word_byte(c: u8) -> bool {
 }
 
 /// Bytes of a base64/url-safe token, as a table: the bare-token pass tests every byte.
-static TOK_BYTES: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut c = 0;
-    while c < 256 {
-        let b = c as u8;
-        t[c] = b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'_' | b'-');
-        c += 1;
-    }
-    t
-};
+static TOK_BYTES: [bool; 256] =
+    byte_table!(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'_' | b'-'));
 
 fn is_tok_byte(c: u8) -> bool {
     TOK_BYTES[c as usize]

@@ -213,24 +213,15 @@ fn joiner(c: char) -> bool {
 const DIGIT: u8 = 1;
 const LOWER: u8 = 2;
 const UPPER: u8 = 3;
-static ASCII_CLASS: [u8; 256] = {
-    let mut t = [0u8; 256];
-    let mut c = 0;
-    while c < 128 {
-        let b = c as u8;
-        t[c] = if b.is_ascii_digit() {
-            DIGIT
-        } else if b.is_ascii_lowercase() {
-            LOWER
-        } else if b.is_ascii_uppercase() {
-            UPPER
-        } else {
-            0
-        };
-        c += 1;
-    }
-    t
-};
+static ASCII_CLASS: [u8; 256] = byte_table!(|b| if b.is_ascii_digit() {
+    DIGIT
+} else if b.is_ascii_lowercase() {
+    LOWER
+} else if b.is_ascii_uppercase() {
+    UPPER
+} else {
+    0
+});
 
 /// Splits text into word, number and punctuation tokens.
 pub(crate) fn tokenize(text: &str) -> Vec<Tok<'_>> {

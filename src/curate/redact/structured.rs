@@ -142,24 +142,15 @@ const STAT_PLAIN: u8 = 0;
 const STAT_HEX_LETTER: u8 = 1;
 const STAT_DIGIT: u8 = 2;
 const STAT_COUNTED: u8 = 3;
-static STAT_BYTES: [u8; 256] = {
-    let mut t = [STAT_PLAIN; 256];
-    let mut c = 0;
-    while c < 256 {
-        let b = c as u8;
-        t[c] = if b.is_ascii_digit() {
-            STAT_DIGIT
-        } else if b.is_ascii_hexdigit() {
-            STAT_HEX_LETTER
-        } else if matches!(b, b'.' | b'-' | b':' | b'@' | b'/' | b'\\') {
-            STAT_COUNTED
-        } else {
-            STAT_PLAIN
-        };
-        c += 1;
-    }
-    t
-};
+static STAT_BYTES: [u8; 256] = byte_table!(|b| if b.is_ascii_digit() {
+    STAT_DIGIT
+} else if b.is_ascii_hexdigit() {
+    STAT_HEX_LETTER
+} else if matches!(b, b'.' | b'-' | b':' | b'@' | b'/' | b'\\') {
+    STAT_COUNTED
+} else {
+    STAT_PLAIN
+});
 
 fn stats(b: &[u8]) -> Stats {
     let mut st = Stats {
