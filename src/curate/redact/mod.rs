@@ -508,6 +508,7 @@ impl Redactor {
             keep_non_personal_ips: self.config.keep_non_personal_ips,
             user_name_only: self.config.file_path_mode == FilePathMode::UserNameOnly,
             url_credentials: self.config.url_credentials,
+            enabled: self.enabled,
         };
         // One keyword walk serves both the structured detectors' context gates and the
         // secret filter's rule selection, whichever asks first.

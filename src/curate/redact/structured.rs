@@ -17,6 +17,17 @@ pub(crate) struct Ctx {
     pub keep_non_personal_ips: bool,
     pub user_name_only: bool,
     pub url_credentials: bool,
+    /// The redactor's enabled types (by `PiiType as usize`): a detector whose every candidate
+    /// would be of a disabled type is not run. (The redactor drops such candidates before
+    /// resolving, so skipping them changes nothing but the time.) Detectors that also push
+    /// shields (paths, hard negatives, non-personal IPs) always run.
+    pub enabled: [bool; 16],
+}
+
+impl Ctx {
+    fn on(&self, t: PiiType) -> bool {
+        self.enabled[t as usize]
+    }
 }
 
 fn re(p: &str) -> Regex {
@@ -284,8 +295,14 @@ pub(crate) fn detect(
         0
     };
     if st.at {
-        emails(b, out);
-        if ctx.url_credentials && st.colons > 0 && contains_seq(b, b"://") {
+        if ctx.on(PiiType::Email) {
+            emails(b, out);
+        }
+        if ctx.url_credentials
+            && ctx.on(PiiType::UrlCredentials)
+            && st.colons > 0
+            && contains_seq(b, b"://")
+        {
             url_creds(b, out);
         }
     }
@@ -299,7 +316,7 @@ pub(crate) fn detect(
     if st.dashes >= 4 || st.hex_run >= 32 || (st.dashes >= 2 && st.colons >= 1) || st.dots >= 2 {
         shields(b, out);
     }
-    if st.iban_head {
+    if st.iban_head && ctx.on(PiiType::Iban) {
         ibans(b, out);
     }
     if st.dots >= 3 && st.digits >= 4 {
@@ -308,24 +325,26 @@ pub(crate) fn detect(
     // IPv6 and MAC need a colon between hex digits somewhere
     if st.hex_colon {
         ipv6(b, ctx, out);
-        macs(b, out);
+        if ctx.on(PiiType::MacAddress) {
+            macs(b, out);
+        }
     }
-    if st.dashes >= 5 {
+    if st.dashes >= 5 && ctx.on(PiiType::MacAddress) {
         macs_dash(b, out);
     }
-    if st.digits >= 9 {
+    if st.digits >= 9 && (ctx.on(PiiType::CreditCard) || ctx.on(PiiType::Ssn)) {
         digit_runs(b, out);
     }
-    if st.digits >= 7 {
+    if st.digits >= 7 && ctx.on(PiiType::Phone) {
         phones(b, out);
     }
-    if st.hex_run >= 25 || kw & KW_B58 != 0 || st.bech32_head {
+    if (st.hex_run >= 25 || kw & KW_B58 != 0 || st.bech32_head) && ctx.on(PiiType::CryptoWallet) {
         wallets(b, kw & KW_B58 != 0, out);
     }
-    if kw & KW_DOB != 0 {
+    if kw & KW_DOB != 0 && ctx.on(PiiType::DateOfBirth) {
         dates_of_birth(b, out);
     }
-    if kw & KW_ID != 0 {
+    if kw & KW_ID != 0 && ctx.on(PiiType::IdNumber) {
         id_numbers(b, out);
     }
 }
@@ -1254,7 +1273,65 @@ mod tests {
             .collect()
     }
 
+    /// Pieces of text that wake every structured detector and shield.
+    const PIECES: &[&str] = &[
+        "mail ann.lee@example.org now",
+        "https://bob:hunter22@db.example.com/x",
+        "call +1 (916) 530-2931 ext 4",
+        "card 4111 1111 1111 1111",
+        "ssn 123-45-6789",
+        "IBAN DE89 3704 0044 0532 0130 00",
+        "host 203.0.113.7 and 10.1.2.3",
+        "v6 2001:db8::1 fe80::1ff:fe23:4567:890a",
+        "mac 00:1A:2B:3C:4D:5E and 00-1A-2B-3C-4D-5E",
+        "wallet 0x52908400098527886E0F7030069857D2E4169EE7 btc 1BoatSLRHtKNngkdXEeobR76b53LETtpyT",
+        "bc1qar0srrr7xfkvy5l643lydnw9re59gtzzwf5mdq",
+        "born 1990-04-12",
+        "passport no X1234567",
+        "open /home/alice/notes.txt or C:\\Users\\bob\\a.doc",
+        "uuid 123e4567-e89b-12d3-a456-426614174000 at 2024-01-02 10:00:00 v1.2.3",
+        " ",
+        ", ",
+        "\n",
+    ];
+
     proptest::proptest! {
+        /// A detector skipped for a disabled type would only have pushed candidates that the
+        /// redactor drops before resolving: with any set of types off, what `detect` gives less
+        /// the disabled types' candidates is the full run's less the same (shields included).
+        #[test]
+        fn disabled_types_only_drop_their_own_candidates(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..12),
+            off in proptest::collection::vec(proptest::sample::select(PiiType::ALL), 0..6),
+            (keep_non_personal_ips, user_name_only, url_credentials) in proptest::prelude::any::<(bool, bool, bool)>(),
+        ) {
+            let text: String = parts.concat();
+            let ctx = |enabled| Ctx {
+                keep_non_personal_ips,
+                user_name_only,
+                url_credentials,
+                enabled,
+            };
+            let key = |v: Vec<Cand>| {
+                v.into_iter()
+                    .map(|c| (c.start, c.end, c.ty, c.detector, c.priority))
+                    .collect::<Vec<_>>()
+            };
+            let mut enabled = [true; 16];
+            let mut full = Vec::new();
+            detect(&text, &ctx(enabled), || ALL_KEYWORD_GROUPS, &mut full);
+            for t in &off {
+                enabled[*t as usize] = false;
+            }
+            let wanted = |c: &Cand| c.ty.is_none_or(|t| enabled[t as usize]);
+            full.retain(wanted);
+            let mut restricted = Vec::new();
+            detect(&text, &ctx(enabled), || ALL_KEYWORD_GROUPS, &mut restricted);
+            // (detectors that also push shields run anyway, with their typed candidates)
+            restricted.retain(wanted);
+            proptest::prop_assert_eq!(key(restricted), key(full));
+        }
+
         /// The byte scanners find exactly what the regexes they replace would.
         #[test]
         fn scanners_match_their_regexes(s in "[0-9 .a-]{0,40}") {
