@@ -695,9 +695,12 @@ fn digit_runs_spans(b: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
 /// regex, by a byte scan.
 fn ipv4_spans(b: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
     let n = b.len();
+    // digits at `j`, counted up to four (enough to tell `[0-9]{1,3}` from a longer run; a
+    // full count from every position of a long run made the scan quadratic)
     let digits_at = move |j: usize| {
         b[j.min(n)..]
             .iter()
+            .take(4)
             .take_while(|c| c.is_ascii_digit())
             .count()
     };
@@ -923,18 +926,26 @@ fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
             g
         };
         // Try the longest prefix of groups that makes a valid card (cards can be followed by
-        // other numbers, e.g. an expiry year).
+        // other numbers, e.g. an expiry year). Only prefixes of 12 to 19 digits can be one:
+        // the others are passed over without collecting their digits (from every prefix of a
+        // long run of short groups, `12 12 12 …`, that was quadratic).
+        let mut digits_upto = 0;
+        let card_long: SmallVec<[usize; 8]> = groups
+            .iter()
+            .enumerate()
+            .filter_map(|(k, (a, z))| {
+                digits_upto += z - a;
+                (12..=19).contains(&digits_upto).then_some(k + 1)
+            })
+            .collect();
         let mut found = false;
-        for k in (1..=groups.len()).rev() {
+        for &k in card_long.iter().rev() {
             let ce = groups[k - 1].1;
             let digits: SmallVec<[u8; 24]> = b[s..ce]
                 .iter()
                 .copied()
                 .filter(u8::is_ascii_digit)
                 .collect();
-            if !(12..=19).contains(&digits.len()) {
-                continue;
-            }
             // groups of a card are 4-4-4-4(-3), 4-6-5, 4-6-4, or one block
             let lens: SmallVec<[usize; 8]> = groups[..k].iter().map(|(a, z)| z - a).collect();
             let shape_ok = k == 1
