@@ -116,6 +116,8 @@ const SCALING_PATTERNS: &[&str] = &[
     "12 Oak Road, ",
     "a@b.co ",
     "x.txt+1 (916) 530-2931 ",
+    // a name before a bracket that never closes: the search for its close once ran to the end
+    "Ann Lee (",
     // one run of short digit groups: each prefix of the run was once collected as a card
     "12 ",
     "1-",

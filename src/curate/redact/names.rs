@@ -771,12 +771,15 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             // `Jenna Houston (jh@example.com)`, `Eerden <x@y.de>`: a name with its e-mail
             let with_email = next.is_some_and(|x| {
                 (x.is_punct(text, '(') || x.is_punct(text, '<')) && {
+                    // the bracket closes within 100 bytes, so the search looks no further (to
+                    // the text's end from every such name, it was quadratic)
                     let rest = &text[x.e..];
-                    rest.find([')', '>']).is_some_and(|c| {
-                        c <= 100
-                            && rest[..c].contains('@')
-                            && !rest[..c].contains(char::is_whitespace)
-                    })
+                    rest.as_bytes()[..rest.len().min(101)]
+                        .iter()
+                        .position(|&b| b == b')' || b == b'>')
+                        .is_some_and(|c| {
+                            rest[..c].contains('@') && !rest[..c].contains(char::is_whitespace)
+                        })
                 }
             });
             // `Ship it to Remigio, 12 Oak Road`: a name heading an address (after `at` it is
