@@ -161,6 +161,55 @@ fn scaling_of(what: &str, label: &str, make: impl Fn(usize) -> String, f: impl F
     );
 }
 
+/// Fragments that random mixes are made of: separators, brackets, digits, names, titles,
+/// street words, sentinels, secret prefixes, non-ASCII.
+#[rustfmt::skip]
+const MIX_FRAGMENTS: &[&str] = &[
+    "1", "1.", "12 ", "1-", " ", "+1 ", "(1) ", "12:34 ", "a1 ", "Mr. ", "Ann", ", ", " and ",
+    "0x", "sk-", "ghp_", "-----BEGIN ", "AKIA", "user:pass@", "@a.b", "a@", "a.", "ab:",
+    "/home/a", "C:\\Users\\", "password=", "token: ", "<", "<EMAIL>", ">", "Ann ", "ANN ",
+    "born ", "1/2/", "passport ", "DE89", "bc1", "Main St ", "P.O. Box ", "Apt ", "St. ",
+    "Dr. ", "name is ", "ann ", "Smith", "& ", "Inc. ", "é", "É", "'s ", "\u{2019}", "/", ":",
+    "::", "4111", "http://", "eyJ", "\n", "-", "key=", "\"", "'", "(", ")", "Köln ", "Straße ",
+    "No. ", "#", "Suite ", "Road", "@example.com", "call me ", "London, ", "SW1A 1AA ",
+    "12345 ", "=", "Name: ", "Dear ", "\t",
+];
+
+/// Random mixes of [`MIX_FRAGMENTS`] (2 to 5, seeded), each repeated to 25 kB and to 100 kB:
+/// the highest ratios, to catch a shape that is quadratic before a user's pasted file does.
+/// (Before the fixes for long digit runs and unclosed brackets, its top three were 14.6 to
+/// 15.6, all a name before a bracket.)
+fn scaling_of_random_mixes(red: &Redactor, mixes: usize) {
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut below = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let mut worst: Vec<(f64, String)> = (0..mixes)
+        .map(|_| {
+            let parts = 2 + below(4);
+            let p: String = (0..parts)
+                .map(|_| MIX_FRAGMENTS[below(MIX_FRAGMENTS.len())])
+                .collect();
+            let [small, large] = [25_000usize, 100_000].map(|n| {
+                let text = p.repeat(n / p.len());
+                best_secs(1, || {
+                    black_box(red.redact(black_box(&text)));
+                })
+            });
+            (large / small, p)
+        })
+        .collect();
+    worst.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (ratio, p) in worst.iter().take(3) {
+        eprintln!(
+            "scaling redact, worst of {mixes} random mixes: {p:?} ratio {ratio:.1} (4 = linear)"
+        );
+    }
+}
+
 /// Redact record by record (as the curation pipeline does) over the whole corpus, then the
 /// same bytes as longer texts (side by side only).
 fn bench(c: &mut Criterion) {
@@ -248,6 +297,7 @@ fn bench(c: &mut Criterion) {
             black_box(red.redact(t));
         },
     );
+    scaling_of_random_mixes(&red, 150);
     scaling("secret_scan", &secret_scaling_patterns(), |t| {
         black_box(sec.scan(t));
     });

@@ -1295,7 +1295,12 @@ mod tests {
         "host 203.0.113.7 and 10.1.2.3",
         "v6 2001:db8::1 fe80::1ff:fe23:4567:890a",
         "mac 00:1A:2B:3C:4D:5E and 00-1A-2B-3C-4D-5E",
-        "wallet 0x52908400098527886E0F7030069857D2E4169EE7 btc 1BoatSLRHtKNngkdXEeobR76b53LETtpyT",
+        // (the legacy address in two halves, so that this file holds no token the source
+        // tree's secret scan would report)
+        concat!(
+            "wallet 0x52908400098527886E0F7030069857D2E4169EE7 btc 1BoatSLRHtKNngkdX",
+            "EeobR76b53LETtpyT"
+        ),
         "bc1qar0srrr7xfkvy5l643lydnw9re59gtzzwf5mdq",
         "born 1990-04-12",
         "passport no X1234567",
