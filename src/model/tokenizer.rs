@@ -375,6 +375,7 @@ impl Bpe {
         self.alive.clear();
         self.heap.clear();
         for (i, id) in byte_ids.enumerate() {
+            // (the first symbol's `prev` wraps to NONE)
             self.syms.push((id, i.wrapping_sub(1), i + 1));
             self.alive.push(true);
         }
@@ -397,7 +398,10 @@ impl Bpe {
         while let Some(std::cmp::Reverse((rank, i))) = self.heap.pop() {
             // Skip an entry that a merge made stale: its left symbol went, or now pairs with
             // another right neighbour.
-            let Some((now, merged)) = merge_at(&self.syms, i).filter(|_| self.alive[i]) else {
+            if !self.alive[i] {
+                continue;
+            }
+            let Some((now, merged)) = merge_at(&self.syms, i) else {
                 continue;
             };
             if now != rank {
