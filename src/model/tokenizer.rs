@@ -67,7 +67,9 @@ pub struct Tokenizer {
     /// Control / user-defined tokens matched verbatim (longest first) when specials are allowed.
     specials: Vec<(String, u32)>,
     is_special: Vec<bool>,
-    byte_enc: [char; 256],
+    /// Token of each byte's mapped char (`None`: the vocabulary lacks it), looked up once here
+    /// instead of once per byte encoded.
+    byte_ids: [Option<u32>; 256],
     byte_dec: HashMap<char, u8>,
     pre: PreTokenizer,
     /// Prefix a space to text that does not start with whitespace (`tokenizer.ggml.add_space_prefix`,
@@ -185,9 +187,10 @@ impl Tokenizer {
         // Real vocabularies omit some control bytes (SmolLM2 has no token for 0x04), so only the
         // printable ASCII bytes are required; a byte without a token is dropped when encoding, as
         // Hugging Face's BPE (without byte fallback) does.
+        let byte_ids = byte_enc.map(|c| ids.get(c.to_string().as_str()).copied());
         for b in b'!'..=b'~' {
-            let c = byte_enc[b as usize];
-            if !ids.contains_key(c.to_string().as_str()) {
+            if byte_ids[b as usize].is_none() {
+                let c = byte_enc[b as usize];
                 return Err(tok_err(format!(
                     "byte token `{c}` missing: not a byte-level vocabulary"
                 )));
@@ -199,7 +202,7 @@ impl Tokenizer {
             merges: merge_ids,
             specials,
             is_special,
-            byte_enc,
+            byte_ids,
             byte_dec,
             pre,
             add_space_prefix: false,
@@ -272,11 +275,7 @@ impl Tokenizer {
         for piece in pre_tokenize(text, self.pre) {
             // A byte the vocabulary lacks has no token and is dropped, as Hugging Face's BPE
             // (without byte fallback) does; it merges with nothing.
-            let byte_ids = piece.bytes().map(|b| {
-                let mut buf = [0u8; 4];
-                let c: &str = self.byte_enc[b as usize].encode_utf8(&mut buf);
-                self.ids.get(c).copied()
-            });
+            let byte_ids = piece.bytes().map(|b| self.byte_ids[b as usize]);
             bpe.run(byte_ids, &self.merges, out);
         }
         Ok(())
@@ -579,12 +578,11 @@ mod tests {
             .rev()
             .filter_map(|(r, m)| m.split_once(' ').map(|(a, b)| ((a.into(), b.into()), r)))
             .collect();
+        let enc = bytes_to_unicode();
         let mut out = Vec::new();
         for piece in pre_tokenize(text, t.pre) {
-            let mut syms: Vec<String> = piece
-                .bytes()
-                .map(|b| t.byte_enc[b as usize].to_string())
-                .collect();
+            let mut syms: Vec<String> =
+                piece.bytes().map(|b| enc[b as usize].to_string()).collect();
             loop {
                 let best = (1..syms.len())
                     .filter_map(|i| ranks.get(&(syms[i - 1].clone(), syms[i].clone())))
