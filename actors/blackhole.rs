@@ -2,10 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
+use crate::message::{Message, MessageType};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -22,12 +21,12 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for BlackholeParams {
+impl ActorFactory<Message> for BlackholeParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         Ok(Box::new(Blackhole {
             log_every: self.log_every,
             seen: 0,
@@ -36,7 +35,7 @@ impl ActorFactory for BlackholeParams {
     }
 }
 
-impl KindParams for BlackholeParams {
+impl KindParams<Message> for BlackholeParams {
     fn example() -> Self {
         BlackholeParams { log_every: 10_000 }
     }
@@ -48,8 +47,13 @@ struct Blackhole {
     node: String,
 }
 
-impl Actor for Blackhole {
-    fn handle(&mut self, _port: &str, _message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
+impl Actor<Message> for Blackhole {
+    fn handle(
+        &mut self,
+        _port: &str,
+        _message: &Message,
+        _out: &mut Outbox,
+    ) -> Result<(), ActorError> {
         self.seen += 1;
         if self.log_every > 0 && self.seen.is_multiple_of(self.log_every) {
             tracing::info!(node = %self.node, seen = self.seen, "blackhole");

@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams};
+use crate::message::{Message, MessageType};
 use crate::store::Store;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -34,13 +33,14 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for CaptureParams {
+impl ActorFactory<Message> for CaptureParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
-        let store = Store::open(&ctx.data_dir).map_err(|e| ActorError::Build(e.to_string()))?;
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
+        let store =
+            Store::open(&ctx.data_dir).map_err(|e| ActorError::build_from("open the store", e))?;
         Ok(Box::new(Capture {
             store,
             retention: self.retention_secs.map(Duration::from_secs),
@@ -50,7 +50,7 @@ impl ActorFactory for CaptureParams {
     }
 }
 
-impl KindParams for CaptureParams {
+impl KindParams<Message> for CaptureParams {
     fn example() -> Self {
         CaptureParams {
             retention_secs: Some(7 * 24 * 3600),
@@ -68,32 +68,36 @@ struct Capture {
 /// How often retention runs; raw text outlives its retention by at most this much.
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 
-fn failed(e: impl std::fmt::Display) -> ActorError {
-    ActorError::Failed(e.to_string())
-}
-
-impl Actor for Capture {
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
+impl Actor<Message> for Capture {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
         let samples = match message {
-            Message::Interaction(i) => self.store.capture_interaction(i).map_err(failed)?,
-            Message::Feedback(f) => self.store.capture_feedback(f).map_err(failed)?,
+            Message::Interaction(i) => self
+                .store
+                .capture_interaction(i)
+                .context("capture an interaction")?,
+            Message::Feedback(f) => self.store.capture_feedback(f).context("capture feedback")?,
             other => {
-                return Err(ActorError::Unexpected {
-                    port: port.to_owned(),
-                    got: other.message_type(),
-                });
+                return Err(crate::message::unexpected(port, other));
             }
         };
         if let Some(retention) = self.retention
             && self.last_retention.elapsed() >= RETENTION_EVERY
         {
             self.last_retention = Instant::now();
-            let erased = self.store.apply_retention(retention).map_err(failed)?;
+            let erased = self
+                .store
+                .apply_retention(retention)
+                .context("apply retention")?;
             metrics::counter!("hearth_capture_raw_erased_total").increment(erased as u64);
         }
         // Empty when captured before (a resent request or a replay): it is already on its way or decided.
         for sample in samples {
-            out.send("out", Message::Sample(Arc::new(sample))).map_err(failed)?;
+            out.send("out", Message::Sample(Arc::new(sample)))?;
         }
         Ok(())
     }
@@ -102,12 +106,18 @@ impl Actor for Capture {
         if !self.replay_pending {
             return Ok(());
         }
-        let pending = self.store.pending_samples().map_err(failed)?;
+        let pending = self
+            .store
+            .pending_samples()
+            .context("read pending samples")?;
         if !pending.is_empty() {
-            tracing::info!(items = pending.len(), "replaying items left pending by the last run");
+            tracing::info!(
+                items = pending.len(),
+                "replaying items left pending by the last run"
+            );
         }
         for sample in pending {
-            out.send("out", Message::Sample(Arc::new(sample))).map_err(failed)?;
+            out.send("out", Message::Sample(Arc::new(sample)))?;
         }
         Ok(())
     }

@@ -7,12 +7,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::curate::dedup::{DedupDecision, Deduper};
-use crate::engine::message::{Decision, Outcome};
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams};
+use crate::message::{Decision, Outcome};
+use crate::message::{Message, MessageType};
 
 pub use crate::curate::dedup::DedupConfig;
 
@@ -30,25 +29,28 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for DedupConfig {
+impl ActorFactory<Message> for DedupConfig {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         if ctx.worker > 0 {
-            return Err(ActorError::Build(format!(
+            return Err(ActorError::build(format!(
                 "node `{}`: dedup keeps one state per node; use `workers: 1`",
                 ctx.node_id
             )));
         }
-        let path = ctx.data_dir.join("dedup").join(format!("{}.state", ctx.node_id));
+        let path = ctx
+            .data_dir
+            .join("dedup")
+            .join(format!("{}.state", ctx.node_id));
         let deduper = if path.exists() {
             Deduper::load(&path, self.clone())
         } else {
             Deduper::new(self.clone())
         }
-        .map_err(|e| ActorError::Build(format!("{}: {e}", path.display())))?;
+        .map_err(|e| ActorError::build_from(path.display().to_string(), e))?;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -61,7 +63,7 @@ impl ActorFactory for DedupConfig {
     }
 }
 
-impl KindParams for DedupConfig {
+impl KindParams<Message> for DedupConfig {
     fn example() -> Self {
         DedupConfig::default()
     }
@@ -79,17 +81,26 @@ impl Dedup {
         self.unsaved = 0;
         self.deduper
             .save(&self.path)
-            .map_err(|e| ActorError::Failed(format!("{}: {e}", self.path.display())))
+            .context(self.path.display().to_string())
     }
 }
 
-impl Actor for Dedup {
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let sample = crate::engine::expect_sample(port, message)?;
+impl Actor<Message> for Dedup {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let sample = crate::message::expect_sample(port, message)?;
         let text = sample.content.texts().join("\n");
         // Keyed by the sample id, so a sample replayed after a crash is not its own duplicate.
-        let key = crate::curate::dedup::minhash::hash_bytes(sample.id.as_bytes(), 0x5a3d_1e00_0000_0001).max(1);
-        let decision = self.deduper.check_and_insert_keyed(&text, sample.origin, key);
+        let key =
+            crate::curate::dedup::minhash::hash_bytes(sample.id.as_bytes(), 0x5a3d_1e00_0000_0001)
+                .max(1);
+        let decision = self
+            .deduper
+            .check_and_insert_keyed(&text, sample.origin, key);
         self.unsaved += 1;
         if self.unsaved >= SAVE_EVERY {
             self.save()?;
@@ -101,16 +112,23 @@ impl Actor for Dedup {
                 let mut sample = sample.clone();
                 Arc::make_mut(&mut sample).record(&self.node, "admitted", serde_json::Value::Null);
                 return out
-                    .send("out", Message::Sample(sample)).map_err(ActorError::from);
+                    .send("out", Message::Sample(sample))
+                    .map_err(ActorError::from);
             }
-            DedupDecision::ExactDuplicate { of } => ("exact_duplicate", format!("exact duplicate of #{of}")),
-            DedupDecision::NearDuplicate { of, jaccard_estimate } => (
+            DedupDecision::ExactDuplicate { of } => {
+                ("exact_duplicate", format!("exact duplicate of #{of}"))
+            }
+            DedupDecision::NearDuplicate {
+                of,
+                jaccard_estimate,
+            } => (
                 "near_duplicate",
                 format!("near duplicate of #{of} (Jaccard ≈ {jaccard_estimate:.2})"),
             ),
-            DedupDecision::DiversityFloor { cluster } => {
-                ("diversity_floor", format!("cluster #{cluster} is at its diversity floor"))
-            }
+            DedupDecision::DiversityFloor { cluster } => (
+                "diversity_floor",
+                format!("cluster #{cluster} is at its diversity floor"),
+            ),
         };
         metrics::counter!("hearth_dedup_decisions_total", "node" => self.node.clone(), "decision" => reason.0)
             .increment(1);
@@ -122,7 +140,8 @@ impl Actor for Dedup {
             outcome: Outcome::Dropped,
             reason: format!("dedup: {}", reason.1),
         };
-        out.send("decisions", Message::Decision(Arc::new(decision))).map_err(ActorError::from)
+        out.send("decisions", Message::Decision(Arc::new(decision)))
+            .map_err(ActorError::from)
     }
 
     fn flush(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {

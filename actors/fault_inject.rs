@@ -2,10 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
+use crate::message::{Message, MessageType};
 
 /// How a chosen message fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -31,19 +30,19 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for FaultInjectParams {
+impl ActorFactory<Message> for FaultInjectParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, _ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, _ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         Ok(Box::new(FaultInject {
             params: self.clone(),
         }))
     }
 }
 
-impl KindParams for FaultInjectParams {
+impl KindParams<Message> for FaultInjectParams {
     fn example() -> Self {
         FaultInjectParams {
             fail_ids_ending: vec!["-13".to_owned()],
@@ -56,9 +55,14 @@ struct FaultInject {
     params: FaultInjectParams,
 }
 
-impl Actor for FaultInject {
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let sample = crate::engine::expect_sample(port, message)?;
+impl Actor<Message> for FaultInject {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let sample = crate::message::expect_sample(port, message)?;
         if self
             .params
             .fail_ids_ending
@@ -68,7 +72,10 @@ impl Actor for FaultInject {
             match self.params.mode {
                 FaultMode::Panic => panic!("injected fault on {}", sample.id),
                 FaultMode::Error => {
-                    return Err(ActorError::Failed(format!("injected fault on {}", sample.id)));
+                    return Err(ActorError::Message(format!(
+                        "injected fault on {}",
+                        sample.id
+                    )));
                 }
             }
         }

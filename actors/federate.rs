@@ -17,16 +17,17 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::message::Delta;
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox, PortSpec,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
+use crate::federate::WireMode;
 use crate::federate::client::Client;
-use crate::federate::coordinator::{read_private_file, secret_env_var};
+use crate::federate::coordinator::secret_env_var;
 use crate::federate::dp::DpConfig;
 use crate::federate::tls::ClientTls;
 use crate::federate::worker::{Worker, WorkerError, is_aggregate};
-use crate::federate::WireMode;
+use crate::files::read_private_file;
+use crate::message::Delta;
+use crate::message::{Message, MessageType};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -78,18 +79,20 @@ static INFO: KindInfo = KindInfo {
 };
 
 fn build_err(node: &str, e: impl std::fmt::Display) -> ActorError {
-    ActorError::Build(format!("node `{node}`: {e}"))
+    ActorError::build(format!("node `{node}`: {e}"))
 }
 
 fn secs(node: &str, field: &str, x: f64) -> Result<Duration, ActorError> {
-    Duration::try_from_secs_f64(x).map_err(|_| build_err(node, format!("`{field}` must be a non-negative number")))
+    Duration::try_from_secs_f64(x)
+        .map_err(|_| build_err(node, format!("`{field}` must be a non-negative number")))
 }
 
 impl FederateParams {
     fn secret(&self, node: &str) -> Result<Vec<u8>, ActorError> {
         match &self.secret_file {
             Some(path) => {
-                let text = read_private_file(path).map_err(|e| build_err(node, e))?;
+                let text = read_private_file(path)
+                    .map_err(|e| ActorError::build_from(format!("node `{node}`"), e))?;
                 let secret = text.trim();
                 if secret.is_empty() {
                     return Err(build_err(node, format!("{} is empty", path.display())));
@@ -98,9 +101,12 @@ impl FederateParams {
             }
             None => {
                 let var = secret_env_var(&self.worker);
-                std::env::var(&var)
-                    .map(String::into_bytes)
-                    .map_err(|_| build_err(node, format!("{var} is not set and no `secret_file` is given")))
+                std::env::var(&var).map(String::into_bytes).map_err(|_| {
+                    build_err(
+                        node,
+                        format!("{var} is not set and no `secret_file` is given"),
+                    )
+                })
             }
         }
     }
@@ -111,28 +117,48 @@ impl FederateParams {
             .to_socket_addrs()
             .ok()
             .and_then(|mut a| a.next())
-            .ok_or_else(|| build_err(node, format!("`coordinator`: cannot resolve {:?} (host:port)", self.coordinator)))?;
+            .ok_or_else(|| {
+                build_err(
+                    node,
+                    format!(
+                        "`coordinator`: cannot resolve {:?} (host:port)",
+                        self.coordinator
+                    ),
+                )
+            })?;
         let mut client = Client::new(addr, self.worker.clone(), self.secret(node)?, self.mode);
         if let Some(ca) = &self.tls_ca {
-            let host = self.coordinator.rsplit_once(':').map_or(self.coordinator.as_str(), |(h, _)| h);
-            let name = self.tls_server_name.as_deref().unwrap_or(host.trim_start_matches('[').trim_end_matches(']'));
-            client = client.with_tls(ClientTls::from_ca_file(ca, name).map_err(|e| build_err(node, e))?);
+            let host = self
+                .coordinator
+                .rsplit_once(':')
+                .map_or(self.coordinator.as_str(), |(h, _)| h);
+            let name = self
+                .tls_server_name
+                .as_deref()
+                .unwrap_or(host.trim_start_matches('[').trim_end_matches(']'));
+            client = client.with_tls(
+                ClientTls::from_ca_file(ca, name)
+                    .map_err(|e| ActorError::build_from(format!("node `{node}`"), e))?,
+            );
         }
         Ok(client)
     }
 }
 
-impl ActorFactory for FederateParams {
+impl ActorFactory<Message> for FederateParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
     /// Checks what needs no file; the secret, the CA and the persisted state are read at start (see
     /// [`FederateParams::open_worker`]), so a graph validates and builds on a machine without them.
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         let node = &ctx.node_id;
         if ctx.worker > 0 {
-            return Err(build_err(node, "one federation worker per node; use `workers: 1`"));
+            return Err(build_err(
+                node,
+                "one federation worker per node; use `workers: 1`",
+            ));
         }
         if self.worker.is_empty() {
             return Err(build_err(node, "`worker` is empty"));
@@ -153,7 +179,11 @@ impl ActorFactory for FederateParams {
 impl FederateParams {
     /// Reads the secret and the CA file, resolves the coordinator and loads the worker's persisted state; an
     /// error names the node and the file or field.
-    pub fn open_worker(&self, node: &str, data_dir: &std::path::Path) -> Result<Worker, ActorError> {
+    pub fn open_worker(
+        &self,
+        node: &str,
+        data_dir: &std::path::Path,
+    ) -> Result<Worker, ActorError> {
         let mut worker = Worker::open(
             self.client(node)?,
             self.dp.clone(),
@@ -161,13 +191,14 @@ impl FederateParams {
             data_dir.join("deltas"),
         )
         .map_err(|e| build_err(node, e))?;
-        worker.aggregate_timeout = secs(node, "aggregate_timeout_secs", self.aggregate_timeout_secs)?;
+        worker.aggregate_timeout =
+            secs(node, "aggregate_timeout_secs", self.aggregate_timeout_secs)?;
         worker.retry_for = secs(node, "retry_secs", self.retry_secs)?;
         Ok(worker)
     }
 }
 
-impl KindParams for FederateParams {
+impl KindParams<Message> for FederateParams {
     fn example() -> Self {
         FederateParams {
             coordinator: "127.0.0.1:7070".to_owned(),
@@ -221,10 +252,12 @@ impl Federate {
         if !(wait || self.running.as_ref().is_some_and(|h| h.is_finished())) {
             return Ok(());
         }
-        let Some(handle) = self.running.take() else { return Ok(()) };
+        let Some(handle) = self.running.take() else {
+            return Ok(());
+        };
         let (worker, result) = handle
             .join()
-            .map_err(|_| ActorError::Failed("federation round thread panicked".into()))?;
+            .map_err(|_| ActorError::Message("federation round thread panicked".into()))?;
         self.worker = Some(worker);
         let outcome = match result {
             Ok(aggregate) => {
@@ -235,7 +268,7 @@ impl Federate {
             Err(e) => {
                 metrics::counter!("hearth_federate_worker_failures_total", "node" => self.node.clone()).increment(1);
                 tracing::error!(node = %self.node, error = %e, "federation round failed");
-                Err(ActorError::Failed(format!("federation round: {e}")))
+                Err(ActorError::failed("federation round", e))
             }
         };
         if let Some(next) = self.waiting.take() {
@@ -247,15 +280,20 @@ impl Federate {
     }
 }
 
-impl Actor for Federate {
+impl Actor<Message> for Federate {
     /// Opens the worker now, so a missing secret or a bad CA file shows at start, not hours later.
     fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
         self.worker = Some(self.params.open_worker(&self.node, &self.data_dir)?);
         Ok(())
     }
 
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let delta = crate::engine::expect_delta(port, message)?;
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let delta = crate::message::expect_delta(port, message)?;
         self.collect(out, false)?;
         if is_aggregate(delta) {
             tracing::debug!(node = %self.node, delta = %delta.id, "an aggregate as received is not contributed again");

@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::message::{ChatMessage, Origin, Provenance, Sample, SampleContent, now_unix_ms};
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec, Produce,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::clock::now_unix_ms;
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams, Produce};
+use crate::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
+use crate::message::{Message, MessageType};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -53,14 +53,14 @@ static INFO: KindInfo = KindInfo {
     source: true,
 };
 
-impl ActorFactory for GenerateParams {
+impl ActorFactory<Message> for GenerateParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         if self.prompts.is_empty() {
-            return Err(ActorError::Build("`prompts` must not be empty".to_owned()));
+            return Err(ActorError::build("`prompts` must not be empty"));
         }
         Ok(Box::new(Generate {
             params: self.clone(),
@@ -70,7 +70,7 @@ impl ActorFactory for GenerateParams {
     }
 }
 
-impl KindParams for GenerateParams {
+impl KindParams<Message> for GenerateParams {
     fn example() -> Self {
         GenerateParams {
             count: Some(1000),
@@ -87,26 +87,29 @@ struct Generate {
     emitted: u64,
 }
 
-impl Actor for Generate {
-    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
-        Err(ActorError::Unexpected {
-            port: port.to_owned(),
-            got: message.message_type(),
-        })
+impl Actor<Message> for Generate {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        _out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        Err(crate::message::unexpected(port, message))
     }
 
     fn produce(&mut self, out: &mut Outbox) -> Result<Produce, ActorError> {
         if self.params.count.is_some_and(|c| self.emitted >= c) {
             return Ok(Produce::Exhausted);
         }
-        let prompt = &self.params.prompts[(self.emitted % self.params.prompts.len() as u64) as usize];
+        let prompt =
+            &self.params.prompts[(self.emitted % self.params.prompts.len() as u64) as usize];
         let sample = Sample {
             id: format!("{}-{}", self.prefix, self.emitted),
             user: self.params.user.clone(),
             origin: Origin::Grounded,
             content: SampleContent::Sft {
                 prompt: vec![ChatMessage {
-                    role: "user".to_owned(),
+                    role: crate::message::Role::User,
                     content: prompt.clone(),
                 }],
                 response: format!("(answer {} to: {prompt})", self.emitted),
@@ -115,11 +118,14 @@ impl Actor for Generate {
             created_at_unix_ms: now_unix_ms(),
         };
         self.emitted += 1;
-        out.send("out", Message::Sample(std::sync::Arc::new(sample))).map_err(ActorError::from)?;
+        out.send("out", Message::Sample(std::sync::Arc::new(sample)))
+            .map_err(ActorError::from)?;
         if self.params.interval_us == 0 {
             Ok(Produce::Produced)
         } else {
-            Ok(Produce::Idle(Duration::from_micros(self.params.interval_us)))
+            Ok(Produce::Idle(Duration::from_micros(
+                self.params.interval_us,
+            )))
         }
     }
 }

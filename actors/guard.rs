@@ -7,12 +7,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::curate::guard::{BuiltinGuard, GuardBackend, GuardDecision, GuardPolicy, ModelGuard};
-use crate::engine::message::{Decision, Outcome};
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
+use crate::message::{Decision, Outcome};
+use crate::message::{Message, MessageType};
 
 /// Which classifier judges samples.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -53,15 +52,19 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for GuardParams {
+impl ActorFactory<Message> for GuardParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
-        let build = |e: crate::curate::guard::GuardError| ActorError::Build(format!("node `{}`: {e}", ctx.node_id));
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
+        let build = |e: crate::curate::guard::GuardError| {
+            ActorError::build_from(format!("node `{}`", ctx.node_id), e)
+        };
         let backend: Box<dyn GuardBackend> = match &self.backend {
-            GuardBackendKind::Builtin => Box::new(BuiltinGuard::from_policy(&self.policy).map_err(build)?),
+            GuardBackendKind::Builtin => {
+                Box::new(BuiltinGuard::from_policy(&self.policy).map_err(build)?)
+            }
             GuardBackendKind::Model {
                 model,
                 adapter,
@@ -83,7 +86,7 @@ impl ActorFactory for GuardParams {
     }
 }
 
-impl KindParams for GuardParams {
+impl KindParams<Message> for GuardParams {
     fn example() -> Self {
         GuardParams::default()
     }
@@ -104,13 +107,18 @@ fn rank(d: &GuardDecision) -> u8 {
     }
 }
 
-impl Actor for Guard {
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let sample = crate::engine::expect_sample(port, message)?;
+impl Actor<Message> for Guard {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let sample = crate::message::expect_sample(port, message)?;
         let mut texts = sample.content.texts();
         // Every variant ends its texts with the response(s); a preference pair has two.
         let responses = match &sample.content {
-            crate::engine::message::SampleContent::Preference { .. } => texts.split_off(texts.len() - 2),
+            crate::message::SampleContent::Preference { .. } => texts.split_off(texts.len() - 2),
             _ => texts.split_off(texts.len() - 1),
         };
         let prompt = texts.join("\n");
@@ -130,9 +138,12 @@ impl Actor for Guard {
             }
         }
         let (outcome, reason, detail, label) = match (&worst, no_verdict) {
-            (GuardDecision::Drop { reason }, _) => {
-                (Outcome::Dropped, reason.to_string(), serde_json::to_value(reason).unwrap_or_default(), "drop")
-            }
+            (GuardDecision::Drop { reason }, _) => (
+                Outcome::Dropped,
+                reason.to_string(),
+                serde_json::to_value(reason).unwrap_or_default(),
+                "drop",
+            ),
             (_, Some(error)) => (
                 Outcome::Quarantined,
                 format!("no verdict: {error}"),
@@ -150,7 +161,9 @@ impl Actor for Guard {
                 Arc::make_mut(&mut sample).record(&self.node, "admitted", serde_json::Value::Null);
                 metrics::counter!("hearth_guard_decisions_total", "node" => self.node.clone(), "decision" => "admit")
                     .increment(1);
-                return out.send("out", Message::Sample(sample)).map_err(ActorError::from);
+                return out
+                    .send("out", Message::Sample(sample))
+                    .map_err(ActorError::from);
             }
         };
         metrics::counter!("hearth_guard_decisions_total", "node" => self.node.clone(), "decision" => label)
@@ -163,6 +176,7 @@ impl Actor for Guard {
             outcome,
             reason: format!("guard: {reason}"),
         };
-        out.send("decisions", Message::Decision(Arc::new(decision))).map_err(ActorError::from)
+        out.send("decisions", Message::Decision(Arc::new(decision)))
+            .map_err(ActorError::from)
     }
 }

@@ -9,10 +9,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams};
+use crate::message::{Message, MessageType};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,12 +31,12 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for JsonlSinkParams {
+impl ActorFactory<Message> for JsonlSinkParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         let path = ctx.data_dir.join(&self.path);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
@@ -46,12 +45,12 @@ impl ActorFactory for JsonlSinkParams {
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|e| ActorError::Build(format!("{}: {e}", path.display())))?;
+            .map_err(|e| ActorError::build_from(path.display().to_string(), e))?;
         Ok(Box::new(JsonlSink { file, path }))
     }
 }
 
-impl KindParams for JsonlSinkParams {
+impl KindParams<Message> for JsonlSinkParams {
     fn example() -> Self {
         JsonlSinkParams {
             path: "training_set.jsonl".to_owned(),
@@ -64,14 +63,18 @@ struct JsonlSink {
     path: PathBuf,
 }
 
-impl Actor for JsonlSink {
-    fn handle(&mut self, _port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
-        let mut line =
-            serde_json::to_vec(message).map_err(|e| ActorError::Failed(format!("encode: {e}")))?;
+impl Actor<Message> for JsonlSink {
+    fn handle(
+        &mut self,
+        _port: &str,
+        message: &Message,
+        _out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let mut line = serde_json::to_vec(message).context("encode")?;
         line.push(b'\n');
         self.file
             .write_all(&line)
-            .map_err(|e| ActorError::Failed(format!("{}: {e}", self.path.display())))
+            .context(self.path.display().to_string())
     }
 
     fn flush(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {

@@ -1,15 +1,40 @@
-//! Every actor kind a graph file can name. Adding a kind is one file here plus one line in `actor_kinds!`.
+//! Every actor kind a graph file can name. Adding a kind is one file here, its `mod` line, and one line in
+//! `actor_kinds!`.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::actor::{ActorFactory, KindInfo, KindParams};
+use crate::engine::{self, ActorFactory, KindParams, NodeKind};
+use crate::message::{Message, MessageType};
+
+pub mod blackhole;
+pub mod capture;
+pub mod dedup;
+pub mod eval;
+pub mod fault_inject;
+pub mod federate;
+pub mod generate;
+pub mod guard;
+pub mod jsonl_sink;
+pub mod redact;
+pub mod secret_filter;
+pub mod serve;
+pub mod simulate;
+pub mod store;
+pub mod throttle;
+pub mod trainer;
+
+/// The engine's types as hearth's actors use them, over hearth's [`Message`].
+pub type KindInfo = engine::KindInfo<MessageType>;
+pub type PortSpec = engine::PortSpec<MessageType>;
+pub type Outbox = engine::Outbox<Message>;
+pub type Graph = engine::Graph<Message>;
+pub type Plan = engine::Plan<Message>;
+pub type BoxedActor = Box<dyn engine::Actor<Message>>;
 
 macro_rules! actor_kinds {
     ($($variant:ident($module:ident :: $params:ident)),* $(,)?) => {
-        $(pub mod $module;)*
-
         /// An actor kind with its parameters, written in a graph file as an externally tagged RON variant,
         /// e.g. `Throttle(delay_us: 100)`.
         #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -18,7 +43,7 @@ macro_rules! actor_kinds {
         }
 
         impl ActorKind {
-            pub fn factory(&self) -> Arc<dyn ActorFactory> {
+            pub fn factory(&self) -> Arc<dyn ActorFactory<Message>> {
                 match self {
                     $(ActorKind::$variant(p) => Arc::new(p.clone()),)*
                 }
@@ -32,7 +57,7 @@ macro_rules! actor_kinds {
 
             /// One valid example per kind, in registration order.
             pub fn examples() -> Vec<ActorKind> {
-                vec![$(ActorKind::$variant(<$module::$params as KindParams>::example()),)*]
+                vec![$(ActorKind::$variant(<$module::$params as KindParams<Message>>::example()),)*]
             }
         }
     };
@@ -57,7 +82,20 @@ actor_kinds! {
     Federate(federate::FederateParams),
 }
 
+impl NodeKind for ActorKind {
+    type Message = Message;
+
+    fn factory(&self) -> Arc<dyn ActorFactory<Message>> {
+        ActorKind::factory(self)
+    }
+}
+
 impl ActorKind {
+    /// Parses and validates graph text whose nodes are hearth's actor kinds.
+    pub fn graph(src: &str) -> Result<Graph, Vec<engine::GraphError>> {
+        Graph::from_ron::<ActorKind>(src)
+    }
+
     /// The kind as a graph file would write it, on one line.
     pub fn to_ron(&self) -> String {
         let config = ron::ser::PrettyConfig::new()

@@ -6,12 +6,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 pub use crate::curate::redact::RedactConfig;
 use crate::curate::redact::Redactor;
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
+use crate::message::{Message, MessageType};
 
 static INFO: KindInfo = KindInfo {
     name: "redact",
@@ -21,12 +20,12 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for RedactConfig {
+impl ActorFactory<Message> for RedactConfig {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         Ok(Box::new(Redact {
             redactor: Redactor::new(self.clone()),
             node: ctx.node_id.clone(),
@@ -34,7 +33,7 @@ impl ActorFactory for RedactConfig {
     }
 }
 
-impl KindParams for RedactConfig {
+impl KindParams<Message> for RedactConfig {
     fn example() -> Self {
         RedactConfig::default()
     }
@@ -45,9 +44,14 @@ struct Redact {
     node: String,
 }
 
-impl Actor for Redact {
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let sample = crate::engine::expect_sample(port, message)?;
+impl Actor<Message> for Redact {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let sample = crate::message::expect_sample(port, message)?;
         let mut sample = sample.clone();
         let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
         for text in Arc::make_mut(&mut sample).content.texts_mut() {
@@ -66,6 +70,7 @@ impl Actor for Redact {
         }
         let details = serde_json::to_value(&counts).unwrap_or_default();
         Arc::make_mut(&mut sample).record(&self.node, "redacted", details);
-        out.send("out", Message::Sample(sample)).map_err(ActorError::from)
+        out.send("out", Message::Sample(sample))
+            .map_err(ActorError::from)
     }
 }

@@ -6,13 +6,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 pub use crate::curate::secrets::SecretConfig;
 use crate::curate::secrets::{SecretAction, SecretScanner};
-use crate::engine::message::{Decision, Outcome};
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
+use crate::message::{Decision, Outcome};
+use crate::message::{Message, MessageType};
 
 static INFO: KindInfo = KindInfo {
     name: "secret_filter",
@@ -25,13 +24,14 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for SecretConfig {
+impl ActorFactory<Message> for SecretConfig {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
-        let scanner = SecretScanner::new(self.clone()).map_err(|e| ActorError::Build(e.to_string()))?;
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
+        let scanner = SecretScanner::new(self.clone())
+            .map_err(|e| ActorError::build_from("secret filter rules", e))?;
         Ok(Box::new(SecretFilter {
             scanner,
             node: ctx.node_id.clone(),
@@ -39,7 +39,7 @@ impl ActorFactory for SecretConfig {
     }
 }
 
-impl KindParams for SecretConfig {
+impl KindParams<Message> for SecretConfig {
     fn example() -> Self {
         SecretConfig::default()
     }
@@ -50,9 +50,14 @@ struct SecretFilter {
     node: String,
 }
 
-impl Actor for SecretFilter {
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let sample = crate::engine::expect_sample(port, message)?;
+impl Actor<Message> for SecretFilter {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let sample = crate::message::expect_sample(port, message)?;
         let mut sample = sample.clone();
         let mut rules: BTreeMap<&'static str, u64> = BTreeMap::new();
         let action = self.scanner.config().action;
@@ -72,9 +77,8 @@ impl Actor for SecretFilter {
                 .increment(*n);
         }
         let details = serde_json::to_value(&rules).unwrap_or_default();
-        let send = |out: &mut Outbox, port: &str, m: Message| {
-            out.send(port, m).map_err(ActorError::from)
-        };
+        let send =
+            |out: &mut Outbox, port: &str, m: Message| out.send(port, m).map_err(ActorError::from);
         if action == SecretAction::Drop && !rules.is_empty() {
             Arc::make_mut(&mut sample).record(&self.node, "dropped", details);
             let names: Vec<&str> = rules.keys().copied().collect();

@@ -20,14 +20,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec, Produce,
-};
-use crate::engine::message::Delta;
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams, Produce};
+use crate::message::{Message, MessageType};
+use crate::model::BaseCache;
 use crate::model::KvPrecision;
+use crate::serve::follow::ServedFollower;
 use crate::serve::{ServeConfig, ServeEvent, Server, default_model};
-use crate::store::Store;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -83,28 +82,50 @@ static INFO: KindInfo = KindInfo {
     source: true,
 };
 
-impl ActorFactory for ServeParams {
+impl ActorFactory<Message> for ServeParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
     /// Cheap on purpose: the model loads on first use, so `hearth check` and restarts never reload it.
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         Ok(Box::new(Serve {
             params: self.clone(),
             key: format!("{}\u{0}{}", ctx.data_dir.display(), ctx.node_id),
-            data_dir: ctx.data_dir.clone(),
-            node_id: ctx.node_id.clone(),
+            ctx: ctx.clone(),
             server: None,
-            base_sha256: None,
-            applied: None,
-            last_poll: None,
-            store: None,
+            follower: ServedFollower::new(&ctx.data_dir),
         }))
     }
 }
 
-impl KindParams for ServeParams {
+impl ServeParams {
+    fn config(&self) -> ServeConfig {
+        let model_name = self
+            .model_name
+            .clone()
+            .unwrap_or_else(|| match &self.model {
+                None => default_model::MODEL_NAME.to_owned(),
+                Some(m) => std::path::Path::new(m)
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or("hearth")
+                    .to_owned(),
+            });
+        ServeConfig {
+            model_name,
+            queue_capacity: self.queue,
+            threads: self.threads,
+            max_tokens_limit: self.max_tokens,
+            max_body_bytes: self.max_body_bytes,
+            kv_cache: self.kv_cache,
+            prompt_cache_bytes: self.prompt_cache_bytes,
+            ..ServeConfig::default()
+        }
+    }
+}
+
+impl KindParams<Message> for ServeParams {
     fn example() -> Self {
         ServeParams {
             model: Some("models/SmolLM2-135M-Instruct.Q8_0.gguf".to_owned()),
@@ -123,27 +144,14 @@ fn servers() -> &'static Mutex<HashMap<String, Arc<Server>>> {
 struct Serve {
     params: ServeParams,
     key: String,
-    data_dir: PathBuf,
-    node_id: String,
+    ctx: BuildContext,
     server: Option<Arc<Server>>,
-    base_sha256: Option<String>,
-    /// The `serving_log` row last applied from the store.
-    applied: Option<i64>,
-    last_poll: Option<std::time::Instant>,
-    /// Kept open once the data directory has a store: it is read every second.
-    store: Option<Store>,
+    follower: ServedFollower,
 }
-
-/// How often the store's served state is checked.
-const SERVED_POLL: Duration = Duration::from_secs(1);
 
 /// Where the bound API address is written, so scripts and tests find a server started on port 0.
 pub fn addr_file(data_dir: &std::path::Path, node_id: &str) -> PathBuf {
     data_dir.join(format!("{node_id}.addr"))
-}
-
-fn failed(e: impl std::fmt::Display) -> ActorError {
-    ActorError::Failed(e.to_string())
 }
 
 impl Serve {
@@ -157,36 +165,28 @@ impl Serve {
             return Ok(s.clone());
         }
         let p = &self.params;
-        let path = crate::serve::model_path(p.model.as_deref(), &self.data_dir).map_err(failed)?;
-        let model_name = p.model_name.clone().unwrap_or_else(|| match &p.model {
-            None => default_model::MODEL_NAME.to_owned(),
-            Some(m) => std::path::Path::new(m)
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .unwrap_or("hearth")
-                .to_owned(),
-        });
-        let config = ServeConfig {
-            model_name,
-            queue_capacity: p.queue,
-            threads: p.threads,
-            max_tokens_limit: p.max_tokens,
-            max_body_bytes: p.max_body_bytes,
-            kv_cache: p.kv_cache,
-            prompt_cache_bytes: p.prompt_cache_bytes,
-            ..ServeConfig::default()
-        };
-        let server = Server::load(&path, config).map_err(failed)?;
+        let data_dir = &self.ctx.data_dir;
+        let path =
+            crate::serve::model_path(p.model.as_deref(), data_dir).context("resolve the model")?;
+        let base = self
+            .ctx
+            .resources
+            .get::<BaseCache>()
+            .get(&path)
+            .context("load the model")?;
+        let server = Server::from_base(&base, p.config()).context("start serving")?;
         for (id, dir) in &p.adapters {
             server
                 .engine()
                 .load_adapter(id, std::path::Path::new(dir))
-                .map_err(failed)?;
+                .with_context(|| format!("adapter `{id}`"))?;
         }
-        let addr = server.listen(&p.listen).map_err(failed)?;
+        let addr = server
+            .listen(&p.listen)
+            .with_context(|| format!("listen on {}", p.listen))?;
         tracing::info!(%addr, model = %path.display(), "serving the OpenAI-compatible API");
-        let _ = std::fs::create_dir_all(&self.data_dir);
-        std::fs::write(addr_file(&self.data_dir, &self.node_id), addr.to_string())?;
+        let _ = std::fs::create_dir_all(data_dir);
+        std::fs::write(addr_file(data_dir, &self.ctx.node_id), addr.to_string())?;
         let server = Arc::new(server);
         map.insert(self.key.clone(), server.clone());
         self.server = Some(server.clone());
@@ -198,95 +198,34 @@ impl Serve {
         while let Ok(event) = server.events().try_recv() {
             n += 1;
             match event {
-                ServeEvent::Interaction(i) => out.send("interactions", Message::Interaction(Arc::new(i))),
+                ServeEvent::Interaction(i) => {
+                    out.send("interactions", Message::Interaction(Arc::new(i)))
+                }
                 ServeEvent::Feedback(f) => out.send("feedback", Message::Feedback(Arc::new(f))),
-            }
-            .map_err(failed)?;
+            }?;
         }
         Ok(n)
     }
-}
 
-impl Serve {
-    fn base_sha256(&mut self) -> Result<String, ActorError> {
-        if let Some(s) = &self.base_sha256 {
-            return Ok(s.clone());
-        }
-        let path = crate::serve::model_path(self.params.model.as_deref(), &self.data_dir).map_err(failed)?;
-        let sha = crate::train::sha256_file(&path).map_err(failed)?;
-        self.base_sha256 = Some(sha.clone());
-        Ok(sha)
-    }
-
-    /// Serves `delta` (or the base alone) by default from the next request on; requests in flight keep
-    /// the adapter they started with.
-    fn swap_to(&mut self, delta: Option<&Delta>) -> Result<(), ActorError> {
-        let server = self.server()?;
-        let engine = server.engine();
-        let Some(delta) = delta else {
-            engine.set_default_adapter(None).map_err(failed)?;
-            tracing::info!("serving the base alone");
-            return Ok(());
-        };
-        if engine.default_adapter().as_deref() == Some(delta.id.as_str()) {
-            return Ok(());
-        }
-        let base = self.base_sha256()?;
-        if delta.base_sha256 != base {
-            return Err(failed(format!(
-                "delta `{}` adapts base {}, but this node serves base {base}; not swapped",
-                delta.id, delta.base_sha256
-            )));
-        }
-        engine
-            .load_adapter(&delta.id, std::path::Path::new(&delta.path))
-            .map_err(failed)?;
-        engine.set_default_adapter(Some(&delta.id)).map_err(failed)?;
-        tracing::info!(adapter = %delta.id, "hot-swapped the default adapter");
-        Ok(())
-    }
-
-    /// Follows the store's served state (promotions and rollbacks made by the gate or by a person).
     fn follow_store(&mut self) -> Result<(), ActorError> {
-        if self.last_poll.is_some_and(|t| t.elapsed() < SERVED_POLL) {
-            return Ok(());
-        }
-        self.last_poll = Some(std::time::Instant::now());
-        if !self.data_dir.join(Store::FILE_NAME).exists() {
-            return Ok(());
-        }
-        if self.store.is_none() {
-            self.store = Some(Store::open(&self.data_dir).map_err(failed)?);
-        }
-        let Some(store) = &self.store else { return Ok(()) };
-        let served = store.served().map_err(failed)?;
-        if served.seq.is_none() || served.seq == self.applied {
-            return Ok(());
-        }
-        let delta = match &served.delta_id {
-            Some(id) => Some(
-                store
-                    .delta(id)
-                    .map_err(failed)?
-                    .ok_or_else(|| failed(format!("served delta `{id}` is not in the store")))?
-                    .to_delta(),
-            ),
-            None => None,
-        };
-        // Recorded first: a delta this node cannot serve is reported once, not every second, and the
-        // node keeps serving what it served.
-        self.applied = served.seq;
-        if let Err(e) = self.swap_to(delta.as_ref()) {
-            tracing::error!(node = %self.node_id, error = %e, "cannot serve the store's served state");
-        }
-        Ok(())
+        let server = self.server()?;
+        self.follower
+            .poll(&server, &self.ctx.node_id)
+            .context("follow the store's served state")
     }
 }
 
-impl Actor for Serve {
-    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
-        let delta = crate::engine::expect_delta(port, message)?;
-        self.swap_to(Some(delta))
+impl Actor<Message> for Serve {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        _out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let delta = crate::message::expect_delta(port, message)?;
+        self.server()?
+            .swap_to(Some(delta))
+            .with_context(|| format!("swap to delta `{}`", delta.id))
     }
 
     fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::message::{ChatMessage, Feedback, FeedbackKind, Interaction, now_unix_ms};
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec, Produce,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::clock::now_unix_ms;
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams, Produce};
+use crate::message::{ChatMessage, Feedback, FeedbackKind, Interaction};
+use crate::message::{Message, MessageType};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -49,7 +49,12 @@ enum Reaction {
 
 /// `(user, prompt phrasings, canned answer, reaction)`; round `r` asks phrasing `r % len`. Personal data and a
 /// secret are planted on purpose; the values are listed in [`SIMULATE_PLANTED`].
-type Turn = (&'static str, &'static [&'static str], &'static str, Reaction);
+type Turn = (
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+    Reaction,
+);
 
 const SCRIPT: &[Turn] = &[
     (
@@ -65,15 +70,30 @@ const SCRIPT: &[Turn] = &[
         "How about Smokey?",
         Reaction::Edit("Call her Miso, like my cat."),
     ),
-    ("ana", &["How do I reverse a list in Python?"], "Use my_list.reverse() or my_list[::-1].", Reaction::ThumbsUp),
+    (
+        "ana",
+        &["How do I reverse a list in Python?"],
+        "Use my_list.reverse() or my_list[::-1].",
+        Reaction::ThumbsUp,
+    ),
     (
         "ana",
         &["Email Maria Lopez at maria.lopez@example.org about Friday."],
         "Done: drafted an email to Maria.",
         Reaction::Accept,
     ),
-    ("ben", &["Summarise Hamlet in one sentence."], "A prince avenges his father and everyone dies.", Reaction::ThumbsDown),
-    ("ben", &["My card 4111 1111 1111 1111 was charged twice."], "Contact your bank to dispute the charge.", Reaction::None),
+    (
+        "ben",
+        &["Summarise Hamlet in one sentence."],
+        "A prince avenges his father and everyone dies.",
+        Reaction::ThumbsDown,
+    ),
+    (
+        "ben",
+        &["My card 4111 1111 1111 1111 was charged twice."],
+        "Contact your bank to dispute the charge.",
+        Reaction::None,
+    ),
     (
         "ben",
         &["Deploy with ghp_8fK2mQ9xL4vN7pR1sT6wY3zB5cD0eH2jA9kM please."],
@@ -93,7 +113,12 @@ const SCRIPT: &[Turn] = &[
         "4",
         Reaction::Edit("{\"answer\": 4}"),
     ),
-    ("cleo", &["Call me at +1 415 555 0134 after 6pm."], "Noted.", Reaction::None),
+    (
+        "cleo",
+        &["Call me at +1 415 555 0134 after 6pm."],
+        "Noted.",
+        Reaction::None,
+    ),
     (
         "cleo",
         &["What's the difference between a mutex and a semaphore?"],
@@ -126,7 +151,10 @@ pub const SIMULATE_PLANTED: &[&str] = &[
 
 /// Interactions plus feedback events one round of the script produces.
 pub fn events_per_round() -> (usize, usize) {
-    let feedback = SCRIPT.iter().filter(|t| !matches!(t.3, Reaction::None)).count();
+    let feedback = SCRIPT
+        .iter()
+        .filter(|t| !matches!(t.3, Reaction::None))
+        .count();
     (SCRIPT.len(), feedback)
 }
 
@@ -141,7 +169,7 @@ static INFO: KindInfo = KindInfo {
     source: true,
 };
 
-impl ActorFactory for SimulateParams {
+impl ActorFactory<Message> for SimulateParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
@@ -150,16 +178,24 @@ impl ActorFactory for SimulateParams {
         SIMULATE_PLANTED.iter().map(|p| (*p).to_owned()).collect()
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         Ok(Box::new(Simulate {
             params: self.clone(),
-            prefix: format!("{}{}", ctx.node_id, if ctx.worker == 0 { String::new() } else { format!("#{}", ctx.worker) }),
+            prefix: format!(
+                "{}{}",
+                ctx.node_id,
+                if ctx.worker == 0 {
+                    String::new()
+                } else {
+                    format!("#{}", ctx.worker)
+                }
+            ),
             step: 0,
         }))
     }
 }
 
-impl KindParams for SimulateParams {
+impl KindParams<Message> for SimulateParams {
     fn example() -> Self {
         SimulateParams::default()
     }
@@ -171,12 +207,14 @@ struct Simulate {
     step: u64,
 }
 
-impl Actor for Simulate {
-    fn handle(&mut self, port: &str, message: &Message, _out: &mut Outbox) -> Result<(), ActorError> {
-        Err(ActorError::Unexpected {
-            port: port.to_owned(),
-            got: message.message_type(),
-        })
+impl Actor<Message> for Simulate {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        _out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        Err(crate::message::unexpected(port, message))
     }
 
     fn produce(&mut self, out: &mut Outbox) -> Result<Produce, ActorError> {
@@ -195,7 +233,7 @@ impl Actor for Simulate {
             user: user.to_owned(),
             adapter: None,
             prompt: vec![ChatMessage {
-                role: "user".to_owned(),
+                role: crate::message::Role::User,
                 content: prompt.to_owned(),
             }],
             response: answer.to_owned(),
@@ -203,15 +241,20 @@ impl Actor for Simulate {
             created_at_unix_ms: now,
             latency_ms: 0,
         };
-        let send = |out: &mut Outbox, port: &str, m: Message| {
-            out.send(port, m).map_err(ActorError::from)
-        };
-        send(out, "interactions", Message::Interaction(Arc::new(interaction)))?;
+        let send =
+            |out: &mut Outbox, port: &str, m: Message| out.send(port, m).map_err(ActorError::from);
+        send(
+            out,
+            "interactions",
+            Message::Interaction(Arc::new(interaction)),
+        )?;
         let kind = match reaction {
             Reaction::None => None,
             Reaction::ThumbsUp => Some(FeedbackKind::Thumbs { up: true }),
             Reaction::ThumbsDown => Some(FeedbackKind::Thumbs { up: false }),
-            Reaction::Edit(text) => Some(FeedbackKind::Edit { text: text.to_owned() }),
+            Reaction::Edit(text) => Some(FeedbackKind::Edit {
+                text: text.to_owned(),
+            }),
             Reaction::Accept => Some(FeedbackKind::Accepted),
         };
         if let Some(kind) = kind {

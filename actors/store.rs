@@ -6,10 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams};
+use crate::message::{Message, MessageType};
 use crate::store::Store;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -27,18 +26,19 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for StoreParams {
+impl ActorFactory<Message> for StoreParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
-        let store = Store::open(&ctx.data_dir).map_err(|e| ActorError::Build(e.to_string()))?;
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
+        let store =
+            Store::open(&ctx.data_dir).map_err(|e| ActorError::build_from("open the store", e))?;
         Ok(Box::new(StoreActor { store }))
     }
 }
 
-impl KindParams for StoreParams {
+impl KindParams<Message> for StoreParams {
     fn example() -> Self {
         StoreParams {}
     }
@@ -48,19 +48,21 @@ struct StoreActor {
     store: Store,
 }
 
-impl Actor for StoreActor {
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
+impl Actor<Message> for StoreActor {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
         let changed = match message {
             Message::Sample(s) => self.store.admit(s),
             Message::Decision(d) => self.store.decide(d),
             other => {
-                return Err(ActorError::Unexpected {
-                    port: port.to_owned(),
-                    got: other.message_type(),
-                });
+                return Err(crate::message::unexpected(port, other));
             }
         }
-        .map_err(|e| ActorError::Failed(e.to_string()))?;
+        .context("write to the store")?;
         if !changed {
             tracing::debug!(id = message.id(), "already decided; replay ignored");
         } else if matches!(message, Message::Sample(_)) {

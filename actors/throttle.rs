@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, KindInfo, KindParams, Message, MessageType, Outbox,
-    PortSpec,
-};
+use super::{BoxedActor, KindInfo, Outbox, PortSpec};
+use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
+use crate::message::{Message, MessageType};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -26,12 +25,12 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-impl ActorFactory for ThrottleParams {
+impl ActorFactory<Message> for ThrottleParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         Ok(Box::new(Throttle {
             delay: Duration::from_micros(self.delay_us),
             node: ctx.node_id.clone(),
@@ -39,7 +38,7 @@ impl ActorFactory for ThrottleParams {
     }
 }
 
-impl KindParams for ThrottleParams {
+impl KindParams<Message> for ThrottleParams {
     fn example() -> Self {
         ThrottleParams { delay_us: 500 }
     }
@@ -50,14 +49,20 @@ struct Throttle {
     node: String,
 }
 
-impl Actor for Throttle {
-    fn handle(&mut self, port: &str, message: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        let sample = crate::engine::expect_sample(port, message)?;
+impl Actor<Message> for Throttle {
+    fn handle(
+        &mut self,
+        port: &str,
+        message: &Message,
+        out: &mut Outbox,
+    ) -> Result<(), ActorError> {
+        let sample = crate::message::expect_sample(port, message)?;
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
         let mut sample = sample.clone();
         std::sync::Arc::make_mut(&mut sample).record(&self.node, "passed", serde_json::Value::Null);
-        out.send("out", Message::Sample(sample)).map_err(ActorError::from)
+        out.send("out", Message::Sample(sample))
+            .map_err(ActorError::from)
     }
 }

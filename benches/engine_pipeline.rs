@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use hearth::engine::message::{Origin, Provenance, Sample, SampleContent};
+use hearth::actors::{KindInfo, Outbox, Plan, PortSpec};
 use hearth::engine::{
-    Actor, ActorError, ActorFactory, BuildContext, EdgeSpec, KindInfo, Message, MessageType,
-    Outbox, Plan, PortSpec, Produce, WhenFull, start,
+    Actor, ActorError, ActorFactory, BuildContext, EdgeSpec, Produce, WhenFull, start,
 };
+use hearth::message::{Message, MessageType, Origin, Provenance, Sample, SampleContent};
 
 const STAGES: usize = 4;
 const CAPACITY: usize = 1024;
@@ -77,18 +77,18 @@ struct SourceActor {
     left: u64,
     pace: Duration,
 }
-impl ActorFactory for Source {
+impl ActorFactory<Message> for Source {
     fn info(&self) -> &'static KindInfo {
         &SOURCE
     }
-    fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor<Message>>, ActorError> {
         Ok(Box::new(SourceActor {
             left: self.count,
             pace: self.pace,
         }))
     }
 }
-impl Actor for SourceActor {
+impl Actor<Message> for SourceActor {
     fn handle(&mut self, _: &str, _: &Message, _: &mut Outbox) -> Result<(), ActorError> {
         Ok(())
     }
@@ -98,7 +98,7 @@ impl Actor for SourceActor {
         }
         self.left -= 1;
         out.send("out", stamped(self.left))
-            .map_err(|e| ActorError::Failed(e.to_string()))?;
+            .map_err(ActorError::from)?;
         if !self.pace.is_zero() {
             spin(self.pace);
         }
@@ -108,18 +108,17 @@ impl Actor for SourceActor {
 
 struct Stage;
 struct StageActor;
-impl ActorFactory for Stage {
+impl ActorFactory<Message> for Stage {
     fn info(&self) -> &'static KindInfo {
         &STAGE
     }
-    fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor<Message>>, ActorError> {
         Ok(Box::new(StageActor))
     }
 }
-impl Actor for StageActor {
+impl Actor<Message> for StageActor {
     fn handle(&mut self, _: &str, m: &Message, out: &mut Outbox) -> Result<(), ActorError> {
-        out.send("out", m.clone())
-            .map_err(|e| ActorError::Failed(e.to_string()))
+        out.send("out", m.clone()).map_err(ActorError::from)
     }
 }
 
@@ -134,11 +133,11 @@ struct SinkActor {
     pace: Duration,
     seen: Arc<AtomicU64>,
 }
-impl ActorFactory for Sink {
+impl ActorFactory<Message> for Sink {
     fn info(&self) -> &'static KindInfo {
         &SINK
     }
-    fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+    fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor<Message>>, ActorError> {
         Ok(Box::new(SinkActor {
             local: Vec::new(),
             shared: self.latencies.clone(),
@@ -147,7 +146,7 @@ impl ActorFactory for Sink {
         }))
     }
 }
-impl Actor for SinkActor {
+impl Actor<Message> for SinkActor {
     fn handle(&mut self, _: &str, m: &Message, _: &mut Outbox) -> Result<(), ActorError> {
         if self.pace.is_zero() {
             self.local.push(latency_ns(m));
@@ -160,7 +159,7 @@ impl Actor for SinkActor {
     fn flush(&mut self, _: &mut Outbox) -> Result<(), ActorError> {
         self.shared
             .lock()
-            .map_err(|_| ActorError::Failed("poisoned".into()))?
+            .map_err(|_| ActorError::Message("poisoned".into()))?
             .append(&mut self.local);
         Ok(())
     }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use hearth::engine::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
+use hearth::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
 use hearth::serve::{ServeConfig, Server, StreamEvent};
 use hearth::train::{LoraTrainer, TrainConfig};
 
@@ -56,7 +56,7 @@ fn sample(i: usize) -> Sample {
         origin: Origin::Grounded,
         content: SampleContent::Sft {
             prompt: vec![ChatMessage {
-                role: "user".into(),
+                role: hearth::message::Role::User,
                 content: format!("Tell me fact number {i} about the garden."),
             }],
             response: format!(

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use candle_core::quantized::GgmlDType;
-use hearth::engine::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
+use hearth::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
 use hearth::model::{Arch, TinySpec, write_tiny_model};
 use hearth::train::{LoraTrainer, TrainConfig};
 
@@ -26,7 +26,7 @@ fn samples() -> Vec<Sample> {
             origin: Origin::Grounded,
             content: SampleContent::Sft {
                 prompt: vec![ChatMessage {
-                    role: "user".into(),
+                    role: hearth::message::Role::User,
                     content: format!("tell story {i}"),
                 }],
                 response: long.clone(),

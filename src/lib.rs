@@ -5,14 +5,18 @@
 
 #[path = "../actors/mod.rs"]
 pub mod actors;
+pub mod clock;
+pub mod control;
 pub mod curate;
 pub mod engine;
 pub mod eval;
 pub mod federate;
-pub mod http;
+pub mod files;
 pub mod malloc;
+pub mod message;
 pub mod model;
 pub mod report;
 pub mod serve;
+pub mod server_thread;
 pub mod store;
 pub mod train;

@@ -7,11 +7,11 @@ use std::sync::atomic::Ordering;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use hearth::actors::ActorKind;
+use hearth::actors::{ActorKind, Graph};
+use hearth::control::ControlServer;
 use hearth::engine::draw::{DrawFormat, draw};
+use hearth::engine::runtime;
 use hearth::engine::schema::GraphError;
-use hearth::engine::{Graph, runtime};
-use hearth::http::ControlServer;
 
 #[derive(Parser)]
 #[command(
@@ -194,7 +194,7 @@ fn print_errors(path: &Path, errors: &[GraphError]) {
 fn load(path: &Path) -> anyhow::Result<Option<Graph>> {
     let src =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    match Graph::from_ron(&src) {
+    match ActorKind::graph(&src) {
         Ok(g) => Ok(Some(g)),
         Err(errors) => {
             print_errors(path, &errors);
@@ -232,7 +232,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for kind in ActorKind::examples() {
                 let info = kind.info();
                 println!("{} — {}", info.name, info.about);
-                let ports = |ps: &[hearth::engine::PortSpec]| {
+                let ports = |ps: &[hearth::actors::PortSpec]| {
                     ps.iter()
                         .map(|p| {
                             format!(
@@ -545,11 +545,7 @@ fn write_run_report(data_dir: &Path, planted: &[String]) {
     };
     let markdown = report.to_markdown();
     eprint!("{markdown}");
-    let write = |name: &str, bytes: &[u8]| -> std::io::Result<()> {
-        let tmp = data_dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, data_dir.join(name))
-    };
+    let write = |name: &str, bytes: &[u8]| hearth::files::atomic_write(&data_dir.join(name), bytes);
     let json = serde_json::to_vec_pretty(&report).unwrap_or_default();
     if let Err(e) =
         write("report.md", markdown.as_bytes()).and_then(|_| write("report.json", &json))

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use hearth::actors::simulate::{SIMULATE_PLANTED, events_per_round};
-use hearth::engine::message::Sample;
-use hearth::engine::{Graph, start};
+use hearth::engine::start;
+use hearth::message::Sample;
 use hearth::store::{CurationCounts, Store};
 
 const ROUNDS: usize = 3;
@@ -53,7 +53,8 @@ fn run(graph_file: &str) -> Outcome {
         shipped,
         &format!("Simulate(rounds: {ROUNDS}, interval_ms: 0)"),
     );
-    let graph = Graph::from_ron(&src).unwrap_or_else(|e| panic!("{graph_file}: {e:#?}"));
+    let graph =
+        hearth::actors::ActorKind::graph(&src).unwrap_or_else(|e| panic!("{graph_file}: {e:#?}"));
     let report = start(graph, Some(dir.path())).unwrap().wait();
     assert!(report.failed_nodes.is_empty(), "{:?}", report.failed_nodes);
     let store = Store::open(dir.path()).unwrap();

@@ -7,8 +7,8 @@ use std::path::Path;
 use hearth::curate::guard::{
     GuardBackend, GuardDecision, GuardPolicy, ModelGuard, Severity, moderation_prompt,
 };
-use hearth::engine::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
-use hearth::engine::{Graph, start};
+use hearth::engine::start;
+use hearth::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
 use hearth::model::{Arch, TinySpec, write_tiny_model};
 use hearth::train::{LoraTrainer, TrainConfig};
 
@@ -34,7 +34,7 @@ fn sft(id: usize, request: String, verdict: &str) -> Sample {
         origin: Origin::Grounded,
         content: SampleContent::Sft {
             prompt: vec![ChatMessage {
-                role: "user".into(),
+                role: hearth::message::Role::User,
                 content: request,
             }],
             response: verdict.into(),
@@ -139,7 +139,7 @@ fn a_trained_generative_guard_gates_samples_through_the_model_path() {
         adapter.display(),
         dir.path().join("decisions.jsonl").display()
     );
-    let graph = Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
+    let graph = hearth::actors::ActorKind::graph(&src).unwrap_or_else(|e| panic!("{e:#?}"));
     let report = start(graph, Some(&dir.path().join("data"))).unwrap().wait();
     let node = report
         .status

@@ -4,14 +4,15 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use hearth::actors::Graph;
 use hearth::engine::dead_letter::DeadLetterStore;
 use hearth::engine::edge::bounded;
-use hearth::engine::message::{Message, Origin, Provenance, Sample, SampleContent};
 use hearth::engine::runtime::{NodeState, RunReport};
-use hearth::engine::{Graph, WhenFull, start};
+use hearth::engine::{WhenFull, start};
+use hearth::message::{Message, Origin, Provenance, Sample, SampleContent};
 
 fn graph(src: &str) -> Graph {
-    Graph::from_ron(src).unwrap_or_else(|e| panic!("invalid test graph: {e:#?}"))
+    hearth::actors::ActorKind::graph(src).unwrap_or_else(|e| panic!("invalid test graph: {e:#?}"))
 }
 
 fn run_to_end(src: &str, dir: &Path) -> RunReport {
@@ -161,7 +162,7 @@ fn a_panicking_message_is_dead_lettered_and_the_worker_restarts() {
     assert_eq!((flaky.restarts, flaky.errors, flaky.processed), (1, 1, 99));
     assert_eq!(flaky.state, NodeState::Finished);
     assert!(r.failed_nodes.is_empty());
-    let letters = DeadLetterStore::read_all(dir.path()).unwrap();
+    let letters = DeadLetterStore::read_all::<Message>(dir.path()).unwrap();
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].node, "flaky");
     assert_eq!(letters[0].message.id(), "gen-0-13");
@@ -207,7 +208,7 @@ fn the_restart_limit_marks_the_node_failed_and_nothing_is_lost() {
     assert_eq!(flaky.restarts, 3);
     assert_eq!(flaky.errors, 4);
     let delivered = sink_lines(dir.path(), "out.jsonl").len();
-    let letters = DeadLetterStore::read_all(dir.path()).unwrap();
+    let letters = DeadLetterStore::read_all::<Message>(dir.path()).unwrap();
     // Delivered: ids 1..=29 minus 10 and 20 = 27. Every other message is a dead letter, so none is lost.
     assert_eq!(delivered, 27);
     assert_eq!(delivered + letters.len(), 100);
@@ -336,7 +337,7 @@ fn control_endpoints_report_health_status_and_metrics() {
         Some(dir.path()),
     )
     .unwrap();
-    let server = hearth::http::ControlServer::start("127.0.0.1:0", running.status()).unwrap();
+    let server = hearth::control::ControlServer::start("127.0.0.1:0", running.status()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let (code, body) = http_get(server.addr, "/healthz");
     assert_eq!((code, body.trim()), (200, "ok"));

@@ -1,10 +1,9 @@
 //! `hearth check`: every error is collected and names its place.
 
-use hearth::engine::Graph;
 use hearth::engine::schema::GraphError;
 
 fn errors(src: &str) -> Vec<GraphError> {
-    match Graph::from_ron(src) {
+    match hearth::actors::ActorKind::graph(src) {
         Ok(g) => panic!("expected errors, graph was valid: {}", g.summary()),
         Err(e) => e,
     }
@@ -40,7 +39,7 @@ const VALID: &str = r#"Graph(
 
 #[test]
 fn valid_graph_has_summary() {
-    let g = Graph::from_ron(VALID).expect("valid");
+    let g = hearth::actors::ActorKind::graph(VALID).expect("valid");
     assert_eq!(
         g.summary(),
         "graph `ok` is valid: 3 nodes (3 workers, 1 sources), 2 edges (0 feedback)"
@@ -179,7 +178,7 @@ fn unmarked_cycle_prints_its_path_and_feedback_allows_it() {
         "(from: \"z.out\", to: \"x.in\", capacity: 1)",
         "(from: \"z.out\", to: \"x.in\", capacity: 1, feedback: true)",
     );
-    let g = Graph::from_ron(&marked).expect("a feedback cycle is allowed");
+    let g = hearth::actors::ActorKind::graph(&marked).expect("a feedback cycle is allowed");
     assert!(g.summary().ends_with("(1 feedback)"), "{}", g.summary());
 }
 
@@ -221,7 +220,7 @@ fn shipped_graphs_are_valid() {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "ron") {
             let src = std::fs::read_to_string(&path).expect("read");
-            if let Err(errs) = Graph::from_ron(&src) {
+            if let Err(errs) = hearth::actors::ActorKind::graph(&src) {
                 panic!("{}: {errs:#?}", path.display());
             }
             n += 1;
@@ -238,26 +237,26 @@ fn every_kind_example_round_trips_and_builds() {
     for kind in ActorKind::examples() {
         let text = kind.to_ron();
         let src = format!("Graph(name: \"one\", nodes: [(id: \"n\", kind: {text})], edges: [])");
-        let (file, errs) = hearth::engine::schema::GraphFile::parse(&src).expect("parses");
+        let (file, errs) =
+            hearth::engine::schema::GraphFile::<ActorKind>::parse(&src).expect("parses");
         assert!(errs.is_empty(), "{text}: {errs:?}");
         let factory = file.nodes[0].value.kind.factory();
         assert_eq!(factory.info().name, kind.info().name);
-        let ctx = BuildContext {
-            node_id: "n".to_owned(),
-            worker: 0,
-            data_dir: dir.path().to_path_buf(),
-        };
+        let ctx = BuildContext::new("n", 0, dir.path());
         assert!(factory.build(&ctx).is_ok(), "{text} does not build");
     }
 }
 
 #[test]
-fn the_readme_graph_example_is_valid() {
+fn the_documented_graph_example_is_valid() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let start = readme.find("```ron\n").expect("README has a ron example") + "```ron\n".len();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/graphs.md")).unwrap();
+    let start = readme
+        .find("```ron\n")
+        .expect("docs/graphs.md has a ron example")
+        + "```ron\n".len();
     let end = start + readme[start..].find("```").unwrap();
-    if let Err(e) = Graph::from_ron(&readme[start..end]) {
-        panic!("README example: {e:#?}");
+    if let Err(e) = hearth::actors::ActorKind::graph(&readme[start..end]) {
+        panic!("docs/graphs.md example: {e:#?}");
     }
 }

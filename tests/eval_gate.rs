@@ -4,10 +4,10 @@
 
 mod train_util;
 
-use hearth::engine::message::{Delta, Origin};
 use hearth::eval::{
     Bound, Canary, Evaluator, GateConfig, ProbeSet, Scores, check_binding, decide, personal_probes,
 };
+use hearth::message::{Delta, Origin};
 use hearth::store::{DeltaStatus, LegRecord, Store};
 use hearth::train::data::{is_held_out, select_training};
 use hearth::train::{LoraTrainer, TrainConfig};
@@ -459,7 +459,7 @@ fn the_gate_judges_candidates_left_without_a_verdict_at_start() {
         ])"#,
         m = base.display()
     );
-    let graph = hearth::engine::Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
+    let graph = hearth::actors::ActorKind::graph(&src).unwrap_or_else(|e| panic!("{e:#?}"));
     let run = hearth::engine::start(graph, Some(&data)).unwrap().wait();
     assert!(run.failed_nodes.is_empty(), "{run:#?}");
     let judged = Store::open(&data)

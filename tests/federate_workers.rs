@@ -420,7 +420,7 @@ fn federate_actor_talks_tls_signs_with_its_secret_file_and_privatises_what_it_se
             secret = secret_file.display(),
             cert = cert.display(),
         );
-        let g = hearth::engine::Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"));
+        let g = hearth::actors::ActorKind::graph(&src).unwrap_or_else(|e| panic!("{e:#?}"));
         let data = root.join(data);
         let report = hearth::engine::runtime::start(g, Some(&data))
             .unwrap()
@@ -461,7 +461,7 @@ fn federate_actor_talks_tls_signs_with_its_secret_file_and_privatises_what_it_se
     assert_eq!(out, own);
     assert!(st.accountant.is_none() && st.history[0].dp.is_none());
     // The aggregate, promoted as received, would not be sent back; the trained delta would.
-    let delta_at = |id: &str| hearth::engine::message::Delta {
+    let delta_at = |id: &str| hearth::message::Delta {
         id: id.to_owned(),
         path: data.join("deltas").join(id).display().to_string(),
         base_sha256: String::new(),
@@ -514,7 +514,7 @@ fn federate_actor_talks_tls_signs_with_its_secret_file_and_privatises_what_it_se
         secret_file.display(),
         root.join("not-a-cert.pem").display()
     );
-    let g = hearth::engine::Graph::from_ron(&src).unwrap();
+    let g = hearth::actors::ActorKind::graph(&src).unwrap();
     let report = hearth::engine::runtime::start(g, Some(&root.join("bad")))
         .unwrap()
         .wait();

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
-use hearth::engine::{Graph, start};
+use hearth::engine::start;
 use hearth::report::Report;
 use hearth::store::{DeltaStatus, Store};
 use hearth::train::data::{is_held_out, select_training};
@@ -80,7 +80,8 @@ fn the_main_graph_learns_from_simulated_users_and_promotes_a_delta() {
     let base_logits = logits(&model, &probe_ids);
     let data = dir.path().join("data");
 
-    let graph = Graph::from_ron(&main_graph(&model_path)).unwrap_or_else(|e| panic!("{e:#?}"));
+    let graph = hearth::actors::ActorKind::graph(&main_graph(&model_path))
+        .unwrap_or_else(|e| panic!("{e:#?}"));
     let planted: Vec<String> = graph
         .plan
         .nodes

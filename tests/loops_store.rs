@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hearth::engine::message::{
+use hearth::message::{
     ChatMessage, Decision, Feedback, FeedbackKind, Interaction, Outcome, SampleContent,
 };
 use hearth::store::Store;
@@ -15,7 +15,7 @@ fn interaction(id: &str, user: &str) -> Interaction {
         user: user.to_owned(),
         adapter: None,
         prompt: vec![ChatMessage {
-            role: "user".to_owned(),
+            role: hearth::message::Role::User,
             content: format!("question {id}"),
         }],
         response: format!("answer {id}"),

@@ -698,7 +698,7 @@ fn feedback_on_a_served_response_is_emitted() {
             assert_eq!(f.user, "ana");
             assert_eq!(
                 f.kind,
-                hearth::engine::message::FeedbackKind::Edit {
+                hearth::message::FeedbackKind::Edit {
                     text: "a better answer".into()
                 }
             );

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use http_util::{get, post, wait_for_addr};
 
 use candle_core::quantized::GgmlDType;
-use hearth::engine::message::{Message, SampleContent};
-use hearth::engine::{Graph, start};
+use hearth::engine::start;
+use hearth::message::{Message, SampleContent};
 use hearth::model::{Arch, TinySpec, Transformer, write_tiny_model};
 use serde_json::{Value, json};
 
@@ -31,7 +31,11 @@ fn interactions_and_feedback_flow_from_serve_into_capture() {
         ])"#,
         model.display()
     );
-    let running = start(Graph::from_ron(&src).unwrap(), Some(dir.path())).unwrap();
+    let running = start(
+        hearth::actors::ActorKind::graph(&src).unwrap(),
+        Some(dir.path()),
+    )
+    .unwrap();
     let addr = wait_for_addr(dir.path(), "serve");
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "remember me"}],
                       "max_tokens": 8, "user": "cleo"});
@@ -144,7 +148,7 @@ fn default_model_requantizes_and_pins_its_source() {
 fn the_serve_graph_is_valid() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/graphs/serve.ron");
     let text = std::fs::read_to_string(path).unwrap();
-    if let Err(e) = Graph::from_ron(&text) {
+    if let Err(e) = hearth::actors::ActorKind::graph(&text) {
         panic!("graphs/serve.ron: {e:#?}");
     }
 }
@@ -206,11 +210,12 @@ print("openai client ok", r.usage.total_tokens)
 mod delta_feedback {
     use super::*;
     use hearth::actors::serve::ServeParams;
-    use hearth::engine::message::Delta;
+    use hearth::actors::{KindInfo, Outbox, Plan, PortSpec};
     use hearth::engine::{
-        Actor, ActorError, ActorFactory, BuildContext, EdgeSpec, KindInfo, MessageType, Outbox,
-        Plan, PortSpec, Produce, WhenFull,
+        Actor, ActorError, ActorFactory, BuildContext, EdgeSpec, Produce, WhenFull,
     };
+    use hearth::message::Delta;
+    use hearth::message::MessageType;
     use std::sync::Arc;
 
     static TRAINER: KindInfo = KindInfo {
@@ -224,24 +229,23 @@ mod delta_feedback {
     struct Trainer(Delta);
     struct TrainerActor(Option<Delta>);
 
-    impl ActorFactory for Trainer {
+    impl ActorFactory<Message> for Trainer {
         fn info(&self) -> &'static KindInfo {
             &TRAINER
         }
-        fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor>, ActorError> {
+        fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor<Message>>, ActorError> {
             Ok(Box::new(TrainerActor(Some(self.0.clone()))))
         }
     }
 
-    impl Actor for TrainerActor {
+    impl Actor<Message> for TrainerActor {
         fn handle(&mut self, _: &str, _: &Message, _: &mut Outbox) -> Result<(), ActorError> {
             Ok(())
         }
         fn produce(&mut self, out: &mut Outbox) -> Result<Produce, ActorError> {
             match self.0.take() {
                 Some(d) => {
-                    out.send("delta", Message::Delta(Arc::new(d)))
-                        .map_err(|e| ActorError::Failed(e.to_string()))?;
+                    out.send("delta", Message::Delta(Arc::new(d)))?;
                     Ok(Produce::Produced)
                 }
                 None => Ok(Produce::Exhausted),

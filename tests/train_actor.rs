@@ -3,7 +3,7 @@
 
 mod train_util;
 
-use hearth::engine::Graph;
+use hearth::actors::Graph;
 use hearth::engine::runtime::start;
 use hearth::train::Provenance;
 
@@ -18,7 +18,7 @@ fn trainer_graph(base: &std::path::Path, count: u64, trainer: &str) -> Graph {
         ])"#,
         base.display()
     );
-    Graph::from_ron(&src).unwrap_or_else(|e| panic!("{e:#?}"))
+    hearth::actors::ActorKind::graph(&src).unwrap_or_else(|e| panic!("{e:#?}"))
 }
 
 #[test]
@@ -77,7 +77,7 @@ fn a_graph_trains_a_delta_from_the_sample_stream() {
 /// sample is lost to training, and records the delta it trains as a candidate.
 #[test]
 fn a_restarted_trainer_trains_on_the_training_set_in_the_store() {
-    use hearth::engine::message::{ChatMessage, Feedback, FeedbackKind, Interaction};
+    use hearth::message::{ChatMessage, Feedback, FeedbackKind, Interaction};
     let dir = tempfile::tempdir().unwrap();
     let (base, _, _) = train_util::tiny(dir.path());
     let data = dir.path().join("data");
@@ -90,7 +90,7 @@ fn a_restarted_trainer_trains_on_the_training_set_in_the_store() {
                 user: "u".to_owned(),
                 adapter: None,
                 prompt: vec![ChatMessage {
-                    role: "user".to_owned(),
+                    role: hearth::message::Role::User,
                     content: format!("what is fact {i}"),
                 }],
                 response: format!("fact {i} is about owls"),

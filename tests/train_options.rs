@@ -26,14 +26,14 @@ fn baseline(dir: &std::path::Path) -> TrainConfig {
     }
 }
 
-fn data() -> Vec<hearth::engine::message::Sample> {
+fn data() -> Vec<hearth::message::Sample> {
     let mut d = mixed();
     d.retain(|s| s.id != "g1");
     d.push(scored("g1", "say a word", "h", 1.0));
     d.push(scored("g2", "say another word", "h", 1.0));
     // The model's own answer: what the collapse guard weighs.
     let mut own = sft("own1", "what do owls eat", "owls eat mice at night");
-    own.origin = hearth::engine::message::Origin::SelfGenerated;
+    own.origin = hearth::message::Origin::SelfGenerated;
     d.push(own);
     d
 }

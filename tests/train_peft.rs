@@ -191,7 +191,7 @@ fn the_data_digest_covers_ids_contents_and_order() {
     let mut c = mixed();
     c[0].id = "other".into();
     let mut e = mixed();
-    if let hearth::engine::message::SampleContent::Sft { response, .. } = &mut e[0].content {
+    if let hearth::message::SampleContent::Sft { response, .. } = &mut e[0].content {
         response.push('!');
     }
     let d = data_digest(&a);

@@ -10,14 +10,16 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::message::{Message, now_unix_ms};
+use super::Payload;
+use crate::clock::now_unix_ms;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeadLetter {
+#[serde(bound(deserialize = "M: serde::de::DeserializeOwned"))]
+pub struct DeadLetter<M> {
     pub node: String,
     pub worker: usize,
     pub error: String,
-    pub message: Message,
+    pub message: M,
     pub at_unix_ms: u64,
 }
 
@@ -68,7 +70,7 @@ impl DeadLetterStore {
     }
 
     /// Appends and syncs one letter. Failing to record is logged, never fatal: the worker must go on.
-    pub fn put(&self, node: &str, worker: usize, error: &str, message: &Message) {
+    pub fn put<M: Payload>(&self, node: &str, worker: usize, error: &str, message: &M) {
         let letter = DeadLetter {
             node: node.to_owned(),
             worker,
@@ -93,7 +95,7 @@ impl DeadLetterStore {
     }
 
     /// Reads every letter back (for `hearth` commands and tests).
-    pub fn read_all(dir: &Path) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    pub fn read_all<M: Payload>(dir: &Path) -> Result<Vec<DeadLetter<M>>, DeadLetterError> {
         let path = dir.join(Self::FILE_NAME);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,

@@ -1,5 +1,6 @@
 //! Drawing a graph as Graphviz dot or Mermaid, with ports, capacities and policies on the edges.
 
+use super::Payload;
 use super::schema::WhenFull;
 use super::validate::Graph;
 
@@ -17,7 +18,7 @@ fn policy(w: WhenFull) -> &'static str {
     }
 }
 
-fn edge_label(graph: &Graph, e: &super::validate::ResolvedEdge) -> String {
+fn edge_label<M: Payload>(graph: &Graph<M>, e: &super::validate::ResolvedEdge) -> String {
     let from = &graph.plan.nodes[e.from_node];
     let ty = from
         .factory
@@ -35,7 +36,7 @@ fn edge_label(graph: &Graph, e: &super::validate::ResolvedEdge) -> String {
     )
 }
 
-pub fn draw(graph: &Graph, format: DrawFormat) -> String {
+pub fn draw<M: Payload>(graph: &Graph<M>, format: DrawFormat) -> String {
     let mut out = String::new();
     match format {
         DrawFormat::Dot => {

@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use super::message::Message;
 use super::schema::WhenFull;
 
 /// Counters for one edge, mirrored into the `metrics` registry (`hearth_edge_*`) and read back by `/status`
@@ -121,16 +120,16 @@ struct Pending {
 
 /// The sending half of an edge, cloned into every worker of the upstream node. Each clone counts locally and
 /// publishes every [`COUNT_BATCH`] sends, before its worker blocks, and when dropped.
-pub struct EdgeSender {
-    tx: Sender<Message>,
+pub struct EdgeSender<M> {
+    tx: Sender<M>,
     /// Only for `DropOldest`: lets the sender evict the head of a full queue. Kept `None` otherwise so that the
     /// channel disconnects when its consumers exit.
-    evict: Option<Receiver<Message>>,
+    evict: Option<Receiver<M>>,
     stats: Arc<EdgeStats>,
     pending: Pending,
 }
 
-impl Clone for EdgeSender {
+impl<M> Clone for EdgeSender<M> {
     /// A clone starts with nothing pending, so no count is published twice.
     fn clone(&self) -> Self {
         EdgeSender {
@@ -142,28 +141,37 @@ impl Clone for EdgeSender {
     }
 }
 
-impl Drop for EdgeSender {
+impl<M> Drop for EdgeSender<M> {
     fn drop(&mut self) {
         self.publish();
     }
 }
 
 /// The receiving half, shared by every worker of the downstream node.
-#[derive(Clone)]
-pub struct EdgeReceiver {
-    pub rx: Receiver<Message>,
+pub struct EdgeReceiver<M> {
+    pub rx: Receiver<M>,
     pub port: &'static str,
     pub stats: Arc<EdgeStats>,
 }
 
+impl<M> Clone for EdgeReceiver<M> {
+    fn clone(&self) -> Self {
+        EdgeReceiver {
+            rx: self.rx.clone(),
+            port: self.port,
+            stats: self.stats.clone(),
+        }
+    }
+}
+
 /// Makes one bounded edge. `capacity` is at least 1 (validation rejects 0; crossbeam's 0 is a rendezvous).
-pub fn bounded(
+pub fn bounded<M>(
     name: String,
     capacity: usize,
     when_full: WhenFull,
     feedback: bool,
     port: &'static str,
-) -> (EdgeSender, EdgeReceiver) {
+) -> (EdgeSender<M>, EdgeReceiver<M>) {
     let capacity = capacity.max(1);
     let (tx, rx) = crossbeam_channel::bounded(capacity);
     let stats = Arc::new(EdgeStats::new(name, capacity, when_full, feedback));
@@ -179,10 +187,10 @@ pub fn bounded(
     )
 }
 
-impl EdgeSender {
+impl<M> EdgeSender<M> {
     /// Sends under the edge's policy. Never loses a message silently: drops are counted, and a message that no
     /// receiver can ever take is counted as undeliverable.
-    pub fn send(&self, message: Message) {
+    pub fn send(&self, message: M) {
         let stats = &self.stats;
         match stats.when_full {
             WhenFull::Block => match self.tx.try_send(message) {

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{RecvTimeoutError, Select, TryRecvError};
 use serde::Serialize;
 
-use super::actor::{Actor, ActorError, BuildContext, Outbox, Produce};
+use super::Payload;
+use super::actor::{Actor, ActorError, ActorFactory, BuildContext, Outbox, Produce};
 use super::dead_letter::{DeadLetterError, DeadLetterStore};
 use super::edge::{EdgeReceiver, EdgeSender, EdgeSnapshot, EdgeStats, bounded};
-use super::message::Message;
+use super::resources::Resources;
 use super::schema::RestartPolicy;
 use super::validate::Graph;
 
@@ -191,14 +192,14 @@ pub struct RunningGraph {
     dead_letters: PathBuf,
 }
 
-struct Worker {
+struct Worker<M: Payload> {
     stats: Arc<NodeStats>,
-    factory: Arc<dyn super::actor::ActorFactory>,
+    factory: Arc<dyn ActorFactory<M>>,
     policy: RestartPolicy,
     ctx: BuildContext,
     source: bool,
-    inputs: Vec<(EdgeReceiver, bool)>,
-    outbox: Outbox,
+    inputs: Vec<(EdgeReceiver<M>, bool)>,
+    outbox: Outbox<M>,
     stop: Arc<AtomicBool>,
     dead_letters: Arc<DeadLetterStore>,
     /// Receives per input and handled messages counted locally, published every `COUNT_BATCH` deliveries and
@@ -210,18 +211,25 @@ struct Worker {
     deliveries: u64,
 }
 
+/// A node's output ports, each with the edges it fans out to.
+type OutPorts<M> = Vec<(&'static str, Vec<EdgeSender<M>>)>;
+
 /// Starts every worker of a validated graph. `data_dir` overrides the graph's own setting (tests use temp dirs).
-pub fn start(graph: Graph, data_dir: Option<&Path>) -> Result<RunningGraph, RuntimeError> {
+pub fn start<M: Payload>(
+    graph: Graph<M>,
+    data_dir: Option<&Path>,
+) -> Result<RunningGraph, RuntimeError> {
     super::metrics::install();
     let data_dir = data_dir
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from(&graph.plan.settings.data_dir));
     let dead_letters = Arc::new(DeadLetterStore::open(&data_dir)?);
     let stop = Arc::new(AtomicBool::new(false));
+    let resources = Arc::new(Resources::default());
     let plan = &graph.plan;
 
     // Edges first: each node needs its senders (outputs) and receivers (inputs).
-    let mut senders: Vec<Vec<(&'static str, Vec<EdgeSender>)>> = plan
+    let mut senders: Vec<OutPorts<M>> = plan
         .nodes
         .iter()
         .map(|n| {
@@ -233,7 +241,8 @@ pub fn start(graph: Graph, data_dir: Option<&Path>) -> Result<RunningGraph, Runt
                 .collect()
         })
         .collect();
-    let mut receivers: Vec<Vec<(EdgeReceiver, bool)>> = vec![Vec::new(); plan.nodes.len()];
+    let mut receivers: Vec<Vec<(EdgeReceiver<M>, bool)>> =
+        (0..plan.nodes.len()).map(|_| Vec::new()).collect();
     let mut edge_stats = Vec::new();
     for edge in &graph.edges {
         let (tx, rx) = bounded(
@@ -299,6 +308,7 @@ pub fn start(graph: Graph, data_dir: Option<&Path>) -> Result<RunningGraph, Runt
                     node_id: node.id.clone(),
                     worker: w,
                     data_dir: data_dir.clone(),
+                    resources: resources.clone(),
                 },
                 source: node.factory.info().source,
                 inputs: receivers[i].clone(),
@@ -383,13 +393,13 @@ const IDLE_PUBLISH: Duration = Duration::from_millis(1);
 /// How long an idle worker sleeps between checks of the stop flag when it has nothing to wait on.
 const STOP_POLL: Duration = Duration::from_millis(20);
 
-impl Worker {
+impl<M: Payload> Worker<M> {
     fn run(mut self) {
         let mut actor = self.build_until_ok();
         if let Some(a) = actor.as_mut()
             && let Err(e) = guarded(|| a.on_start(&mut self.outbox))
         {
-            tracing::error!(node = %self.ctx.node_id, error = %e, "start failed");
+            tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "start failed");
             self.restart(&mut actor);
         }
         if self.source {
@@ -400,7 +410,7 @@ impl Worker {
             && let Err(e) = guarded(|| actor.flush(&mut self.outbox))
         {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(node = %self.ctx.node_id, error = %e, "flush failed");
+            tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "flush failed");
         }
         self.publish_counts();
         if self.stats.live_workers.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -422,7 +432,7 @@ impl Worker {
     }
 
     /// Builds the actor, retrying under the restart policy; `None` once the node has failed.
-    fn build_until_ok(&self) -> Option<Box<dyn Actor>> {
+    fn build_until_ok(&self) -> Option<Box<dyn Actor<M>>> {
         loop {
             if self.stats.state() == NodeState::Failed {
                 return None;
@@ -433,7 +443,7 @@ impl Worker {
                     return Some(actor);
                 }
                 Err(e) => {
-                    tracing::error!(node = %self.ctx.node_id, error = %e, "cannot build actor");
+                    tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "cannot build actor");
                     self.backoff_or_fail()?;
                 }
             }
@@ -456,14 +466,14 @@ impl Worker {
         }
     }
 
-    fn restart(&self, actor: &mut Option<Box<dyn Actor>>) {
+    fn restart(&self, actor: &mut Option<Box<dyn Actor<M>>>) {
         *actor = None;
         if self.backoff_or_fail().is_some() {
             *actor = self.build_until_ok();
         }
     }
 
-    fn run_source(&mut self, actor: &mut Option<Box<dyn Actor>>) {
+    fn run_source(&mut self, actor: &mut Option<Box<dyn Actor<M>>>) {
         while !self.stop.load(Ordering::Acquire) {
             let Some(a) = actor.as_mut() else { return };
             let produced = guarded(|| a.produce(&mut self.outbox));
@@ -475,7 +485,7 @@ impl Worker {
                 }
                 Ok(Produce::Exhausted) => return,
                 Err(e) => {
-                    tracing::error!(node = %self.ctx.node_id, error = %e, "source failed");
+                    tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "source failed");
                     self.restart(actor);
                 }
             }
@@ -485,7 +495,7 @@ impl Worker {
     }
 
     /// Waits up to `wait` for input (handled as it comes) or for the stop flag.
-    fn wait_for_input(&mut self, actor: &mut Option<Box<dyn Actor>>, wait: Duration) {
+    fn wait_for_input(&mut self, actor: &mut Option<Box<dyn Actor<M>>>, wait: Duration) {
         let deadline = Instant::now() + wait;
         loop {
             self.poll_inputs_once(actor);
@@ -511,7 +521,7 @@ impl Worker {
     }
 
     /// Takes whatever the open inputs hold right now, without blocking.
-    fn poll_inputs_once(&mut self, actor: &mut Option<Box<dyn Actor>>) {
+    fn poll_inputs_once(&mut self, actor: &mut Option<Box<dyn Actor<M>>>) {
         for i in 0..self.inputs.len() {
             while self.input_open[i] {
                 match self.inputs[i].0.rx.try_recv() {
@@ -525,7 +535,7 @@ impl Worker {
 
     /// The main loop of a non-source worker (and the tail of a source's): take messages until every
     /// non-feedback input is disconnected and empty, then take what feedback inputs still hold.
-    fn run_inputs(&mut self, actor: &mut Option<Box<dyn Actor>>) {
+    fn run_inputs(&mut self, actor: &mut Option<Box<dyn Actor<M>>>) {
         let is_feedback: Vec<bool> = self.inputs.iter().map(|(_, f)| *f).collect();
         let live = |open: &[bool]| (0..open.len()).any(|i| open[i] && !is_feedback[i]);
         // A node fed only by feedback edges runs until stop, serving what arrives.
@@ -618,17 +628,17 @@ impl Worker {
     }
 
     /// Lets an idle actor emit work it finished off its thread (see [`Actor::tick`]); a failure restarts it.
-    fn tick(&mut self, actor: &mut Option<Box<dyn Actor>>) {
+    fn tick(&mut self, actor: &mut Option<Box<dyn Actor<M>>>) {
         let Some(a) = actor.as_mut() else { return };
         if let Err(e) = guarded(|| a.tick(&mut self.outbox)) {
-            tracing::error!(node = %self.ctx.node_id, error = %e, "tick failed");
+            tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "tick failed");
             self.restart(actor);
         }
     }
 
     /// Handles one message with supervision: a panic or error dead-letters it and restarts the worker; a
     /// failed node dead-letters everything it still receives so upstream never blocks on it.
-    fn deliver(&mut self, actor: &mut Option<Box<dyn Actor>>, input: usize, message: Message) {
+    fn deliver(&mut self, actor: &mut Option<Box<dyn Actor<M>>>, input: usize, message: M) {
         self.pending_pops[input] += 1;
         let port = self.inputs[input].0.port;
         let Some(a) = actor.as_mut() else {
@@ -659,7 +669,7 @@ impl Worker {
                 self.pending_processed += 1;
             }
             Err(e) => {
-                let error = e.to_string();
+                let error = e.chain();
                 tracing::warn!(node = %self.ctx.node_id, message = message.id(), %error, "handler failed");
                 self.dead_letters
                     .put(&self.ctx.node_id, self.ctx.worker, &error, &message);
@@ -682,7 +692,7 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, ActorError>) -> Result<T, ActorError
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "non-string panic payload".to_owned());
-            Err(ActorError::Failed(format!("panicked: {text}")))
+            Err(ActorError::Message(format!("panicked: {text}")))
         }
     }
 }

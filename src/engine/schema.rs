@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
 
-use crate::actors::ActorKind;
+use super::NodeKind;
 
 /// What a full mailbox does to the sender.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -64,12 +64,12 @@ fn default_workers() -> usize {
     1
 }
 
-/// One node of the graph: an actor kind with its parameters, run by `workers` instances sharing one mailbox.
+/// One node of the graph: an actor kind `K` with its parameters, run by `workers` instances sharing one mailbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NodeSpec {
+pub struct NodeSpec<K> {
     pub id: String,
-    pub kind: ActorKind,
+    pub kind: K,
     #[serde(default = "default_workers")]
     pub workers: usize,
     #[serde(default)]
@@ -213,10 +213,10 @@ pub struct Located<T> {
 
 /// A parsed graph file; semantic checks happen in [`crate::engine::validate`].
 #[derive(Debug, Clone)]
-pub struct GraphFile {
+pub struct GraphFile<K> {
     pub name: String,
     pub settings: GraphSettings,
-    pub nodes: Vec<Located<NodeSpec>>,
+    pub nodes: Vec<Located<NodeSpec<K>>>,
     pub edges: Vec<Located<EdgeSpec>>,
     /// Ids of nodes that failed to parse; edges naming them are not reported again as unknown.
     pub unparsed_nodes: Vec<String>,
@@ -271,10 +271,10 @@ fn node_id_hint(raw: &str) -> Option<String> {
     value.into_rust::<IdOnly>().ok().map(|n| n.id)
 }
 
-impl GraphFile {
+impl<K: NodeKind> GraphFile<K> {
     /// Parses graph text. A top-level syntax error stops parsing; otherwise every node and edge that fails is
     /// reported and the rest is returned, so validation can go on to find the remaining errors too.
-    pub fn parse(src: &str) -> Result<(GraphFile, Vec<GraphError>), Vec<GraphError>> {
+    pub fn parse(src: &str) -> Result<(GraphFile<K>, Vec<GraphError>), Vec<GraphError>> {
         let raw: RawGraph<'_> = match ron_options().from_str(src) {
             Ok(raw) => raw,
             Err(e) => return Err(vec![ron_error(src, src, &e, "syntax")]),
@@ -285,7 +285,7 @@ impl GraphFile {
         for raw_node in &raw.nodes {
             let text = raw_node.get_ron();
             let at = start_of(src, text);
-            match ron_options().from_str::<NodeSpec>(text) {
+            match ron_options().from_str::<NodeSpec<K>>(text) {
                 Ok(node) => nodes.push(Located { value: node, at }),
                 Err(e) => {
                     let id = node_id_hint(text);

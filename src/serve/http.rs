@@ -17,7 +17,7 @@ use actix_web::{App, HttpResponse, HttpServer};
 use serde_json::{Value, json};
 
 use super::{Engine, GenerateRequest, Pipe, PromptInput, ServeError, StreamEvent};
-use crate::engine::message::FeedbackKind;
+use crate::message::FeedbackKind;
 use crate::model::{ChatMessage, Role};
 
 /// An OpenAI-style error answer: `{"error": {"message", "type", "param", "code"}}`.
@@ -574,7 +574,7 @@ async fn not_found() -> HttpResponse {
 /// The API server on its own thread and actix system (actix's server is not `Send`).
 pub struct ApiServer {
     pub addr: SocketAddr,
-    server: crate::http::ServerThread,
+    server: crate::server_thread::ServerThread,
 }
 
 impl ApiServer {
@@ -582,7 +582,7 @@ impl ApiServer {
     pub fn start(addr: &str, engine: Arc<Engine>) -> Result<ApiServer, ServeError> {
         let data = web::Data::new(engine);
         let bind = addr.to_owned();
-        let server = crate::http::ServerThread::spawn("serve-http", move || {
+        let server = crate::server_thread::ServerThread::spawn("serve-http", move || {
             let server = HttpServer::new(move || {
                 App::new()
                     .app_data(data.clone())
@@ -602,7 +602,7 @@ impl ApiServer {
                 .addrs()
                 .first()
                 .copied()
-                .ok_or_else(crate::http::no_address)?;
+                .ok_or_else(crate::server_thread::no_address)?;
             Ok((server.run(), local))
         })
         .map_err(|e| ServeError::Http(format!("cannot bind {addr}: {e}")))?;

@@ -7,6 +7,7 @@
 //! admitted, so loading, replacing or unloading an adapter never disturbs a request in flight.
 
 pub mod default_model;
+pub mod follow;
 pub mod http;
 
 use std::collections::{HashMap, VecDeque};
@@ -19,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 
-use crate::engine::message::{self, Feedback, FeedbackKind, Interaction, now_unix_ms};
+use crate::clock::now_unix_ms;
+use crate::message::{Delta, Feedback, FeedbackKind, Interaction, Role};
 use crate::model::{
-    AdapterRegistry, CachedPrefix, ChatMessage, ChatOptions, GenerateConfig, KvPrecision, LoraSet,
-    ModelError, StopReason, Tokenizer, Transformer, encode_chat_with,
+    AdapterRegistry, Base, CachedPrefix, ChatMessage, ChatOptions, GenerateConfig, KvPrecision,
+    LoraSet, ModelError, StopReason, Tokenizer, Transformer, encode_chat_with,
 };
 
 /// Everything serving can fail with; the HTTP layer maps each to a status code.
@@ -58,6 +60,18 @@ pub enum ServeError {
     Http(String),
     #[error("cannot spawn a generation thread: {0}")]
     Spawn(std::io::Error),
+    #[error(
+        "delta `{delta}` adapts base {adapts}, but this server serves base {served}; not swapped"
+    )]
+    OtherBase {
+        delta: String,
+        adapts: String,
+        served: String,
+    },
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("the served delta `{0}` is not in the store")]
+    ServedUnknown(String),
 }
 
 /// Serving limits and sizes. Defaults suit one person on a laptop.
@@ -235,7 +249,7 @@ struct Job {
     adapter: Option<String>,
     lora: Option<Arc<LoraSet>>,
     ids: Vec<u32>,
-    prompt: Vec<message::ChatMessage>,
+    prompt: Vec<ChatMessage>,
     cfg: GenerateConfig,
     sampling: serde_json::Value,
     admitted: Instant,
@@ -461,20 +475,11 @@ impl Engine {
         let (ids, prompt) = match &req.prompt {
             PromptInput::Chat(messages) => (
                 encode_chat_with(&self.tok, messages, true, &self.chat)?.ids,
-                messages
-                    .iter()
-                    .map(|m| message::ChatMessage {
-                        role: m.role.as_str().to_owned(),
-                        content: m.content.clone(),
-                    })
-                    .collect(),
+                messages.clone(),
             ),
             PromptInput::Text(text) => (
                 self.tok.encode(text, false)?,
-                vec![message::ChatMessage {
-                    role: "user".to_owned(),
-                    content: text.clone(),
-                }],
+                vec![ChatMessage::new(Role::User, text.clone())],
             ),
         };
         if ids.is_empty() {
@@ -670,6 +675,8 @@ impl Engine {
 /// A running server: the engine, its generation threads and (optionally) the HTTP API.
 pub struct Server {
     engine: Arc<Engine>,
+    /// SHA-256 of the base's file: a delta for another base is never served.
+    base_sha256: Option<String>,
     events: Receiver<ServeEvent>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     http: Mutex<Option<http::ApiServer>>,
@@ -681,22 +688,25 @@ const EVENT_BUFFER: usize = 1024;
 impl Server {
     /// Loads the model at `path` and starts the generation threads (no HTTP yet).
     pub fn load(path: &Path, config: ServeConfig) -> Result<Server, ServeError> {
-        let mut g = crate::model::GgufFile::open(path)?;
-        let tok = Tokenizer::from_gguf_metadata(g.metadata())?;
-        let chat = match g.metadata().get("tokenizer.chat_template") {
-            Some(candle_core::quantized::gguf_file::Value::String(t)) => {
-                ChatOptions::from_template(t)
-            }
-            _ => ChatOptions::default(),
-        };
-        let model = Transformer::from_gguf_file(&mut g)?;
-        Server::new(model, tok, chat, config)
+        Server::from_base(&Base::load(path)?, config)
+    }
+
+    /// Serves a loaded base, sharing its weights and tokenizer; only deltas for this base are served.
+    pub fn from_base(base: &Base, config: ServeConfig) -> Result<Server, ServeError> {
+        let mut server = Server::new(
+            base.model.clone(),
+            base.tok.clone(),
+            base.chat.clone(),
+            config,
+        )?;
+        server.base_sha256 = Some(base.sha256.clone());
+        Ok(server)
     }
 
     /// Starts serving an already loaded model.
     pub fn new(
         model: Transformer,
-        tok: Tokenizer,
+        tok: impl Into<Arc<Tokenizer>>,
         chat: ChatOptions,
         config: ServeConfig,
     ) -> Result<Server, ServeError> {
@@ -710,7 +720,7 @@ impl Server {
         let id_prefix = format!("{:x}", now_unix_ms() % 0xffff_ffff);
         let engine = Arc::new(Engine {
             model: Arc::new(model.with_kv_precision(config.kv_cache)),
-            tok: Arc::new(tok),
+            tok: tok.into(),
             chat,
             registry: AdapterRegistry::new(),
             default_adapter: RwLock::new(None),
@@ -745,6 +755,7 @@ impl Server {
         }
         Ok(Server {
             engine,
+            base_sha256: None,
             events: events_rx,
             threads: Mutex::new(threads),
             http: Mutex::new(None),
@@ -753,6 +764,33 @@ impl Server {
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// Serves `delta` (or the base alone) by default from the next request on; requests in flight keep the
+    /// adapter they started with. A delta for another base than the one served is refused.
+    pub fn swap_to(&self, delta: Option<&Delta>) -> Result<(), ServeError> {
+        let engine = &self.engine;
+        let Some(delta) = delta else {
+            engine.set_default_adapter(None)?;
+            tracing::info!("serving the base alone");
+            return Ok(());
+        };
+        if engine.default_adapter().as_deref() == Some(delta.id.as_str()) {
+            return Ok(());
+        }
+        if let Some(served) = &self.base_sha256
+            && delta.base_sha256 != *served
+        {
+            return Err(ServeError::OtherBase {
+                delta: delta.id.clone(),
+                adapts: delta.base_sha256.clone(),
+                served: served.clone(),
+            });
+        }
+        engine.load_adapter(&delta.id, Path::new(&delta.path))?;
+        engine.set_default_adapter(Some(&delta.id))?;
+        tracing::info!(adapter = %delta.id, "hot-swapped the default adapter");
+        Ok(())
     }
 
     /// Starts the OpenAI-compatible API on `addr` (port 0 picks one); returns the bound address.

@@ -9,7 +9,8 @@ use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
 use super::{Store, StoreError, json, sq_err};
-use crate::engine::message::{Delta, now_unix_ms};
+use crate::clock::now_unix_ms;
+use crate::message::Delta;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -16,9 +16,10 @@ mod deltas;
 
 pub use deltas::{DeltaRecord, DeltaStatus, LegRecord, ServedState};
 
-use crate::engine::message::{
+use crate::clock::now_unix_ms;
+use crate::message::{
     Decision, Feedback, FeedbackKind, Interaction, Origin, Outcome, Provenance, Sample,
-    SampleContent, now_unix_ms,
+    SampleContent,
 };
 
 #[derive(Debug, thiserror::Error)]

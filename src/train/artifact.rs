@@ -1,14 +1,12 @@
 //! Saving a delta: PEFT adapter files plus `provenance.json`, written into a temporary directory
 //! and renamed into place, so a reader never sees half a delta.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::{Result, TrainConfig, io_err};
-use crate::engine::message::Delta;
+use crate::message::Delta;
 use crate::model::{LoraSet, ModelConfig};
 
 /// What binds a delta to its inputs: the base it adapts, the full recipe, the data in order,
@@ -36,24 +34,11 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// SHA-256 of bytes, hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
+pub use crate::files::sha256_hex;
 
 /// SHA-256 of a file, streamed (a base model can be gigabytes).
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| io_err(path, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
+    crate::files::sha256_file(path).map_err(|e| io_err(path, e))
 }
 
 /// SHA-256 of the recipe as serialized JSON.
@@ -72,7 +57,7 @@ pub fn staging_dir(root: &Path) -> Result<PathBuf> {
     let tmp = root.join(format!(
         ".tmp-{}-{}",
         std::process::id(),
-        crate::engine::message::now_unix_ms()
+        crate::clock::now_unix_ms()
     ));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| io_err(&tmp, e))?;

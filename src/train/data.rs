@@ -2,7 +2,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::engine::message::{Origin, Sample, SampleContent};
+use crate::message::{Origin, Sample, SampleContent};
 use crate::model::{ChatMessage, Role, Tokenizer, encode_chat};
 
 /// A token sequence and which tokens are scored (predicted by the previous position).
@@ -35,21 +35,6 @@ pub enum Example {
         messages: Vec<ChatMessage>,
         answer: Option<String>,
     },
-}
-
-fn messages(prompt: &[crate::engine::message::ChatMessage]) -> Option<Vec<ChatMessage>> {
-    prompt
-        .iter()
-        .map(|m| {
-            let role = match m.role.as_str() {
-                "system" => Role::System,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                _ => return None,
-            };
-            Some(ChatMessage::new(role, m.content.clone()))
-        })
-        .collect()
 }
 
 /// Encodes `prompt + response` with ChatML; the mask covers exactly the assistant turns' tokens
@@ -96,25 +81,22 @@ pub fn encode_sample(
 ) -> Option<Example> {
     match &sample.content {
         SampleContent::Sft { prompt, response } => {
-            encode_turns(tok, &messages(prompt)?, response, max_len).map(Example::Sft)
+            encode_turns(tok, prompt, response, max_len).map(Example::Sft)
         }
         SampleContent::Preference {
             prompt,
             chosen,
             rejected,
-        } => {
-            let p = messages(prompt)?;
-            Some(Example::Preference {
-                chosen: encode_turns(tok, &p, chosen, max_len)?,
-                rejected: encode_turns(tok, &p, rejected, max_len)?,
-            })
-        }
+        } => Some(Example::Preference {
+            chosen: encode_turns(tok, prompt, chosen, max_len)?,
+            rejected: encode_turns(tok, prompt, rejected, max_len)?,
+        }),
         SampleContent::Unpaired {
             prompt,
             response,
             desirable,
         } => Some(Example::Unpaired {
-            seq: encode_turns(tok, &messages(prompt)?, response, max_len)?,
+            seq: encode_turns(tok, prompt, response, max_len)?,
             desirable: *desirable,
         }),
         SampleContent::Scored {
@@ -122,7 +104,7 @@ pub fn encode_sample(
             response,
             score,
         } if grpo => {
-            let p = messages(prompt)?;
+            let p = prompt.to_vec();
             let ids = encode_chat(tok, &p, true).ok()?.ids;
             (ids.len() < max_len).then(|| Example::Prompt {
                 ids,

@@ -9,6 +9,7 @@
 
 pub mod artifact;
 pub mod config;
+pub mod cycle;
 pub mod data;
 pub mod loss;
 pub mod reward;
@@ -16,6 +17,7 @@ pub mod trainer;
 
 pub use artifact::{Provenance, save_delta, sha256_file, sha256_hex};
 pub use config::{RewardKind, TrainConfig};
+pub use cycle::{BaseSource, CycleSettings, Cycles};
 pub use data::{Example, Seq, data_digest, encode_sample};
 pub use reward::{Contains, ExactMatch, JsonValid, Reward};
 pub use trainer::{CycleReport, LoraTrainer, StepReport};
@@ -41,6 +43,10 @@ pub enum TrainError {
     Json(#[from] serde_json::Error),
     #[error("no trainable example among {0} samples")]
     NoData(usize),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("the training thread panicked")]
+    Panicked,
 }
 
 /// A thread pool for training that serving does not compete with: candle's CPU kernels run on the

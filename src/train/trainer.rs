@@ -18,7 +18,7 @@ use super::data::{Example, Seq, encode_sample, encode_text};
 use super::loss::{SequenceLogps, TokenLogps, dpo_loss, kto_loss, masked_nll, sequence_logps};
 use super::reward::{Reward, builtin};
 use super::{Result, TrainConfig, TrainError, io_err};
-use crate::engine::message::Sample;
+use crate::message::Sample;
 use crate::model::{GenerateConfig, LoraPair, LoraSet, StopReason, Tokenizer, Transformer};
 
 /// What one optimizer step did.

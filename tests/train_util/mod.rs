@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::GgmlDType;
-use hearth::engine::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
+use hearth::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
 use hearth::model::{Arch, LoraPair, LoraSet, TinySpec, Tokenizer, Transformer, write_tiny_model};
 use hearth::train::TrainConfig;
 
@@ -46,7 +46,7 @@ pub fn tiny_with(dir: &Path, tied: bool) -> (PathBuf, Transformer, Tokenizer) {
 
 fn user(q: &str) -> Vec<ChatMessage> {
     vec![ChatMessage {
-        role: "user".into(),
+        role: hearth::message::Role::User,
         content: q.into(),
     }]
 }

@@ -67,7 +67,7 @@ pub enum ShingleKind {
 
 /// Where a sample came from (the engine's one definition); self-generated samples weigh more toward the
 /// diversity floor because a model's own outputs are the likeliest to repeat a theme.
-pub use crate::engine::message::Origin;
+pub use crate::message::Origin;
 
 /// Parameters of the deduper (graph parameters, so unknown fields are rejected).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -8,9 +8,8 @@
 //! times larger and slower; LSH buckets are rebuilt on load rather than stored.
 
 use std::collections::VecDeque;
-use std::fs::{self, File};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::path::Path;
 
 use super::minhash::hash_bytes;
 use super::{DedupConfig, DedupError, Deduper, Entry};
@@ -63,32 +62,7 @@ impl Deduper {
         let sum = hash_bytes(&buf, CHECK_SEED);
         put_u64(&mut buf, sum);
 
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-        let tmp = dir.join(format!(
-            ".{}.tmp.{}",
-            name.unwrap_or_else(|| "dedup".into()),
-            std::process::id()
-        ));
-        let result = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&buf)?;
-            f.sync_all()?;
-            drop(f);
-            fs::rename(&tmp, path)?;
-            // Persist the rename itself; not all platforms allow opening a directory.
-            if let Ok(d) = File::open(&dir) {
-                let _ = d.sync_all();
-            }
-            Ok(())
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result.map_err(io)
+        crate::files::atomic_write(path, &buf).map_err(io)
     }
 
     /// Loads state saved by [`Deduper::save`]. The signature-defining fields of `config` (shingle,

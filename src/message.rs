@@ -1,13 +1,15 @@
-//! The closed set of messages that travel on graph edges.
+//! The closed set of messages that travel on hearth's graph edges.
 //!
-//! The engine knows every message type so that `hearth check` can prove, before anything runs, that each edge
-//! connects an output and an input of the same type. Provenance travels inside each sample: every actor that
+//! Every port declares one [`MessageType`], so that `hearth check` can prove, before anything runs, that each
+//! edge connects an output and an input of the same type; the engine checks this without knowing the types. Provenance travels inside each sample: every actor that
 //! changes or judges a sample appends a step, so a training example can always be traced back to the captured
 //! interaction it came from and to every decision taken on the way.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
+
+use crate::engine::ActorError;
 
 /// The type carried on a port; edges must connect ports of equal type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -32,11 +34,55 @@ impl fmt::Display for MessageType {
     }
 }
 
+/// Who wrote a chat turn. The API accepts exactly these, so a stored turn never holds another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+
+    /// The role a chat API names `name`, if it is one of ours.
+    pub fn parse(name: &str) -> Option<Role> {
+        match name {
+            "system" => Some(Role::System),
+            "user" => Some(Role::User),
+            "assistant" => Some(Role::Assistant),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ChatMessage {
-    pub role: String,
+    pub role: Role,
     pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role,
+            content: content.into(),
+        }
+    }
 }
 
 /// A completed exchange between a user and the served model.
@@ -281,10 +327,38 @@ impl Message {
     }
 }
 
-/// Milliseconds since the Unix epoch; a clock before 1970 reads as 0 rather than failing.
-pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+impl crate::engine::Payload for Message {
+    type Type = MessageType;
+
+    fn message_type(&self) -> MessageType {
+        Message::message_type(self)
+    }
+
+    fn id(&self) -> &str {
+        Message::id(self)
+    }
+}
+
+/// The sample in `message`, or the error an actor that only takes samples returns for anything else.
+pub fn expect_sample<'a>(port: &str, message: &'a Message) -> Result<&'a Arc<Sample>, ActorError> {
+    match message {
+        Message::Sample(sample) => Ok(sample),
+        other => Err(unexpected(port, other)),
+    }
+}
+
+/// The delta a [`Message::Delta`] carries, or the error an actor returns for any other message on `port`.
+pub fn expect_delta<'a>(port: &str, message: &'a Message) -> Result<&'a Arc<Delta>, ActorError> {
+    match message {
+        Message::Delta(delta) => Ok(delta),
+        other => Err(unexpected(port, other)),
+    }
+}
+
+/// The error for a message of a type the actor does not handle on `port`.
+pub fn unexpected(port: &str, message: &Message) -> ActorError {
+    ActorError::Unexpected {
+        port: port.to_owned(),
+        got: message.message_type().to_string(),
+    }
 }

@@ -1,0 +1,82 @@
+//! The control port, on actix-web: `/healthz`, `/status` (JSON) and `/metrics` (Prometheus text).
+//!
+//! The server runs on its own thread with its own actix system, so CPU-heavy actors on their worker threads
+//! cannot starve it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+
+use crate::engine::runtime::RunStatus;
+use crate::server_thread::{ServerThread, no_address};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("cannot bind control endpoints to {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("control server thread: {0}")]
+    Thread(std::io::Error),
+}
+
+async fn healthz(status: web::Data<Arc<RunStatus>>) -> HttpResponse {
+    if status.healthy() {
+        HttpResponse::Ok().body("ok\n")
+    } else {
+        HttpResponse::ServiceUnavailable().body("a node has failed; see /status\n")
+    }
+}
+
+async fn status(status: web::Data<Arc<RunStatus>>) -> HttpResponse {
+    HttpResponse::Ok().json(status.snapshot())
+}
+
+async fn metrics() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(crate::engine::metrics::render())
+}
+
+/// The control server: `/healthz`, `/status`, `/metrics`.
+pub struct ControlServer {
+    pub addr: SocketAddr,
+    server: ServerThread,
+}
+
+impl ControlServer {
+    /// Binds `addr` (port 0 picks a free port) and serves until stopped.
+    pub fn start(addr: &str, run_status: Arc<RunStatus>) -> Result<ControlServer, HttpError> {
+        let data = web::Data::new(run_status);
+        let bind = addr.to_owned();
+        let server = ServerThread::spawn("control-http", move || {
+            let server = HttpServer::new(move || {
+                App::new()
+                    .app_data(data.clone())
+                    .route("/healthz", web::get().to(healthz))
+                    .route("/status", web::get().to(status))
+                    .route("/metrics", web::get().to(metrics))
+            })
+            .workers(1)
+            .disable_signals()
+            .bind(&bind)?;
+            let local = server.addrs().first().copied().ok_or_else(no_address)?;
+            Ok((server.run(), local))
+        })
+        .map_err(|source| HttpError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })?;
+        Ok(ControlServer {
+            addr: server.addr,
+            server,
+        })
+    }
+
+    /// Stops accepting, finishes requests in flight, and joins the server thread.
+    pub fn stop(self) {
+        self.server.stop(true);
+    }
+}

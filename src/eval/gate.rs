@@ -1,0 +1,152 @@
+//! The gate as one object: judge a candidate delta against what is served now, record the verdict bound
+//! to the delta's bytes, base, recipe and data, and promote it when it passes. Usable without the engine
+//! (an experiment, a test); the `eval` actor is glue over it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{
+    Binding, EvalError, Evaluator, GateConfig, ProbeSet, Result, Scores, Verdict, adapter_sha256,
+    decide, personal_probes, promote_checked,
+};
+use crate::message::Delta;
+use crate::model::{Base, LoraSet};
+use crate::store::{DeltaStatus, Store};
+use crate::train::Provenance;
+
+pub struct Gate {
+    base: Arc<Base>,
+    data_dir: PathBuf,
+    /// A probe-set file; `None`: the shipped set. Frozen per base on first use under `DATA_DIR/eval/`.
+    probes: Option<PathBuf>,
+    cfg: GateConfig,
+    /// The served state's scores, keyed by what they were computed on (served delta, probes).
+    baseline: Option<(String, Scores)>,
+}
+
+impl Gate {
+    pub fn new(base: Arc<Base>, data_dir: &Path, probes: Option<PathBuf>, cfg: GateConfig) -> Self {
+        Gate {
+            base,
+            data_dir: data_dir.to_path_buf(),
+            probes,
+            cfg,
+            baseline: None,
+        }
+    }
+
+    /// Candidates the store holds without a verdict: trained before a crash, or while no gate ran.
+    pub fn pending(data_dir: &Path) -> Result<Vec<Delta>> {
+        if !data_dir.join(Store::FILE_NAME).exists() {
+            return Ok(Vec::new());
+        }
+        Ok(Store::open(data_dir)?
+            .deltas()?
+            .into_iter()
+            .filter(|d| d.verdict.is_none() && d.status == DeltaStatus::Candidate)
+            .map(|d| d.to_delta())
+            .collect())
+    }
+
+    /// Scores the candidate against the served state, records the verdict and promotes on a pass.
+    pub fn judge(&mut self, delta: &Delta) -> Result<Verdict> {
+        let base = self.base.clone();
+        let mut store = Store::open(&self.data_dir)?;
+        let dir = Path::new(&delta.path);
+        let provenance = read_provenance(&dir.join("provenance.json"))?;
+        store.record_delta(delta, &serde_json::to_value(&provenance)?)?;
+        let (probes, probe_sha) = ProbeSet::frozen_for_base(
+            &self.data_dir.join("eval"),
+            &base.sha256,
+            self.probes.as_deref(),
+        )?;
+        let adapter_sha = adapter_sha256(dir)?;
+        let served = store.served()?;
+        let served_adapter = match &served.delta_id {
+            Some(id) => {
+                let r = store.delta(id)?.ok_or_else(|| EvalError::Binding {
+                    delta: id.clone(),
+                    why: "the served delta is not in the store".into(),
+                })?;
+                Some(LoraSet::load_peft(&r.path, base.model.config())?)
+            }
+            None => None,
+        };
+        let training = store.training_set()?;
+        let cfg = &self.cfg;
+        let personal = personal_probes(
+            &training,
+            provenance.recipe.holdout_fraction,
+            cfg.max_personal_probes,
+        );
+        let ev = Evaluator::new(&base.model, &base.tok, &probes, cfg);
+        let key = format!(
+            "{:?}/{}/{probe_sha}",
+            served.delta_id,
+            crate::files::sha256_hex(serde_json::to_string(&personal)?.as_bytes())
+        );
+        let baseline = match &self.baseline {
+            Some((k, s)) if *k == key => s.clone(),
+            _ => {
+                let s = ev.score(served_adapter.as_ref(), &personal)?;
+                self.baseline = Some((key, s.clone()));
+                s
+            }
+        };
+        let (legs, promote, reason) = if delta.base_sha256 == base.sha256 {
+            let candidate_adapter = LoraSet::load_peft(dir, base.model.config())?;
+            let candidate = ev.score(Some(&candidate_adapter), &personal)?;
+            let (legs, promote, reason) = decide(cfg, &baseline, &candidate);
+            (Some((legs, candidate)), promote, reason)
+        } else {
+            let reason = format!(
+                "adapts base {}, not the served base {}",
+                delta.base_sha256, base.sha256
+            );
+            (None, false, reason)
+        };
+        let (legs, candidate) = legs.unwrap_or_default();
+        let mut verdict = Verdict {
+            binding: Binding {
+                delta_id: delta.id.clone(),
+                adapter_sha256: adapter_sha,
+                base_sha256: base.sha256.clone(),
+                recipe_sha256: provenance.recipe_sha256.clone(),
+                data_digest: provenance.data_digest.clone(),
+                probe_set_sha256: probe_sha,
+                promote,
+                reason,
+            },
+            against: served.delta_id.clone(),
+            personal_gain: baseline.personal_nll - candidate.personal_nll,
+            legs,
+            baseline,
+            candidate,
+            created_at_unix_ms: crate::clock::now_unix_ms(),
+        };
+        let records: Vec<_> = verdict.legs.iter().map(|l| l.record()).collect();
+        store.record_verdict(
+            &delta.id,
+            &serde_json::to_value(&verdict)?,
+            &records,
+            promote,
+        )?;
+        if promote && let Err(e) = promote_checked(&mut store, &delta.id, "eval gate") {
+            verdict.binding.promote = false;
+            verdict.binding.reason = e.to_string();
+            store.record_verdict(&delta.id, &serde_json::to_value(&verdict)?, &records, false)?;
+        }
+        Ok(verdict)
+    }
+}
+
+fn read_provenance(path: &Path) -> Result<Provenance> {
+    let bytes = std::fs::read(path).map_err(|source| EvalError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| EvalError::Provenance {
+        path: path.display().to_string(),
+        source,
+    })
+}

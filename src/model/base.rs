@@ -1,0 +1,89 @@
+//! A base model loaded once per process and shared: serving, training and the eval gate read the same
+//! weights, so a graph holds one copy of them however many nodes use the base.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::{ChatOptions, GgufFile, Result, Tokenizer, Transformer, io_err};
+
+/// A GGUF base: weights, tokenizer, chat template options, and the SHA-256 of the file that every
+/// delta and verdict is bound to.
+pub struct Base {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub model: Transformer,
+    pub tok: Arc<Tokenizer>,
+    pub chat: ChatOptions,
+}
+
+impl std::fmt::Debug for Base {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Base")
+            .field("path", &self.path)
+            .field("sha256", &self.sha256)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Base {
+    /// Opens the GGUF once and builds everything from it.
+    pub fn load(path: &Path) -> Result<Base> {
+        let sha256 = crate::files::sha256_file(path).map_err(|e| io_err(path, e))?;
+        Base::load_hashed(path, sha256)
+    }
+
+    fn load_hashed(path: &Path, sha256: String) -> Result<Base> {
+        let mut g = GgufFile::open(path)?;
+        let tok = Tokenizer::from_gguf_metadata(g.metadata())?;
+        let chat = match g.metadata().get("tokenizer.chat_template") {
+            Some(candle_core::quantized::gguf_file::Value::String(t)) => {
+                ChatOptions::from_template(t)
+            }
+            _ => ChatOptions::default(),
+        };
+        let model = Transformer::from_gguf_file(&mut g)?;
+        Ok(Base {
+            path: path.to_path_buf(),
+            sha256,
+            model,
+            tok: Arc::new(tok),
+            chat,
+        })
+    }
+}
+
+/// Bases loaded so far, keyed by file and content: a second node asking for the same file gets the same
+/// weights, and a file replaced on disk (another hash) is loaded anew.
+#[derive(Default)]
+pub struct BaseCache {
+    loaded: Mutex<HashMap<(PathBuf, String), Arc<Base>>>,
+}
+
+impl BaseCache {
+    /// The base at `path`, loading it on first use. Loads run one at a time, so two nodes starting together
+    /// never load the same file twice.
+    pub fn get(&self, path: &Path) -> Result<Arc<Base>> {
+        let canonical = path.canonicalize().map_err(|e| io_err(path, e))?;
+        // Hashed outside the lock: the hash is what tells a replaced file from the one loaded.
+        let sha256 = crate::files::sha256_file(&canonical).map_err(|e| io_err(path, e))?;
+        let key = (canonical, sha256);
+        // A poisoned lock only means a load panicked; the map holds whole entries only.
+        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(base) = loaded.get(&key) {
+            return Ok(base.clone());
+        }
+        let base = Arc::new(Base::load_hashed(path, key.1.clone())?);
+        loaded.insert(key, base.clone());
+        Ok(base)
+    }
+
+    /// How many distinct bases are loaded.
+    pub fn len(&self) -> usize {
+        self.loaded.lock().map(|l| l.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
