@@ -8,6 +8,7 @@ pub mod actors;
 pub mod clock;
 pub mod control;
 pub mod curate;
+pub mod demo;
 pub mod engine;
 pub mod eval;
 pub mod federate;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hearth::actors::simulate::{SIMULATE_PLANTED, events_per_round};
+use hearth::demo::{SIMULATE_PLANTED, events_per_round};
 use hearth::engine::start;
 use hearth::message::Sample;
 use hearth::store::{CurationCounts, Store};

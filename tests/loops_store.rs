@@ -278,7 +278,7 @@ fn kill_9_at_random_moments_loses_nothing_and_counts_nothing_twice() {
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.integrity_check().unwrap(), "ok");
     let c = store.counts().unwrap();
-    let (interactions, feedback) = hearth::actors::simulate::events_per_round();
+    let (interactions, feedback) = hearth::demo::events_per_round();
     assert_eq!(c.interactions, 2000 * interactions as u64, "{c:?}");
     assert_eq!(c.feedback, 2000 * feedback as u64, "{c:?}");
     assert_eq!(c.pending, 0, "{c:?}");
