@@ -1,4 +1,4 @@
-//! `federate`: the worker side of federation, thin over [`crate::federate::worker`].
+//! `federate`: the worker side of federation, glue over [`crate::federate::worker`].
 //!
 //! Each delta arriving on `deltas` (wire it from `eval.promoted`, so only a delta that passed the gate,
 //! canary exposure included, ever leaves the device) is contributed to the coordinator's next round off the
@@ -9,66 +9,18 @@
 //! secret comes from `secret_file` or the environment (`HEARTH_FEDERATE_SECRET_<WORKER>`), never from the graph
 //! file.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
 use crate::federate::WireMode;
-use crate::federate::client::Client;
-use crate::federate::coordinator::secret_env_var;
-use crate::federate::dp::DpConfig;
-use crate::federate::tls::ClientTls;
 use crate::federate::worker::{Worker, WorkerError, is_aggregate};
-use crate::files::read_private_file;
-use crate::message::Delta;
-use crate::message::{Message, MessageType};
+use crate::message::{Delta, Message, MessageType};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FederateParams {
-    /// The coordinator, `host:port`.
-    pub coordinator: String,
-    /// This worker's name, as the coordinator's settings list it.
-    pub worker: String,
-    /// A file holding only this worker's secret (mode 600); `None`: `HEARTH_FEDERATE_SECRET_<WORKER>`.
-    #[serde(default)]
-    pub secret_file: Option<PathBuf>,
-    #[serde(default = "default_mode")]
-    pub mode: WireMode,
-    /// Talk HTTPS, trusting the CA certificates in this PEM file.
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// The name the coordinator's certificate must carry; `None`: the host part of `coordinator`.
-    #[serde(default)]
-    pub tls_server_name: Option<String>,
-    /// Clip and noise each contribution before it leaves, with (ε, δ) accounted across rounds.
-    #[serde(default)]
-    pub dp: Option<DpConfig>,
-    /// How long to wait for a round's aggregate.
-    #[serde(default = "default_aggregate_timeout")]
-    pub aggregate_timeout_secs: f64,
-    /// How long to keep retrying a coordinator that cannot be reached.
-    #[serde(default = "default_retry")]
-    pub retry_secs: f64,
-}
-
-fn default_mode() -> WireMode {
-    WireMode::Native
-}
-
-fn default_aggregate_timeout() -> f64 {
-    600.0
-}
-
-fn default_retry() -> f64 {
-    60.0
-}
+/// The node's parameters: the worker's settings.
+pub use crate::federate::worker_settings::WorkerSettings as FederateParams;
 
 static INFO: KindInfo = KindInfo {
     name: "federate",
@@ -78,93 +30,22 @@ static INFO: KindInfo = KindInfo {
     source: false,
 };
 
-fn build_err(node: &str, e: impl std::fmt::Display) -> ActorError {
-    ActorError::build(format!("node `{node}`: {e}"))
-}
-
-fn secs(node: &str, field: &str, x: f64) -> Result<Duration, ActorError> {
-    Duration::try_from_secs_f64(x)
-        .map_err(|_| build_err(node, format!("`{field}` must be a non-negative number")))
-}
-
-impl FederateParams {
-    fn secret(&self, node: &str) -> Result<Vec<u8>, ActorError> {
-        match &self.secret_file {
-            Some(path) => {
-                let text = read_private_file(path)
-                    .map_err(|e| ActorError::build_from(format!("node `{node}`"), e))?;
-                let secret = text.trim();
-                if secret.is_empty() {
-                    return Err(build_err(node, format!("{} is empty", path.display())));
-                }
-                Ok(secret.as_bytes().to_vec())
-            }
-            None => {
-                let var = secret_env_var(&self.worker);
-                std::env::var(&var).map(String::into_bytes).map_err(|_| {
-                    build_err(
-                        node,
-                        format!("{var} is not set and no `secret_file` is given"),
-                    )
-                })
-            }
-        }
-    }
-
-    fn client(&self, node: &str) -> Result<Client, ActorError> {
-        let addr: SocketAddr = self
-            .coordinator
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| {
-                build_err(
-                    node,
-                    format!(
-                        "`coordinator`: cannot resolve {:?} (host:port)",
-                        self.coordinator
-                    ),
-                )
-            })?;
-        let mut client = Client::new(addr, self.worker.clone(), self.secret(node)?, self.mode);
-        if let Some(ca) = &self.tls_ca {
-            let host = self
-                .coordinator
-                .rsplit_once(':')
-                .map_or(self.coordinator.as_str(), |(h, _)| h);
-            let name = self
-                .tls_server_name
-                .as_deref()
-                .unwrap_or(host.trim_start_matches('[').trim_end_matches(']'));
-            client = client.with_tls(
-                ClientTls::from_ca_file(ca, name)
-                    .map_err(|e| ActorError::build_from(format!("node `{node}`"), e))?,
-            );
-        }
-        Ok(client)
-    }
-}
-
 impl ActorFactory<Message> for FederateParams {
     fn info(&self) -> &'static KindInfo {
         &INFO
     }
 
-    /// Checks what needs no file; the secret, the CA and the persisted state are read at start (see
-    /// [`FederateParams::open_worker`]), so a graph validates and builds on a machine without them.
+    /// Checks what needs no file; the secret, the CA and the persisted state are read at start, so a graph
+    /// validates and builds on a machine without them.
     fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         let node = &ctx.node_id;
         if ctx.worker > 0 {
-            return Err(build_err(
-                node,
-                "one federation worker per node; use `workers: 1`",
-            ));
+            return Err(ActorError::build(format!(
+                "node `{node}`: one federation worker per node; use `workers: 1`"
+            )));
         }
-        if self.worker.is_empty() {
-            return Err(build_err(node, "`worker` is empty"));
-        }
-        secs(node, "aggregate_timeout_secs", self.aggregate_timeout_secs)?;
-        secs(node, "retry_secs", self.retry_secs)?;
+        self.validate()
+            .map_err(|e| ActorError::build_from(format!("node `{node}`"), e))?;
         Ok(Box::new(Federate {
             params: self.clone(),
             node: node.clone(),
@@ -173,28 +54,6 @@ impl ActorFactory<Message> for FederateParams {
             running: None,
             waiting: None,
         }))
-    }
-}
-
-impl FederateParams {
-    /// Reads the secret and the CA file, resolves the coordinator and loads the worker's persisted state; an
-    /// error names the node and the file or field.
-    pub fn open_worker(
-        &self,
-        node: &str,
-        data_dir: &std::path::Path,
-    ) -> Result<Worker, ActorError> {
-        let mut worker = Worker::open(
-            self.client(node)?,
-            self.dp.clone(),
-            data_dir.join("federate").join(node),
-            data_dir.join("deltas"),
-        )
-        .map_err(|e| build_err(node, e))?;
-        worker.aggregate_timeout =
-            secs(node, "aggregate_timeout_secs", self.aggregate_timeout_secs)?;
-        worker.retry_for = secs(node, "retry_secs", self.retry_secs)?;
-        Ok(worker)
     }
 }
 
@@ -208,8 +67,8 @@ impl KindParams<Message> for FederateParams {
             tls_ca: None,
             tls_server_name: None,
             dp: None,
-            aggregate_timeout_secs: default_aggregate_timeout(),
-            retry_secs: default_retry(),
+            aggregate_timeout_secs: 600.0,
+            retry_secs: 60.0,
         }
     }
 }
@@ -228,10 +87,16 @@ struct Federate {
 }
 
 impl Federate {
+    fn open(&self) -> Result<Worker, ActorError> {
+        self.params
+            .open(&self.node, &self.data_dir)
+            .map_err(|e| ActorError::build_from("open the federation worker", e))
+    }
+
     fn start(&mut self, delta: Delta) -> Result<(), ActorError> {
         if self.worker.is_none() && self.running.is_none() {
             // Not opened yet: a restart after a failed start, which retries here.
-            self.worker = Some(self.params.open_worker(&self.node, &self.data_dir)?);
+            self.worker = Some(self.open()?);
         }
         let Some(mut worker) = self.worker.take() else {
             self.waiting = Some(delta);
@@ -283,7 +148,7 @@ impl Federate {
 impl Actor<Message> for Federate {
     /// Opens the worker now, so a missing secret or a bad CA file shows at start, not hours later.
     fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
-        self.worker = Some(self.params.open_worker(&self.node, &self.data_dir)?);
+        self.worker = Some(self.open()?);
         Ok(())
     }
 

@@ -537,7 +537,7 @@ fn federate_actor_talks_tls_signs_with_its_secret_file_and_privatises_what_it_se
         panic!("no federate node")
     };
     let e = params
-        .open_worker("federate", &root.join("bad"))
+        .open("federate", &root.join("bad"))
         .err()
         .expect("refused")
         .to_string();
@@ -632,7 +632,7 @@ fn federate_options_retry_server_name_aggregate_timeout_and_mode_each_act() {
         retry_secs: 0.0,
     };
     let contribute = |p: &FederateParams, data: &str| {
-        let mut w = p.open_worker("federate", &root.join(data)).unwrap();
+        let mut w = p.open("federate", &root.join(data)).unwrap();
         let t = Instant::now();
         (w.contribute(&delta), t.elapsed())
     };

@@ -17,5 +17,6 @@ pub mod lora;
 pub mod tls;
 pub mod wire;
 pub mod worker;
+pub mod worker_settings;
 
 pub use wire::{Delta, Tensor, WireMode};
