@@ -9,6 +9,7 @@
 pub mod default_model;
 pub mod follow;
 pub mod http;
+pub mod settings;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
