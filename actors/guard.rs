@@ -1,38 +1,17 @@
 //! `guard`: the gate that drops (or quarantines) samples still carrying personal or unsafe content after
 //! redaction. Verdicts follow the Qwen3Guard structure; the policy is a graph parameter.
 //!
-//! Thin over [`crate::curate::guard`]. Every sample not admitted leaves as a [`Decision`] with its reason.
+//! Glue over [`crate::curate::guard::judge_sample`]. Every sample not admitted leaves as a [`Decision`] with its reason.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
-use crate::curate::guard::{BuiltinGuard, GuardBackend, GuardDecision, GuardPolicy, ModelGuard};
+use crate::curate::guard::{GuardBackend, GuardBackendKind, GuardPolicy, Judgement, judge_sample};
 use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
-use crate::message::{Decision, Outcome};
+use crate::message::Decision;
 use crate::message::{Message, MessageType};
-
-/// Which classifier judges samples.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum GuardBackendKind {
-    /// The classifier trained by hearth's own code on `data/guard/`.
-    #[default]
-    Builtin,
-    /// A generative guard in GGUF (the Qwen3Guard-Gen family), optionally with a PEFT adapter directory;
-    /// each answer is at most `max_new_tokens` long.
-    Model {
-        model: String,
-        #[serde(default)]
-        adapter: Option<String>,
-        #[serde(default = "default_max_new_tokens")]
-        max_new_tokens: usize,
-    },
-}
-
-fn default_max_new_tokens() -> usize {
-    128
-}
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -58,26 +37,10 @@ impl ActorFactory<Message> for GuardParams {
     }
 
     fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
-        let build = |e: crate::curate::guard::GuardError| {
-            ActorError::build_from(format!("node `{}`", ctx.node_id), e)
-        };
-        let backend: Box<dyn GuardBackend> = match &self.backend {
-            GuardBackendKind::Builtin => {
-                Box::new(BuiltinGuard::from_policy(&self.policy).map_err(build)?)
-            }
-            GuardBackendKind::Model {
-                model,
-                adapter,
-                max_new_tokens,
-            } => Box::new(
-                ModelGuard::load(
-                    std::path::Path::new(model),
-                    adapter.as_deref().map(std::path::Path::new),
-                    *max_new_tokens,
-                )
-                .map_err(build)?,
-            ),
-        };
+        let backend = self
+            .backend
+            .open(&self.policy)
+            .map_err(|e| ActorError::build_from(format!("node `{}`", ctx.node_id), e))?;
         Ok(Box::new(Guard {
             backend,
             policy: self.policy.clone(),
@@ -98,15 +61,6 @@ struct Guard {
     node: String,
 }
 
-/// Drop outranks quarantine outranks admit.
-fn rank(d: &GuardDecision) -> u8 {
-    match d {
-        GuardDecision::Admit => 0,
-        GuardDecision::Quarantine { .. } => 1,
-        GuardDecision::Drop { .. } => 2,
-    }
-}
-
 impl Actor<Message> for Guard {
     fn handle(
         &mut self,
@@ -115,68 +69,30 @@ impl Actor<Message> for Guard {
         out: &mut Outbox,
     ) -> Result<(), ActorError> {
         let sample = crate::message::expect_sample(port, message)?;
-        let mut texts = sample.content.texts();
-        // Every variant ends its texts with the response(s); a preference pair has two.
-        let responses = match &sample.content {
-            crate::message::SampleContent::Preference { .. } => texts.split_off(texts.len() - 2),
-            _ => texts.split_off(texts.len() - 1),
+        let node = self.node.clone();
+        let Judgement::KeepOut {
+            outcome,
+            reason,
+            detail,
+            label,
+        } = judge_sample(self.backend.as_ref(), &self.policy, &sample.content)
+        else {
+            let mut sample = sample.clone();
+            Arc::make_mut(&mut sample).record(&node, "admitted", serde_json::Value::Null);
+            metrics::counter!("hearth_guard_decisions_total", "node" => node, "decision" => "admit")
+                .increment(1);
+            return Ok(out.send("out", Message::Sample(sample))?);
         };
-        let prompt = texts.join("\n");
-        let mut worst = GuardDecision::Admit;
-        // A verdict the backend could not give (a generative guard answering off-format) fails closed:
-        // the sample waits in quarantine for a person, with the error as its reason.
-        let mut no_verdict: Option<String> = None;
-        for response in responses {
-            match self.backend.classify(&prompt, response) {
-                Ok(verdict) => {
-                    let decision = self.policy.decide(&verdict);
-                    if rank(&decision) > rank(&worst) {
-                        worst = decision;
-                    }
-                }
-                Err(e) => no_verdict = Some(e.to_string()),
-            }
-        }
-        let (outcome, reason, detail, label) = match (&worst, no_verdict) {
-            (GuardDecision::Drop { reason }, _) => (
-                Outcome::Dropped,
-                reason.to_string(),
-                serde_json::to_value(reason).unwrap_or_default(),
-                "drop",
-            ),
-            (_, Some(error)) => (
-                Outcome::Quarantined,
-                format!("no verdict: {error}"),
-                serde_json::Value::String(error),
-                "quarantine",
-            ),
-            (GuardDecision::Quarantine { reason }, None) => (
-                Outcome::Quarantined,
-                reason.to_string(),
-                serde_json::to_value(reason).unwrap_or_default(),
-                "quarantine",
-            ),
-            (GuardDecision::Admit, None) => {
-                let mut sample = sample.clone();
-                Arc::make_mut(&mut sample).record(&self.node, "admitted", serde_json::Value::Null);
-                metrics::counter!("hearth_guard_decisions_total", "node" => self.node.clone(), "decision" => "admit")
-                    .increment(1);
-                return out
-                    .send("out", Message::Sample(sample))
-                    .map_err(ActorError::from);
-            }
-        };
-        metrics::counter!("hearth_guard_decisions_total", "node" => self.node.clone(), "decision" => label)
+        metrics::counter!("hearth_guard_decisions_total", "node" => node.clone(), "decision" => label)
             .increment(1);
         let mut sample = Arc::unwrap_or_clone(sample.clone());
-        sample.record(&self.node, label, detail);
+        sample.record(&node, label, detail);
         let decision = Decision {
             sample,
-            node: self.node.clone(),
+            node,
             outcome,
             reason: format!("guard: {reason}"),
         };
-        out.send("decisions", Message::Decision(Arc::new(decision)))
-            .map_err(ActorError::from)
+        Ok(out.send("decisions", Message::Decision(Arc::new(decision)))?)
     }
 }

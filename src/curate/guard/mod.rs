@@ -16,10 +16,12 @@ mod builtin;
 pub mod data;
 mod model;
 mod policy;
+mod sample;
 
 pub use builtin::{BuiltinGuard, CategoryScores};
 pub use model::{ModelGuard, moderation_prompt};
 pub use policy::{ControversialAction, GuardDecision, GuardPolicy, GuardReason};
+pub use sample::{GuardBackendKind, Judgement, judge_sample};
 
 use serde::{Deserialize, Serialize};
 
