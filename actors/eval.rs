@@ -5,27 +5,16 @@
 //! feedback edge) for the hot swap. Every verdict also goes out on `reports`. At start, candidates left
 //! without a verdict (a crash mid-judgement) are judged.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-
-use serde::{Deserialize, Serialize};
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams};
-use crate::eval::{Gate, GateConfig, Verdict};
+use crate::eval::{Gate, Verdict};
 use crate::message::{Delta, EvalReport, Message, MessageType};
 use crate::model::BaseCache;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EvalParams {
-    /// The base (GGUF) the deltas adapt; `None`: the default model (as `serve` resolves it).
-    pub model: Option<String>,
-    /// A probe-set JSON file (format of `data/eval/probes.json`); `None`: the shipped set. Frozen per base on
-    /// first use under `DATA_DIR/eval/`.
-    pub probes: Option<PathBuf>,
-    pub gate: GateConfig,
-}
+/// The node's parameters: the gate's settings.
+pub use crate::eval::gate::EvalSettings as EvalParams;
 
 static INFO: KindInfo = KindInfo {
     name: "eval",

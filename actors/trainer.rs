@@ -7,52 +7,16 @@
 //! reloads the training set from the store; drain waits for a running cycle, then trains once more on
 //! samples that arrived meanwhile. The model is loaded by the first cycle, so a graph builds without it.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-
-use serde::{Deserialize, Serialize};
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams};
 use crate::message::{Message, MessageType};
 use crate::model::BaseCache;
-use crate::train::{BaseSource, CycleSettings, Cycles, TrainConfig, TrainError};
+use crate::train::{BaseSource, Cycles, TrainError};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrainerParams {
-    /// The base model (GGUF) the deltas adapt; `None`: the default model (as `serve` resolves it).
-    #[serde(default)]
-    pub model: Option<String>,
-    /// New samples that must wait before a cycle starts.
-    #[serde(default = "default_min_samples")]
-    pub min_samples: usize,
-    /// CPU threads a cycle may use (its own pool, at a lower priority than serving).
-    #[serde(default = "default_threads")]
-    pub threads: usize,
-    /// Start a new cycle only once the eval gate has judged the last delta, so the next cycle continues from
-    /// it if it was promoted (rather than racing it from the same parent). Turn off in a graph without a gate.
-    #[serde(default = "default_await_verdict")]
-    pub await_verdict: bool,
-    /// Where deltas are written; `DATA_DIR/deltas` by default.
-    #[serde(default)]
-    pub out_dir: Option<PathBuf>,
-    /// Boxed: the recipe is large next to other kinds' parameters.
-    #[serde(default)]
-    pub train: Box<TrainConfig>,
-}
-
-fn default_min_samples() -> usize {
-    32
-}
-
-fn default_threads() -> usize {
-    1
-}
-
-fn default_await_verdict() -> bool {
-    true
-}
+/// The node's parameters: the trainer's settings.
+pub use crate::train::cycle::TrainerSettings as TrainerParams;
 
 static INFO: KindInfo = KindInfo {
     name: "trainer",
@@ -77,19 +41,7 @@ impl ActorFactory<Message> for TrainerParams {
         self.train
             .validate()
             .map_err(|e| ActorError::build_from("recipe", e))?;
-        let settings = CycleSettings {
-            name: ctx.node_id.clone(),
-            recipe: (*self.train).clone(),
-            min_samples: self.min_samples,
-            threads: self.threads,
-            await_verdict: self.await_verdict,
-            data_dir: ctx.data_dir.clone(),
-            out_dir: self
-                .out_dir
-                .clone()
-                .unwrap_or_else(|| ctx.data_dir.join("deltas")),
-            checkpoint_dir: ctx.data_dir.join("trainer").join(&ctx.node_id),
-        };
+        let settings = self.cycle_settings(&ctx.node_id, &ctx.data_dir);
         let (model, data_dir, bases) = (
             self.model.clone(),
             ctx.data_dir.clone(),
@@ -111,11 +63,7 @@ impl KindParams<Message> for TrainerParams {
     fn example() -> Self {
         TrainerParams {
             model: Some("models/SmolLM2-135M-Instruct.Q8_0.gguf".to_owned()),
-            min_samples: default_min_samples(),
-            await_verdict: default_await_verdict(),
-            threads: default_threads(),
-            out_dir: None,
-            train: Box::default(),
+            ..TrainerParams::default()
         }
     }
 }

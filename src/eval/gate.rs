@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use super::{
     Binding, EvalError, Evaluator, GateConfig, ProbeSet, Result, Scores, Verdict, adapter_sha256,
     decide, personal_probes, promote_checked,
@@ -13,6 +15,17 @@ use crate::message::Delta;
 use crate::model::{Base, LoraSet};
 use crate::store::{DeltaStatus, Store};
 use crate::train::Provenance;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSettings {
+    /// The base (GGUF) the deltas adapt; `None`: the default model (as `serve` resolves it).
+    pub model: Option<String>,
+    /// A probe-set JSON file (format of `data/eval/probes.json`); `None`: the shipped set. Frozen per base on
+    /// first use under `DATA_DIR/eval/`.
+    pub probes: Option<PathBuf>,
+    pub gate: GateConfig,
+}
 
 pub struct Gate {
     base: Arc<Base>,

@@ -8,6 +8,8 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 use super::artifact::recipe_sha256;
@@ -15,6 +17,74 @@ use super::{LoraTrainer, Provenance, Result, StepReport, TrainConfig, TrainError
 use crate::message::{Delta, Sample};
 use crate::model::{Base, LoraSet};
 use crate::store::Store;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerSettings {
+    /// The base model (GGUF) the deltas adapt; `None`: the default model (as `serve` resolves it).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// New samples that must wait before a cycle starts.
+    #[serde(default = "default_min_samples")]
+    pub min_samples: usize,
+    /// CPU threads a cycle may use (its own pool, at a lower priority than serving).
+    #[serde(default = "default_threads")]
+    pub threads: usize,
+    /// Start a new cycle only once the eval gate has judged the last delta, so the next cycle continues from
+    /// it if it was promoted (rather than racing it from the same parent). Turn off in a graph without a gate.
+    #[serde(default = "default_await_verdict")]
+    pub await_verdict: bool,
+    /// Where deltas are written; `DATA_DIR/deltas` by default.
+    #[serde(default)]
+    pub out_dir: Option<PathBuf>,
+    /// Boxed: the recipe is large next to other kinds' parameters.
+    #[serde(default)]
+    pub train: Box<TrainConfig>,
+}
+
+fn default_min_samples() -> usize {
+    32
+}
+
+fn default_threads() -> usize {
+    1
+}
+
+fn default_await_verdict() -> bool {
+    true
+}
+
+impl TrainerSettings {
+    /// The cycles' settings for a trainer named `name` over the data directory `data_dir`.
+    pub fn cycle_settings(&self, name: &str, data_dir: &Path) -> CycleSettings {
+        CycleSettings {
+            name: name.to_owned(),
+            recipe: (*self.train).clone(),
+            min_samples: self.min_samples,
+            threads: self.threads,
+            await_verdict: self.await_verdict,
+            data_dir: data_dir.to_path_buf(),
+            out_dir: self
+                .out_dir
+                .clone()
+                .unwrap_or_else(|| data_dir.join("deltas")),
+            checkpoint_dir: data_dir.join("trainer").join(name),
+        }
+    }
+}
+
+impl Default for TrainerSettings {
+    fn default() -> Self {
+        TrainerSettings {
+            model: None,
+            min_samples: default_min_samples(),
+            await_verdict: default_await_verdict(),
+            threads: default_threads(),
+            out_dir: None,
+            train: Box::default(),
+        }
+    }
+}
 
 /// How often a cycle waiting for a verdict looks in the store.
 const VERDICT_POLL: Duration = Duration::from_millis(500);

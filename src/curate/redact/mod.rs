@@ -148,7 +148,7 @@ pub enum FilePathMode {
     UserNameOnly,
 }
 
-/// Redactor settings; every field changes behaviour (see tests/curate_redact.rs).
+/// Redactor settings; every field changes behaviour (see tests/curate/redact.rs).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedactConfig {

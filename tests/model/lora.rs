@@ -1,6 +1,6 @@
 //! PEFT adapter I/O, hot swapping, and gradients through frozen quantized layers.
 
-mod train_util;
+use crate::train_util;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! a delta that memorised a planted secret is rejected, probe sets are frozen per base, and a verdict binds
 //! exactly the delta, base, recipe and data it was computed on.
 
-mod train_util;
+use crate::train_util;
 
 use hearth::eval::{
     Bound, Canary, Evaluator, GateConfig, ProbeSet, Scores, check_binding, decide, personal_probes,

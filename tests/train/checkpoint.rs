@@ -1,7 +1,7 @@
 //! A killed run resumes from its last checkpoint and ends with the same bytes as an
 //! uninterrupted run of the same seed.
 
-mod train_util;
+use crate::train_util;
 
 use hearth::train::{LoraTrainer, TrainConfig};
 use train_util::*;

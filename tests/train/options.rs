@@ -1,6 +1,6 @@
 //! Every `TrainConfig` option changes the update (or, for the scheduling knob, provably not).
 
-mod train_util;
+use crate::train_util;
 
 use std::collections::BTreeSet;
 
@@ -124,7 +124,7 @@ fn every_option_changes_the_update() {
         ),
     ];
     // The table must name every option. Two only schedule work and must NOT change the update:
-    // step_sleep_ms (tested below) and checkpoint_every (tests/train_checkpoint.rs).
+    // step_sleep_ms (tested below) and checkpoint_every (tests/train/checkpoint.rs).
     let json = serde_json::to_value(TrainConfig::default()).unwrap();
     let all: BTreeSet<String> = json.as_object().unwrap().keys().cloned().collect();
     let mut named: BTreeSet<String> = changes.iter().map(|(n, _)| n.to_string()).collect();

@@ -2,7 +2,7 @@
 //! preparation (requantize, sha256 pin, the fetch command), the shipped serve graph, and the official
 //! `openai` Python client against the API when it is installed.
 
-mod http_util;
+use crate::http_util;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The `Trainer` actor in a running graph: buffers samples, trains a cycle off the engine
 //! thread, writes a delta with provenance and sends it on `deltas`.
 
-mod train_util;
+use crate::train_util;
 
 use hearth::actors::Graph;
 use hearth::engine::runtime::start;

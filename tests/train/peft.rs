@@ -1,7 +1,7 @@
 //! Saved deltas: PEFT files (bf16) that load back exactly, provenance that binds them to their
 //! inputs, atomic content-addressed directories, and training that continues from a parent.
 
-mod train_util;
+use crate::train_util;
 
 use candle_core::DType;
 use hearth::model::{LoraPair, LoraSet};

@@ -4,8 +4,8 @@
 //! edge, keep every planted value out of the training set, and leave the base byte-identical; rollback walks
 //! the served state back exactly, and a verdict cannot promote bytes it was not computed on.
 
-mod http_util;
-mod train_util;
+use crate::http_util;
+use crate::train_util;
 
 use std::net::SocketAddr;
 use std::path::Path;

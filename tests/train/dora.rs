@@ -3,7 +3,7 @@
 //! forward matches an independent f64 computation; every A, B and magnitude gets a gradient; a trained delta
 //! round-trips through the PEFT files and has no llama.cpp export.
 
-mod train_util;
+use crate::train_util;
 
 use candle_core::{DType, Device, Tensor};
 use hearth::model::{LoraPair, LoraSet, LoraTarget, QLinear};

@@ -5,7 +5,7 @@
 //! values (the trimmed mean bounds the aggregate). The aggregate every worker writes as a local delta equals an
 //! independent computation from the bytes each worker kept of what it sent.
 
-mod train_util;
+use crate::train_util;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};

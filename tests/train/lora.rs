@@ -1,7 +1,7 @@
 //! The trainer's core guarantees: gradients reach every LoRA tensor through the quantized base,
 //! the base never changes, the SFT mask is exact, a fact gets memorised, runs are deterministic.
 
-mod train_util;
+use crate::train_util;
 
 use candle_core::{D, Device, Tensor};
 use hearth::model::lora::LoraTarget;

@@ -224,7 +224,7 @@ fn chat_completion_json_matches_direct_generation() {
 }
 
 /// `kv_cache` reaches the model every request runs on: with an f16 cache the API answers as direct generation
-/// over an f16 cache does (tests/model_exactness.rs shows what f16 changes in the logits), and the graph file
+/// over an f16 cache does (tests/model/exactness.rs shows what f16 changes in the logits), and the graph file
 /// spells the setting as the serve node's `kv_cache`.
 #[test]
 fn the_kv_cache_setting_reaches_generation() {
@@ -679,7 +679,7 @@ fn feedback_on_a_served_response_is_emitted() {
         );
     }
     // The reply reaches the client before its interaction event is sent, so the feedback event
-    // can come first; the capture store pairs them in either order (tests/loops_store.rs).
+    // can come first; the capture store pairs them in either order (tests/loops/store.rs).
     if matches!(got[0], ServeEvent::Feedback(_)) {
         got.swap(0, 1);
     }

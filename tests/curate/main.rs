@@ -1,0 +1,9 @@
+//! The curate tests, in one binary: each test binary links the whole crate and its dependencies.
+
+mod dedup;
+mod graphs;
+mod guard;
+mod guard_model;
+mod props;
+mod redact;
+mod secrets;

@@ -1,0 +1,10 @@
+//! The federate tests, in one binary: each test binary links the whole crate and its dependencies.
+
+#[path = "../train_util/mod.rs"]
+mod train_util;
+
+mod aggregate;
+mod coordinator;
+mod dp;
+mod wire;
+mod workers;

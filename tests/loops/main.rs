@@ -1,0 +1,9 @@
+//! The loops tests, in one binary: each test binary links the whole crate and its dependencies.
+
+#[path = "../http_util/mod.rs"]
+mod http_util;
+#[path = "../train_util/mod.rs"]
+mod train_util;
+
+mod e2e;
+mod store;

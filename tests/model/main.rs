@@ -1,0 +1,12 @@
+//! The model tests, in one binary: each test binary links the whole crate and its dependencies.
+
+#[path = "../train_util/mod.rs"]
+mod train_util;
+
+mod exactness;
+mod generate;
+mod gguf;
+mod lora;
+mod q8_layout;
+mod real;
+mod tokenizer;

@@ -1,0 +1,11 @@
+//! The train tests, in one binary: each test binary links the whole crate and its dependencies.
+
+#[path = "../train_util/mod.rs"]
+mod train_util;
+
+mod actor;
+mod checkpoint;
+mod dora;
+mod lora;
+mod options;
+mod peft;
