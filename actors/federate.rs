@@ -11,13 +11,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, KindParams};
 use crate::federate::WireMode;
-use crate::federate::worker::{Worker, WorkerError, is_aggregate};
-use crate::message::{Delta, Message, MessageType};
+use crate::federate::worker::{Rounds, is_aggregate};
+use crate::message::{Message, MessageType};
 
 /// The node's parameters: the worker's settings.
 pub use crate::federate::worker_settings::WorkerSettings as FederateParams;
@@ -50,9 +49,7 @@ impl ActorFactory<Message> for FederateParams {
             params: self.clone(),
             node: node.clone(),
             data_dir: ctx.data_dir.clone(),
-            worker: None,
-            running: None,
-            waiting: None,
+            rounds: Rounds::new(node),
         }))
     }
 }
@@ -73,83 +70,50 @@ impl KindParams<Message> for FederateParams {
     }
 }
 
-type Round = JoinHandle<(Worker, Result<Delta, WorkerError>)>;
-
 struct Federate {
     params: FederateParams,
     node: String,
     data_dir: PathBuf,
-    /// Opened at start; owned by the round in flight while one runs.
-    worker: Option<Worker>,
-    running: Option<Round>,
-    /// The newest delta that arrived while a round ran.
-    waiting: Option<Delta>,
+    rounds: Rounds,
 }
 
 impl Federate {
-    fn open(&self) -> Result<Worker, ActorError> {
-        self.params
+    fn open(&mut self) -> Result<(), ActorError> {
+        let worker = self
+            .params
             .open(&self.node, &self.data_dir)
-            .map_err(|e| ActorError::build_from("open the federation worker", e))
-    }
-
-    fn start(&mut self, delta: Delta) -> Result<(), ActorError> {
-        if self.worker.is_none() && self.running.is_none() {
-            // Not opened yet: a restart after a failed start, which retries here.
-            self.worker = Some(self.open()?);
-        }
-        let Some(mut worker) = self.worker.take() else {
-            self.waiting = Some(delta);
-            return Ok(());
-        };
-        let handle = std::thread::Builder::new()
-            .name(format!("federate-{}", self.node))
-            .spawn(move || {
-                let r = worker.contribute(&delta);
-                (worker, r)
-            })?;
-        self.running = Some(handle);
+            .map_err(|e| ActorError::build_from("open the federation worker", e))?;
+        self.rounds.open_with(worker);
         Ok(())
     }
 
-    /// Collects a finished round (or waits for it), sends its aggregate, and starts the waiting delta.
+    /// Sends a finished round's aggregate (with `wait`, once the running round ends). A failed round is
+    /// logged and counted, and the node keeps serving later rounds, except at drain, where the failure is
+    /// reported to the engine.
     fn collect(&mut self, out: &mut Outbox, wait: bool) -> Result<(), ActorError> {
-        if !(wait || self.running.as_ref().is_some_and(|h| h.is_finished())) {
-            return Ok(());
-        }
-        let Some(handle) = self.running.take() else {
-            return Ok(());
-        };
-        let (worker, result) = handle
-            .join()
-            .map_err(|_| ActorError::Message("federation round thread panicked".into()))?;
-        self.worker = Some(worker);
-        let outcome = match result {
-            Ok(aggregate) => {
+        match self.rounds.finished(wait) {
+            None => Ok(()),
+            Some(Ok(aggregate)) => {
                 tracing::info!(node = %self.node, delta = %aggregate.id, "federation aggregate received");
-                out.send("aggregates", Message::Delta(Arc::new(aggregate)))?;
-                Ok(())
+                Ok(out.send("aggregates", Message::Delta(Arc::new(aggregate)))?)
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 metrics::counter!("hearth_federate_worker_failures_total", "node" => self.node.clone()).increment(1);
                 tracing::error!(node = %self.node, error = %e, "federation round failed");
-                Err(ActorError::failed("federation round", e))
+                if wait {
+                    Err(ActorError::failed("federation round", e))
+                } else {
+                    Ok(())
+                }
             }
-        };
-        if let Some(next) = self.waiting.take() {
-            self.start(next)?;
         }
-        // A failed round is logged and counted; the node keeps serving later rounds, except at drain, where the
-        // failure is reported to the engine.
-        if wait { outcome } else { Ok(()) }
     }
 }
 
 impl Actor<Message> for Federate {
     /// Opens the worker now, so a missing secret or a bad CA file shows at start, not hours later.
     fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
-        self.worker = Some(self.open()?);
-        Ok(())
+        self.open()
     }
 
     fn handle(
@@ -164,13 +128,11 @@ impl Actor<Message> for Federate {
             tracing::debug!(node = %self.node, delta = %delta.id, "an aggregate as received is not contributed again");
             return Ok(());
         }
-        if self.running.is_some() {
-            if let Some(old) = self.waiting.replace((**delta).clone()) {
-                tracing::info!(node = %self.node, superseded = %old.id, by = %delta.id, "a newer delta waits for the next round");
-            }
-            return Ok(());
+        if !self.rounds.is_open() {
+            // A restart after a failed start retries opening here.
+            self.open()?;
         }
-        self.start((**delta).clone())
+        Ok(self.rounds.offer((**delta).clone())?)
     }
 
     fn tick(&mut self, out: &mut Outbox) -> Result<(), ActorError> {

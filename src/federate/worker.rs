@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,8 @@ pub enum WorkerError {
     /// Publishing the aggregate as a local delta.
     #[error(transparent)]
     Publish(#[from] TrainError),
+    #[error("the federation round thread panicked")]
+    Panicked,
 }
 
 fn file_err(path: &Path, e: impl std::fmt::Display) -> WorkerError {
@@ -279,5 +282,82 @@ impl Worker {
             std::fs::write(&p, data).map_err(|e| file_err(&p, e))?;
         }
         Ok(publish_delta(&self.deltas_dir, &tmp, &provenance)?)
+    }
+}
+
+/// Contributions one round at a time, each on its own thread: a delta that arrives while a round runs waits,
+/// and a newer one replaces it (the older is superseded, not lost: the newer continues from it).
+pub struct Rounds {
+    name: String,
+    /// Owned by the round in flight while one runs.
+    worker: Option<Worker>,
+    running: Option<JoinHandle<(Worker, Result<Delta, WorkerError>)>>,
+    /// The newest delta that arrived while a round ran.
+    waiting: Option<Delta>,
+}
+
+impl Rounds {
+    /// Rounds for a node named `name` (for threads and logs), with no worker open yet.
+    pub fn new(name: &str) -> Self {
+        Rounds {
+            name: name.to_owned(),
+            worker: None,
+            running: None,
+            waiting: None,
+        }
+    }
+
+    /// Whether a worker is open (idle, or lent to the round in flight).
+    pub fn is_open(&self) -> bool {
+        self.worker.is_some() || self.running.is_some()
+    }
+
+    pub fn open_with(&mut self, worker: Worker) {
+        self.worker = Some(worker);
+    }
+
+    /// Contributes `delta` now, or after the round in flight (replacing any delta already waiting).
+    pub fn offer(&mut self, delta: Delta) -> std::io::Result<()> {
+        if self.running.is_some() {
+            if let Some(old) = self.waiting.replace(delta) {
+                let by = self.waiting.as_ref().map_or("", |d| d.id.as_str());
+                tracing::info!(node = %self.name, superseded = %old.id, by, "a newer delta waits for the next round");
+            }
+            return Ok(());
+        }
+        let Some(mut worker) = self.worker.take() else {
+            self.waiting = Some(delta);
+            return Ok(());
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("federate-{}", self.name))
+            .spawn(move || {
+                let r = worker.contribute(&delta);
+                (worker, r)
+            })?;
+        self.running = Some(handle);
+        Ok(())
+    }
+
+    /// The finished round's aggregate or error, if a round finished (with `wait`, once the running one
+    /// does); the waiting delta then starts its round.
+    pub fn finished(&mut self, wait: bool) -> Option<Result<Delta, WorkerError>> {
+        if !(wait || self.running.as_ref().is_some_and(|h| h.is_finished())) {
+            return None;
+        }
+        let handle = self.running.take()?;
+        let result = match handle.join() {
+            Ok((worker, result)) => {
+                self.worker = Some(worker);
+                result
+            }
+            Err(_) => Err(WorkerError::Panicked),
+        };
+        if let Some(next) = self.waiting.take()
+            && let Err(e) = self.offer(next)
+        {
+            tracing::error!(node = %self.name, error = %e, "cannot start the next federation round");
+        }
+        Some(result)
     }
 }
