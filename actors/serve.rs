@@ -13,9 +13,7 @@
 //! The server outlives a worker restart (a restart must not drop the port or the requests in flight), so it
 //! is kept per node and data directory, and stopped by `flush` at shutdown.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
@@ -23,10 +21,12 @@ use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, Kind
 use crate::message::{Message, MessageType};
 use crate::model::BaseCache;
 use crate::serve::follow::ServedFollower;
+use crate::serve::settings::{running_or_start, take_running};
 use crate::serve::{ServeEvent, Server};
 
 /// The node's parameters: the server's settings.
 pub use crate::serve::settings::ServeSettings as ServeParams;
+pub use crate::serve::settings::addr_file;
 
 static INFO: KindInfo = KindInfo {
     name: "serve",
@@ -66,12 +66,6 @@ impl KindParams<Message> for ServeParams {
     }
 }
 
-/// Running servers by node, so that a restarted worker finds its server again.
-fn servers() -> &'static Mutex<HashMap<String, Arc<Server>>> {
-    static SERVERS: OnceLock<Mutex<HashMap<String, Arc<Server>>>> = OnceLock::new();
-    SERVERS.get_or_init(Default::default)
-}
-
 struct Serve {
     params: ServeParams,
     key: String,
@@ -80,46 +74,26 @@ struct Serve {
     follower: ServedFollower,
 }
 
-/// Where the bound API address is written, so scripts and tests find a server started on port 0.
-pub fn addr_file(data_dir: &std::path::Path, node_id: &str) -> PathBuf {
-    data_dir.join(format!("{node_id}.addr"))
-}
-
 impl Serve {
     fn server(&mut self) -> Result<Arc<Server>, ActorError> {
         if let Some(s) = &self.server {
             return Ok(s.clone());
         }
-        let mut map = servers().lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = map.get(&self.key) {
-            self.server = Some(s.clone());
-            return Ok(s.clone());
-        }
-        let p = &self.params;
-        let data_dir = &self.ctx.data_dir;
-        let path =
-            crate::serve::model_path(p.model.as_deref(), data_dir).context("resolve the model")?;
-        let base = self
-            .ctx
-            .resources
-            .get::<BaseCache>()
-            .get(&path)
-            .context("load the model")?;
-        let server = Server::from_base(&base, p.config()).context("start serving")?;
-        for (id, dir) in &p.adapters {
-            server
-                .engine()
-                .load_adapter(id, std::path::Path::new(dir))
-                .with_context(|| format!("adapter `{id}`"))?;
-        }
-        let addr = server
-            .listen(&p.listen)
-            .with_context(|| format!("listen on {}", p.listen))?;
-        tracing::info!(%addr, model = %path.display(), "serving the OpenAI-compatible API");
-        let _ = std::fs::create_dir_all(data_dir);
-        std::fs::write(addr_file(data_dir, &self.ctx.node_id), addr.to_string())?;
-        let server = Arc::new(server);
-        map.insert(self.key.clone(), server.clone());
+        let (p, ctx) = (&self.params, &self.ctx);
+        let server = running_or_start(&self.key, || {
+            let path = crate::serve::model_path(p.model.as_deref(), &ctx.data_dir)
+                .context("resolve the model")?;
+            let base = ctx
+                .resources
+                .get::<BaseCache>()
+                .get(&path)
+                .context("load the model")?;
+            let (server, addr) = p
+                .start(&base, &ctx.data_dir, &ctx.node_id)
+                .context("start serving")?;
+            tracing::info!(%addr, model = %path.display(), "serving the OpenAI-compatible API");
+            Ok::<_, ActorError>(server)
+        })?;
         self.server = Some(server.clone());
         Ok(server)
     }
@@ -176,10 +150,7 @@ impl Actor<Message> for Serve {
 
     /// Stops the API, lets admitted requests finish, and forwards what they produced.
     fn flush(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
-        let server = servers()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key);
+        let server = take_running(&self.key);
         let Some(server) = server.or_else(|| self.server.take()) else {
             return Ok(());
         };

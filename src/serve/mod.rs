@@ -73,6 +73,12 @@ pub enum ServeError {
     Store(#[from] crate::store::StoreError),
     #[error("the served delta `{0}` is not in the store")]
     ServedUnknown(String),
+    #[error("cannot write the API address to {path}: {source}")]
+    AddrFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Serving limits and sizes. Defaults suit one person on a laptop.

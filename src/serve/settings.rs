@@ -1,8 +1,14 @@
 //! A server's settings as a graph file writes them (the `Serve(...)` node's parameters).
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
 use serde::{Deserialize, Serialize};
 
-use super::{ServeConfig, default_model};
+use super::{ServeConfig, ServeError, Server, default_model};
+use crate::model::Base;
 use crate::model::KvPrecision;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -73,4 +79,60 @@ impl ServeSettings {
             ..ServeConfig::default()
         }
     }
+}
+
+/// Where the bound API address is written, so scripts and tests find a server started on port 0.
+pub fn addr_file(data_dir: &Path, node_id: &str) -> PathBuf {
+    data_dir.join(format!("{node_id}.addr"))
+}
+
+impl ServeSettings {
+    /// Serves `base` with these settings: loads the listed adapters, starts the API and writes its bound
+    /// address to [`addr_file`].
+    pub fn start(
+        &self,
+        base: &Base,
+        data_dir: &Path,
+        node_id: &str,
+    ) -> Result<(Server, SocketAddr), ServeError> {
+        let server = Server::from_base(base, self.config())?;
+        for (id, dir) in &self.adapters {
+            server.engine().load_adapter(id, Path::new(dir))?;
+        }
+        let addr = server.listen(&self.listen)?;
+        let file = addr_file(data_dir, node_id);
+        std::fs::create_dir_all(data_dir)
+            .and_then(|_| std::fs::write(&file, addr.to_string()))
+            .map_err(|source| ServeError::AddrFile { path: file, source })?;
+        Ok((server, addr))
+    }
+}
+
+/// Running servers by key (a node in a data directory): a server outlives a worker restart, which must not
+/// drop the port or the requests in flight.
+fn servers() -> &'static Mutex<HashMap<String, Arc<Server>>> {
+    static SERVERS: OnceLock<Mutex<HashMap<String, Arc<Server>>>> = OnceLock::new();
+    SERVERS.get_or_init(Default::default)
+}
+
+/// The server running under `key`, started by `start` if there is none.
+pub fn running_or_start<E>(
+    key: &str,
+    start: impl FnOnce() -> Result<Server, E>,
+) -> Result<Arc<Server>, E> {
+    let mut map = servers().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = map.get(key) {
+        return Ok(s.clone());
+    }
+    let server = Arc::new(start()?);
+    map.insert(key.to_owned(), server.clone());
+    Ok(server)
+}
+
+/// Takes the server running under `key` out of the registry, to stop it.
+pub fn take_running(key: &str) -> Option<Arc<Server>> {
+    servers()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(key)
 }
