@@ -606,7 +606,7 @@ fn add_lora_rows(x: &[f32], p: &LoraPair, y: &mut [f32]) -> Option<()> {
     if rows < LORA_PARALLEL_ROWS {
         run(x, y);
     } else {
-        super::team::items_mut(y, out.max(1), |first, part| {
+        super::spin_pool::items_mut(y, out.max(1), |first, part| {
             let n = part.len() / out.max(1);
             run(&x[first * inp..(first + n) * inp], part)
         });
@@ -1624,7 +1624,7 @@ fn attend_heads<E: CacheValue>(
     };
     if ranges > 1 {
         let failed = std::sync::atomic::AtomicBool::new(false);
-        crate::model::team::items_mut(&mut partials, part, |first, tasks| {
+        crate::model::spin_pool::items_mut(&mut partials, part, |first, tasks| {
             for (i, chunk) in tasks.chunks_mut(part).enumerate() {
                 if task(first + i, chunk).is_none() {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);

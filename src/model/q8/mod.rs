@@ -7,7 +7,7 @@
 //! the CPU has AVX-VNNI or AVX-512 VNNI, `vpdpbusd` on `w + 128` with the offset undone per block, keeps eight
 //! independent accumulator chains (eight weight rows at once, each activation block loaded once for all
 //! eight), prefetches 16 rows ahead in software (the interleaved short row streams do not train the hardware
-//! prefetcher; this alone doubled decode), and splits rows across threads (the decode team of `model::team`,
+//! prefetcher; this alone doubled decode), and splits rows across threads (`model::spin_pool`,
 //! or the current rayon pool) only when the work is large enough to pay for it. The activation is quantized
 //! to Q8_0 exactly as candle and llama.cpp do (d = amax/127, round to nearest), so results match theirs up to
 //! the order of float additions. Other CPUs get a portable scalar loop.
@@ -16,7 +16,7 @@
 //! layout the memory system streams twice as fast; the GGUF-layout kernels here then serve training's
 //! transposed weights, and models loaded with `HEARTH_Q8_LAYOUT=gguf`.
 
-use crate::model::team::SharedSlice;
+use crate::model::spin_pool::SharedSlice;
 
 pub mod panels;
 pub use panels::{PanelWeights, matmul_panels, matvec_panels_many, panels_usable};
@@ -388,7 +388,7 @@ const SPLIT_INPUT_ROWS: usize = 16;
 fn gemm_panels(w: &[u8], n_out: usize, k: usize, rows: &[QuantRow], y: &mut [f32]) {
     let n_panels = n_out.div_ceil(x86::PANEL);
     let y = SharedSlice::new(y);
-    crate::model::team::for_each_range(n_panels, |panels| {
+    crate::model::spin_pool::for_each_range(n_panels, |panels| {
         // SAFETY: `gemm_usable` found AVX-512 F/BW/VNNI; `w` holds `n_out` rows of `k / 32` blocks and `y`
         // `m * n_out` values (checked by `matmul_quantized`, which borrows `y` mutably for this call); panel
         // ranges are disjoint, so each output column is written by one range only.
@@ -427,7 +427,7 @@ impl OutLayout {
 }
 
 /// [`dot_rows`] of every input row with all rows of each weight in `products` (`(w, out)` pairs, `out` being
-/// `[n_out, m]`), split across threads (the decode team of `model::team`, or the current rayon pool) when the
+/// `[n_out, m]`), split across threads (`model::spin_pool`, or the current rayon pool) when the
 /// weights together are large enough. Items are groups of eight weight rows (the kernel's row group) numbered
 /// across the products in order, dealt in shrinking ranges as threads come free; a range may span two products.
 fn dot_rows_split(k: usize, rows: &[QuantRow], products: &mut [(&[u8], &mut [f32])]) {
@@ -445,7 +445,7 @@ fn dot_rows_split(k: usize, rows: &[QuantRow], products: &mut [(&[u8], &mut [f32
         .map(|(w, out)| (*w, out.len() / m, SharedSlice::new(out)))
         .collect();
     let total: usize = parts.iter().map(|p| p.1.div_ceil(ROW_GROUP)).sum();
-    crate::model::team::for_each_range(total, |items| {
+    crate::model::spin_pool::for_each_range(total, |items| {
         let mut first_group = 0;
         for (w, n_out, out) in &parts {
             let groups = n_out.div_ceil(ROW_GROUP);

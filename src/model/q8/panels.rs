@@ -20,7 +20,7 @@
 //! kernels. A portable loop computes the same sums everywhere, for tests.
 
 use super::{PARALLEL_MIN_WEIGHTS, QK8_0, QuantRow, QuantizedRows, block_scale};
-use crate::model::team::SharedSlice;
+use crate::model::spin_pool::SharedSlice;
 
 /// Weight rows per panel: one int32 lane each in a 512-bit register.
 pub const PANEL_ROWS: usize = 16;
@@ -205,7 +205,7 @@ pub fn panels_usable() -> bool {
 }
 
 /// `y = W·x` for each `(W, y)` pair and one input row: all products' panels dealt across threads as one split
-/// (the decode team of `model::team`, or the current rayon pool), as [`super::matvec_quantized_many`] does for
+/// (`model::spin_pool`, or the current rayon pool), as [`super::matvec_quantized_many`] does for
 /// the GGUF layout.
 pub fn matvec_panels_many(
     x: &QuantizedRows,
@@ -248,7 +248,7 @@ pub fn matvec_panels_many(
     if rayon::current_num_threads() == 1 || weights < PARALLEL_MIN_WEIGHTS {
         run(0..total);
     } else {
-        crate::model::team::for_each_range(total, run);
+        crate::model::spin_pool::for_each_range(total, run);
     }
     Ok(())
 }
@@ -292,7 +292,7 @@ pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Resu
     let n_out = w.n_out;
     let y = SharedSlice::new(y);
     let rows = x.rows();
-    crate::model::team::for_each_range(n_out.div_ceil(PANEL_ROWS), |panels| {
+    crate::model::spin_pool::for_each_range(n_out.div_ceil(PANEL_ROWS), |panels| {
         for p in panels {
             let cols = PANEL_ROWS.min(n_out - p * PANEL_ROWS);
             for (t, tile) in rows.chunks(TILE_ROWS).enumerate() {
