@@ -9,6 +9,8 @@
 //! Q8_0 still go through candle per product. The math is the general path's, same formulas in the same
 //! precision, so the two agree up to the order of float additions (tests compare them).
 
+use super::attention_decode::attend_cached;
+use super::qlinear::adapt_rows;
 use super::*;
 use crate::model::q8::{PanelWeights, QuantizedRows, matvec_panels_many, matvec_quantized_many};
 

@@ -15,7 +15,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::f32_gemm::{Mat, gemm};
 use super::train_ops::{cpu_storage, values};
-use super::{QuantWeight, TransposeCache};
+use super::weight::{QuantWeight, TransposeCache};
 use crate::model::q8::QuantizedRows;
 
 /// The fused node; see the module doc. Built only for Q8_0 weights whose output count is a multiple of 32
@@ -138,7 +138,7 @@ impl CustomOp3 for LoraLinearGrad {
         let mut da = vec![0f32; r * k];
         gemm(&mut da, false, gbm.t(), xm, s, true)?;
         let mut dx = vec![0f32; m * k];
-        super::q8_0_input_grad_into(&self.w, &self.transposed, gv, m, &mut dx)?;
+        super::weight::q8_0_input_grad_into(&self.w, &self.transposed, gv, m, &mut dx)?;
         gemm(&mut dx, true, gbm, am, s, true)?;
         let device = x.device();
         Ok((
@@ -154,8 +154,8 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Var};
 
-    use super::super::QMatMulGrad;
     use super::super::train_ops::relative_difference as rel;
+    use super::super::weight::QMatMulGrad;
     use super::*;
     use crate::model::q8::PanelWeights;
 
