@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::client::{Client, ClientError, PushOutcome};
-use super::coordinator::atomic_write;
 use super::dp::{DpConfig, DpEngine, DpError, DpReport, RdpAccountant};
 use super::wire::{self, AdapterConfig, Rounding, WireError};
 use crate::clock::now_unix_ms;
+use crate::files::atomic_write;
 use crate::message::Delta;
 use crate::train::artifact::{delta_id, publish_delta, staging_dir};
 use crate::train::{Provenance, TrainError, sha256_hex};

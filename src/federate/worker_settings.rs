@@ -41,7 +41,7 @@ pub enum SettingsError {
 pub struct OpenError {
     pub node: String,
     #[source]
-    pub source: SettingsError,
+    pub source: Box<SettingsError>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -111,7 +111,7 @@ impl WorkerSettings {
     pub fn open(&self, node: &str, data_dir: &Path) -> Result<Worker, OpenError> {
         self.open_in(node, data_dir).map_err(|source| OpenError {
             node: node.to_owned(),
-            source,
+            source: Box::new(source),
         })
     }
 

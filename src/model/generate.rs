@@ -429,8 +429,8 @@ pub fn generate_reusing(
 /// the half matrix it was woken for. Measured on SmolLM2, 2 threads, steps alternating in one process: 13.7-14.1
 /// ms per step without the helpers, 10.9-11.3 ms with them (one thread: 18.5 ms); llama.cpp, whose threads spin
 /// between ops, gained 1.6-1.9x from the second thread in the same session. The helpers spin only while `f` runs.
-/// The decode step's own splits go through a [`Team`](super::team::Team) the helpers poll on every round (one
-/// load), and rayon's queues (prefill, candle's ops) every 32nd round, since a rayon poll costs more.
+/// The decode step's own splits go through a [`SpinPool`](super::spin_pool::SpinPool) the helpers poll on every
+/// round (one load), and rayon's queues (prefill, candle's ops) every 32nd round, since a rayon poll costs more.
 /// Outside a pool, or with one thread, `f` just runs.
 fn with_spinning_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let helpers = rayon::current_num_threads().saturating_sub(1);
@@ -438,7 +438,7 @@ fn with_spinning_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         return f();
     }
     let done = AtomicBool::new(false);
-    let team = super::team::Team::new(helpers);
+    let spin_pool = super::spin_pool::SpinPool::new(helpers);
     rayon::scope(|s| {
         // Spawned before `f` forks anything, so they sit at the bottom of this thread's deque: thieves take
         // them first, and this thread, which pops from the top, never runs one itself while `f` waits on a
@@ -447,7 +447,7 @@ fn with_spinning_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
             s.spawn(|_| {
                 let (mut idle, mut seen) = (0u32, 0);
                 while !done.load(Ordering::Acquire) {
-                    if team.help(&mut seen)
+                    if spin_pool.help(&mut seen)
                         || (idle % 32 == 31 && rayon::yield_now() == Some(rayon::Yield::Executed))
                     {
                         idle = 0;
@@ -463,7 +463,7 @@ fn with_spinning_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
                 }
             });
         }
-        let out = team.installed(f);
+        let out = spin_pool.installed(f);
         done.store(true, Ordering::Release);
         out
     })

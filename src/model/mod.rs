@@ -14,7 +14,7 @@ pub mod gguf;
 pub mod huge_pages;
 pub mod lora;
 pub mod q8;
-pub mod team;
+pub mod spin_pool;
 pub mod tokenizer;
 pub mod transformer;
 
@@ -35,7 +35,7 @@ pub use tokenizer::Tokenizer;
 ///
 /// - `CANDLE_NUM_THREADS=1`: candle's element-wise ops run on the thread that calls them. candle 0.11
 ///   spreads them over its own pool of `RAYON_NUM_THREADS - 1` workers that spin 25,000 rounds after every op
-///   before parking; hearth's parallel work (the int8 kernels, `train_ops`, the decode team) runs on rayon's
+///   before parking; hearth's parallel work (the int8 kernels, `train_ops`, the decode spin pool) runs on rayon's
 ///   threads, so those spinning workers take cores from it. In a 2-thread SmolLM2 training step they were
 ///   21.6% of all samples (perf), and without them `cargo bench --bench train_throughput` measured 255-298
 ///   tok/s against 194-235 with them (rank 8 and 16, three alternating pairs of runs). candle's matmuls keep
@@ -93,6 +93,8 @@ pub enum ModelError {
     Json(#[from] serde_json::Error),
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Kernel(#[from] q8::Q8Error),
 }
 
 /// Result alias for the model module.

@@ -292,8 +292,8 @@ fn streamed_text_always_equals_final_text() {
 }
 
 /// Inside a pool of several threads, `generate` keeps the other threads spinning for each step's splits (see
-/// `with_spinning_pool` and `model::team`): every call returns, and the tokens equal those of one thread and of
-/// no pool at all. The model is wide enough that every projection splits across threads (q alone is 2^16
+/// `with_spinning_pool` and `model::spin_pool`): every call returns, and the tokens equal those of one thread and
+/// of no pool at all. The model is wide enough that every projection splits across threads (q alone is 2^16
 /// weights) and the prompt long enough that attention splits its positions too.
 #[test]
 fn generation_in_a_pool_of_any_size_gives_the_same_tokens() {

@@ -19,8 +19,8 @@
 //! The kernels need AVX-512 F, BW and VNNI ([`panels_usable`]); other CPUs keep the GGUF layout and its
 //! kernels. A portable loop computes the same sums everywhere, for tests.
 
-use super::{PARALLEL_MIN_WEIGHTS, QK8_0, QuantRow, QuantizedRows, block_scale};
-use crate::model::team::SharedSlice;
+use super::{PARALLEL_MIN_WEIGHTS, Q8Error, QK8_0, QuantRow, QuantizedRows, block_scale};
+use crate::model::spin_pool::SharedSlice;
 
 /// Weight rows per panel: one int32 lane each in a 512-bit register.
 pub const PANEL_ROWS: usize = 16;
@@ -66,13 +66,13 @@ impl std::fmt::Debug for PanelWeights {
 
 impl PanelWeights {
     /// Repacks a row-major Q8_0 weight `[n_out, k]` given as its raw GGUF bytes.
-    pub fn from_q8_0(w: &[u8], n_out: usize, k: usize) -> Result<Self, String> {
+    pub fn from_q8_0(w: &[u8], n_out: usize, k: usize) -> Result<Self, Q8Error> {
         let row_bytes = k / QK8_0 * super::BLOCK_BYTES;
         if k == 0 || !k.is_multiple_of(QK8_0) || n_out == 0 || w.len() != n_out * row_bytes {
-            return Err(format!(
+            return Err(Q8Error(format!(
                 "q8_0 panels: {} bytes are not {n_out} rows of {k} weights",
                 w.len()
-            ));
+            )));
         }
         let panel_bytes = Self::panel_bytes_for(k);
         let panels = n_out.div_ceil(PANEL_ROWS);
@@ -121,14 +121,14 @@ impl PanelWeights {
     }
 
     /// Row `o` as f32 into `out` (`k` values): an embedding lookup.
-    pub fn dequantize_row(&self, o: usize, out: &mut [f32]) -> Result<(), String> {
+    pub fn dequantize_row(&self, o: usize, out: &mut [f32]) -> Result<(), Q8Error> {
         if o >= self.n_out || out.len() != self.k {
-            return Err(format!(
+            return Err(Q8Error(format!(
                 "q8_0 panels: row {o} of {} into {} values (rows have {})",
                 self.n_out,
                 out.len(),
                 self.k
-            ));
+            )));
         }
         let (panel, l) = (self.panel(o / PANEL_ROWS), o % PANEL_ROWS);
         for (b, vals) in out.chunks_exact_mut(QK8_0).enumerate() {
@@ -205,14 +205,17 @@ pub fn panels_usable() -> bool {
 }
 
 /// `y = W·x` for each `(W, y)` pair and one input row: all products' panels dealt across threads as one split
-/// (the decode team of `model::team`, or the current rayon pool), as [`super::matvec_quantized_many`] does for
+/// (`model::spin_pool`, or the current rayon pool), as [`super::matvec_quantized_many`] does for
 /// the GGUF layout.
 pub fn matvec_panels_many(
     x: &QuantizedRows,
     products: &mut [(&PanelWeights, &mut [f32])],
-) -> Result<(), String> {
+) -> Result<(), Q8Error> {
     if x.len() != 1 {
-        return Err(format!("q8_0 matvec: {} input rows, not one", x.len()));
+        return Err(Q8Error(format!(
+            "q8_0 matvec: {} input rows, not one",
+            x.len()
+        )));
     }
     for (w, y) in products.iter() {
         check(w, x, y.len())?;
@@ -248,7 +251,7 @@ pub fn matvec_panels_many(
     if rayon::current_num_threads() == 1 || weights < PARALLEL_MIN_WEIGHTS {
         run(0..total);
     } else {
-        crate::model::team::for_each_range(total, run);
+        crate::model::spin_pool::for_each_range(total, run);
     }
     Ok(())
 }
@@ -276,15 +279,15 @@ fn panels_one_row(w: &PanelWeights, panels: std::ops::Range<usize>, x: &QuantRow
 
 /// `y[r][o] = Σ_k x[r][k] · W[o][k]` (`y` is `[m, n_out]`) for any number of input rows: panels split across
 /// threads, and each panel, while in cache, meets every input row in tiles of up to eight rows.
-pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Result<(), String> {
+pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Result<(), Q8Error> {
     check(w, x, y.len() / x.len().max(1))?;
     let m = x.len();
     if y.len() != m * w.n_out {
-        return Err(format!(
+        return Err(Q8Error(format!(
             "q8_0 matmul: y has {} values, not {m}x{}",
             y.len(),
             w.n_out
-        ));
+        )));
     }
     if m == 1 {
         return matvec_panels_many(x, &mut [(w, y)]);
@@ -292,7 +295,7 @@ pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Resu
     let n_out = w.n_out;
     let y = SharedSlice::new(y);
     let rows = x.rows();
-    crate::model::team::for_each_range(n_out.div_ceil(PANEL_ROWS), |panels| {
+    crate::model::spin_pool::for_each_range(n_out.div_ceil(PANEL_ROWS), |panels| {
         for p in panels {
             let cols = PANEL_ROWS.min(n_out - p * PANEL_ROWS);
             for (t, tile) in rows.chunks(TILE_ROWS).enumerate() {
@@ -308,12 +311,12 @@ pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Resu
     Ok(())
 }
 
-fn check(w: &PanelWeights, x: &QuantizedRows, n_out: usize) -> Result<(), String> {
+fn check(w: &PanelWeights, x: &QuantizedRows, n_out: usize) -> Result<(), Q8Error> {
     if w.k != x.k || w.n_out != n_out {
-        return Err(format!(
+        return Err(Q8Error(format!(
             "q8_0 panels: sizes do not agree (w {}x{}, x rows of {}, {n_out} outputs)",
             w.n_out, w.k, x.k
-        ));
+        )));
     }
     Ok(())
 }

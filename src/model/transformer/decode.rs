@@ -9,6 +9,8 @@
 //! Q8_0 still go through candle per product. The math is the general path's, same formulas in the same
 //! precision, so the two agree up to the order of float additions (tests compare them).
 
+use super::attention_decode::attend_cached;
+use super::qlinear::adapt_rows;
 use super::*;
 use crate::model::q8::{PanelWeights, QuantizedRows, matvec_panels_many, matvec_quantized_many};
 
@@ -156,7 +158,7 @@ impl<'a> QuantizedInput<'a> {
         if let Some(q) = self.q8.get() {
             return Ok(q);
         }
-        let q = QuantizedRows::new(self.x, self.x.len()).map_err(ModelError::Input)?;
+        let q = QuantizedRows::new(self.x, self.x.len()).map_err(ModelError::from)?;
         Ok(self.q8.get_or_init(|| q))
     }
 
@@ -178,14 +180,14 @@ impl<'a> QuantizedInput<'a> {
                 .iter_mut()
                 .map(|(_, w, _, y)| (&w[..], &mut **y))
                 .collect();
-            matvec_quantized_many(self.q8()?, &mut products).map_err(ModelError::Input)?;
+            matvec_quantized_many(self.q8()?, &mut products).map_err(ModelError::from)?;
         }
         if !panels.is_empty() {
             let mut products: Vec<(&PanelWeights, &mut [f32])> = panels
                 .iter_mut()
                 .map(|(_, w, _, y)| (&***w, &mut **y))
                 .collect();
-            matvec_panels_many(self.q8()?, &mut products).map_err(ModelError::Input)?;
+            matvec_panels_many(self.q8()?, &mut products).map_err(ModelError::from)?;
         }
         let fused = gguf
             .into_iter()

@@ -12,7 +12,8 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{QLinear, TransposeCache, Weight};
+use super::weight::TransposeCache;
+use super::{QLinear, Weight};
 use crate::model::{ModelError, Result};
 
 /// Bytes of `[rows, vocab]` values per chunk of scored rows (85 rows of SmolLM2's vocabulary). The forward
@@ -99,9 +100,9 @@ impl HeadLogps {
         if let Some(w) = self.head.q8_0() {
             let mut y = vec![0f32; m * self.vocab];
             let xq = crate::model::q8::QuantizedRows::new(&x_rows, self.hidden)
-                .map_err(candle_core::Error::Msg)?;
+                .map_err(candle_core::Error::wrap)?;
             w.q8_0_matmul(&xq, &mut y)
-                .map_err(candle_core::Error::Msg)?;
+                .map_err(candle_core::Error::wrap)?;
             return Ok(y);
         }
         let x = Tensor::from_vec(x_rows, (m, self.hidden), &Device::Cpu)?;
@@ -109,7 +110,7 @@ impl HeadLogps {
     }
 
     /// What the backward pass multiplies by: a Q8_0 head's transpose requantized for the int8 kernel (see
-    /// `q8_0_input_grad` in the parent module), when the vocabulary is a multiple of 32; else the dense head.
+    /// `q8_0_input_grad` in the `weight` module), when the vocabulary is a multiple of 32; else the dense head.
     fn backward_weight(&self) -> candle_core::Result<BackwardWeight<'_>> {
         if let Some(w) = self.head.q8_0()
             && self.vocab.is_multiple_of(crate::model::q8::QK8_0)
@@ -230,7 +231,7 @@ impl CustomOp1 for HeadLogps {
                 BackwardWeight::Transposed(wt) => {
                     let mut dx = vec![0f32; rows.len() * d];
                     crate::model::q8::matmul(wt, d, v, &dl, rows.len(), &mut dx)
-                        .map_err(candle_core::Error::Msg)?;
+                        .map_err(candle_core::Error::wrap)?;
                     dx
                 }
                 BackwardWeight::Dense(w) => {

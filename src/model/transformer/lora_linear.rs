@@ -15,7 +15,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::f32_gemm::{Mat, gemm};
 use super::train_ops::{cpu_storage, values};
-use super::{QuantWeight, TransposeCache};
+use super::weight::{QuantWeight, TransposeCache};
 use crate::model::q8::QuantizedRows;
 
 /// The fused node; see the module doc. Built only for Q8_0 weights whose output count is a multiple of 32
@@ -67,9 +67,8 @@ impl CustomOp3 for LoraLinearGrad {
         let a = values(s2, l2, "lora-linear: A")?;
         let b = values(s3, l3, "lora-linear: B")?;
         let mut y = vec![0f32; m * n_out];
-        QuantizedRows::new(x, k)
-            .and_then(|xq| self.w.q8_0_matmul(&xq, &mut y))
-            .map_err(candle_core::Error::Msg)?;
+        let xq = QuantizedRows::new(x, k).map_err(candle_core::Error::wrap)?;
+        self.w.q8_0_matmul(&xq, &mut y)?;
         let mut xa = vec![0f32; m * r];
         gemm(
             &mut xa,
@@ -138,7 +137,7 @@ impl CustomOp3 for LoraLinearGrad {
         let mut da = vec![0f32; r * k];
         gemm(&mut da, false, gbm.t(), xm, s, true)?;
         let mut dx = vec![0f32; m * k];
-        super::q8_0_input_grad_into(&self.w, &self.transposed, gv, m, &mut dx)?;
+        super::weight::q8_0_input_grad_into(&self.w, &self.transposed, gv, m, &mut dx)?;
         gemm(&mut dx, true, gbm, am, s, true)?;
         let device = x.device();
         Ok((
@@ -154,8 +153,8 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Var};
 
-    use super::super::QMatMulGrad;
     use super::super::train_ops::relative_difference as rel;
+    use super::super::weight::QMatMulGrad;
     use super::*;
     use crate::model::q8::PanelWeights;
 

@@ -11,8 +11,8 @@
 //! share of both threads' time 74.5% → 78.1%, the caller waiting at the end of a split 3.5% → 1.5% of all
 //! samples, the helper spinning 8% → 5%.
 //!
-//! A [`Team`] is installed on the thread that owns it for the length of a forward pass
-//! ([`Team::installed`]); [`for_each_range`] and [`items_mut`] use it from that thread and fall back to the
+//! A [`SpinPool`] is installed on the thread that owns it for the length of a forward pass
+//! ([`SpinPool::installed`]); [`for_each_range`] and [`items_mut`] use it from that thread and fall back to the
 //! current rayon pool anywhere else.
 
 use std::cell::{Cell, UnsafeCell};
@@ -21,14 +21,14 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The shared slot through which one thread hands stages to the helpers spinning beside it.
-pub struct Team {
+pub struct SpinPool {
     /// `2 · stage number + 1` while a stage is open for helpers, `2 · stage number` once it is closed.
     state: AtomicUsize,
     /// The first item of the open stage not yet claimed.
     next: AtomicUsize,
     /// The owner and its helpers: a claim takes 1 / (2 · threads) of what is left.
     threads: usize,
-    /// Helpers that may be reading [`Team::task`]; the owner rewrites it only when none are.
+    /// Helpers that may be reading [`SpinPool::task`]; the owner rewrites it only when none are.
     active: AtomicUsize,
     /// A range panicked (on a helper or the owner); the owner panics once the stage has ended.
     panicked: AtomicBool,
@@ -40,7 +40,7 @@ pub struct Team {
 #[derive(Clone, Copy)]
 struct Task {
     /// Points to a closure on the owner's stack, alive until the stage closes and `active` is zero; the
-    /// `'static` is a lie that [`Team::run`] keeps true by waiting for both.
+    /// `'static` is a lie that [`SpinPool::run`] keeps true by waiting for both.
     f: *const (dyn Fn(Range<usize>) + Sync + 'static),
     n: usize,
 }
@@ -48,18 +48,18 @@ struct Task {
 // SAFETY: `task` is written only by the owning thread while no helper can read it (no stage open, `active`
 // zero) and read by helpers only in the window the protocol in `run`/`help` describes; everything else is
 // atomics.
-unsafe impl Sync for Team {}
+unsafe impl Sync for SpinPool {}
 
 thread_local! {
-    /// The team installed on this thread, and whether a stage of it is running here (a nested split then runs
+    /// The pool installed on this thread, and whether a stage of it is running here (a nested split then runs
     /// on this thread alone, since the slot is taken).
-    static INSTALLED: Cell<(*const Team, bool)> = const { Cell::new((std::ptr::null(), false)) };
+    static INSTALLED: Cell<(*const SpinPool, bool)> = const { Cell::new((std::ptr::null(), false)) };
 }
 
 fn no_task(_: Range<usize>) {}
 
-impl Team {
-    /// A team of the calling thread and `helpers` others.
+impl SpinPool {
+    /// A pool of the calling thread and `helpers` others.
     pub fn new(helpers: usize) -> Self {
         Self {
             state: AtomicUsize::new(0),
@@ -74,17 +74,17 @@ impl Team {
         }
     }
 
-    /// Runs `f` with this team installed on the current thread: the splits `f` makes through
-    /// [`for_each_range`] and [`items_mut`] go through the team. Helpers must call [`Team::help`] meanwhile,
+    /// Runs `f` with this pool installed on the current thread: the splits `f` makes through
+    /// [`for_each_range`] and [`items_mut`] go through the pool. Helpers must call [`SpinPool::help`] meanwhile,
     /// or the caller does all the work itself.
     pub fn installed<R>(&self, f: impl FnOnce() -> R) -> R {
-        struct Restore((*const Team, bool));
+        struct Restore((*const SpinPool, bool));
         impl Drop for Restore {
             fn drop(&mut self) {
                 INSTALLED.with(|c| c.set(self.0));
             }
         }
-        let _restore = Restore(INSTALLED.with(|c| c.replace((self as *const Team, false))));
+        let _restore = Restore(INSTALLED.with(|c| c.replace((self as *const SpinPool, false))));
         f()
     }
 
@@ -166,12 +166,12 @@ impl Team {
     }
 }
 
-/// Runs `f` in parallel over ranges that together cover `0..n` once each: through the team installed on this
+/// Runs `f` in parallel over ranges that together cover `0..n` once each: through the pool installed on this
 /// thread if there is one (and no stage of it is already running here), otherwise on the current rayon pool (a
 /// range per thread).
 pub fn for_each_range(n: usize, f: impl Fn(Range<usize>) + Sync) {
-    let (team, busy) = INSTALLED.with(|c| c.get());
-    if team.is_null() || busy {
+    let (pool, busy) = INSTALLED.with(|c| c.get());
+    if pool.is_null() || busy {
         use rayon::prelude::*;
         let per = n.div_ceil(rayon::current_num_threads()).max(1);
         (0..n.div_ceil(per))
@@ -179,18 +179,18 @@ pub fn for_each_range(n: usize, f: impl Fn(Range<usize>) + Sync) {
             .for_each(|i| f(i * per..((i + 1) * per).min(n)));
         return;
     }
-    // SAFETY: `installed` keeps the team alive, and installed on this thread, while its closure runs, and this
-    // call happens inside that closure (it is this thread's installed team).
-    let team = unsafe { &*team };
-    INSTALLED.with(|c| c.set((team, true)));
-    struct Idle(*const Team);
+    // SAFETY: `installed` keeps the pool alive, and installed on this thread, while its closure runs, and this
+    // call happens inside that closure (it is this thread's installed pool).
+    let pool = unsafe { &*pool };
+    INSTALLED.with(|c| c.set((pool, true)));
+    struct Idle(*const SpinPool);
     impl Drop for Idle {
         fn drop(&mut self) {
             INSTALLED.with(|c| c.set((self.0, false)));
         }
     }
-    let _idle = Idle(team);
-    team.run(n, &f);
+    let _idle = Idle(pool);
+    pool.run(n, &f);
 }
 
 /// Runs `f(first, part)` in parallel over parts of `out` that together cover it once, each a whole number of
@@ -250,17 +250,17 @@ mod tests {
 
     /// The owner and a helper run every item exactly once, stage after stage, and the owner returns only when
     /// all are done (items sleep, so the helper joins most stages and finishes some items after the owner ran
-    /// out of claims); without an installed team the split falls back to rayon.
+    /// out of claims); without an installed pool the split falls back to rayon.
     #[test]
     fn every_item_runs_once() {
-        let team = Team::new(1);
+        let pool = SpinPool::new(1);
         let stop = AtomicBool::new(false);
         let helped = AtomicUsize::new(0);
         std::thread::scope(|s| {
             s.spawn(|| {
                 let mut seen = 0;
                 while !stop.load(Ordering::Acquire) {
-                    if team.help(&mut seen) {
+                    if pool.help(&mut seen) {
                         helped.fetch_add(1, Ordering::Relaxed);
                     } else {
                         std::hint::spin_loop();
@@ -275,7 +275,7 @@ mod tests {
                 }
             }
             let _stop = Stop(&stop);
-            team.installed(|| {
+            pool.installed(|| {
                 for stage in 0..300 {
                     let n = 1 + stage % 37;
                     let mut out = vec![0usize; n * 5 - stage % 5];
@@ -305,12 +305,12 @@ mod tests {
     }
 
     /// A nested split inside a stage runs on rayon instead of overwriting the open stage; a stage whose range
-    /// panics on the owner panics once the stage is over, leaving the team usable.
+    /// panics on the owner panics once the stage is over, leaving the pool usable.
     #[test]
     fn nested_splits_and_panics() {
-        let team = Team::new(0);
+        let pool = SpinPool::new(0);
         let total = AtomicUsize::new(0);
-        team.installed(|| {
+        pool.installed(|| {
             for_each_range(4, |outer| {
                 for _ in outer {
                     for_each_range(3, |inner| {
@@ -321,11 +321,11 @@ mod tests {
         });
         assert_eq!(total.into_inner(), 24);
         let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            team.installed(|| for_each_range(2, |_| panic!("range")))
+            pool.installed(|| for_each_range(2, |_| panic!("range")))
         }));
         assert!(panicked.is_err());
         let ran = AtomicUsize::new(0);
-        team.installed(|| {
+        pool.installed(|| {
             for_each_range(5, |r| {
                 ran.fetch_add(r.len(), Ordering::Relaxed);
             })

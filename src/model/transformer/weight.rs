@@ -1,0 +1,333 @@
+//! A frozen weight as the model keeps it, and the products with it that candle lacks: a quantized matmul
+//! with a backward pass (int8 for Q8_0, through a cached transpose), and a dense one that skips the weight's
+//! gradient.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+
+use crate::model::q8::{self, PanelWeights, QuantizedRows};
+use crate::model::{ModelError, Result};
+
+/// A frozen weight: block-quantized and kept packed, Q8_0 repacked into panels where the CPU has their kernel
+/// (see [`q8::panels`]), or dense f32 (F32/F16/BF16 in the file, or a merged/dequantized copy).
+#[derive(Clone, Debug)]
+pub enum Weight {
+    Quant(Arc<QTensor>),
+    Panels(Arc<PanelWeights>),
+    Dense(Tensor),
+}
+
+impl Weight {
+    /// A block-quantized GGUF tensor as the model keeps it: Q8_0 repacked into panels when
+    /// [`q8::panels_usable`] (and `HEARTH_Q8_LAYOUT` is not `gguf`, which keeps the file's layout so
+    /// that a benchmark can compare the two in one build), anything else as it is.
+    pub(super) fn packed(q: Arc<QTensor>) -> Result<Self> {
+        if q.dtype() == GgmlDType::Q8_0
+            && q8::panels_usable()
+            && std::env::var("HEARTH_Q8_LAYOUT").as_deref() != Ok("gguf")
+            && let Ok((n_out, k)) = q.shape().dims2()
+        {
+            let panels = PanelWeights::from_q8_0(&q.data()?, n_out, k).map_err(ModelError::from)?;
+            return Ok(Weight::Panels(Arc::new(panels)));
+        }
+        Ok(Weight::Quant(q))
+    }
+
+    /// The weight as dense f32 `[out, in]`.
+    pub(super) fn dequantize(&self) -> Result<Tensor> {
+        Ok(match self {
+            Weight::Quant(q) => dequantize(q)?,
+            Weight::Panels(p) => dequantize_panels(p)?,
+            Weight::Dense(t) => t.clone(),
+        })
+    }
+
+    /// A Q8_0 weight in either layout, for hearth's int8 kernels; `None` for other types.
+    pub(super) fn q8_0(&self) -> Option<QuantWeight> {
+        match self {
+            Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0 => Some(QuantWeight::Gguf(q.clone())),
+            Weight::Panels(p) => Some(QuantWeight::Panels(p.clone())),
+            _ => None,
+        }
+    }
+
+    /// The rows named by `tokens` (any shape), `[..tokens' dims, in]`.
+    pub(super) fn embedding(&self, tokens: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Weight::Quant(q) => q.embedding(tokens)?,
+            Weight::Panels(p) => {
+                let ids = tokens.flatten_all()?.to_vec1::<u32>()?;
+                let mut rows = vec![0f32; ids.len() * p.k()];
+                for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(p.k())) {
+                    p.dequantize_row(id as usize, row)
+                        .map_err(ModelError::from)?;
+                }
+                let mut dims = tokens.dims().to_vec();
+                dims.push(p.k());
+                Tensor::from_vec(rows, dims, &Device::Cpu)?
+            }
+            Weight::Dense(w) => {
+                let mut dims = tokens.dims().to_vec();
+                dims.push(w.dim(1)?);
+                w.index_select(&tokens.flatten_all()?, 0)?.reshape(dims)?
+            }
+        })
+    }
+}
+
+/// Quantized matmul `x·Wᵀ` that, unlike `QMatMul`, has a backward pass w.r.t. `x`. The weight stays frozen;
+/// the backward multiplies by its cached transpose (Q8_0, see [`TransposeCache`]) or by a dequantized copy
+/// that exists only during that product.
+pub(super) struct QMatMulGrad {
+    pub(super) w: QuantWeight,
+    pub(super) transposed: Arc<TransposeCache>,
+}
+
+/// The weight of a [`QMatMulGrad`]: a GGUF tensor, or Q8_0 panels.
+#[derive(Clone)]
+pub(super) enum QuantWeight {
+    Gguf(Arc<QTensor>),
+    Panels(Arc<PanelWeights>),
+}
+
+impl QuantWeight {
+    /// The Q8_0 weight's GGUF bytes, `[n_out, k]`; `None` for other types.
+    fn q8_0_bytes(&self) -> candle_core::Result<Option<std::borrow::Cow<'_, [u8]>>> {
+        Ok(match self {
+            QuantWeight::Gguf(q) if q.dtype() == GgmlDType::Q8_0 => Some(q.data()?),
+            QuantWeight::Gguf(_) => None,
+            QuantWeight::Panels(p) => Some(std::borrow::Cow::Owned(p.to_q8_0())),
+        })
+    }
+
+    pub(super) fn dims(&self) -> candle_core::Result<(usize, usize)> {
+        match self {
+            QuantWeight::Gguf(q) => q.shape().dims2(),
+            QuantWeight::Panels(p) => Ok((p.n_out(), p.k())),
+        }
+    }
+
+    /// `y = x·Wᵀ` (`[m, n_out]`) for a Q8_0 weight through hearth's int8 kernels.
+    pub(super) fn q8_0_matmul(&self, x: &QuantizedRows, y: &mut [f32]) -> candle_core::Result<()> {
+        match self {
+            QuantWeight::Gguf(q) => {
+                let (n_out, _) = q.shape().dims2()?;
+                let bytes = q.data()?;
+                q8::matmul_quantized(&bytes, n_out, x, y).map_err(candle_core::Error::wrap)
+            }
+            QuantWeight::Panels(p) => q8::matmul_panels(p, x, y).map_err(candle_core::Error::wrap),
+        }
+    }
+}
+
+/// [`q8::transpose_requantized`] of a layer's weight, kept for the layer's lifetime once training has
+/// needed it: +1 byte per weight (143 MB for SmolLM2), a quarter of what a dequantized f32 copy would cost,
+/// where rebuilding it every backward pass took a third of the product's time. Serving never builds it.
+#[derive(Default)]
+pub(super) struct TransposeCache(std::sync::OnceLock<Vec<u8>>);
+
+impl std::fmt::Debug for TransposeCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes = self.0.get().map_or(0, Vec::len);
+        write!(f, "TransposeCache({bytes} bytes)")
+    }
+}
+
+impl TransposeCache {
+    /// The transpose of Q8_0 `w` (`[n_out, k]`), built on first use.
+    pub(super) fn get(&self, w: &QuantWeight) -> candle_core::Result<&[u8]> {
+        if let Some(t) = self.0.get() {
+            return Ok(t);
+        }
+        let (n_out, k) = w.dims()?;
+        let Some(bytes) = w.q8_0_bytes()? else {
+            candle_core::bail!("qmatmul-grad: only a Q8_0 weight has an int8 transpose");
+        };
+        let t = q8::transpose_requantized(&bytes, n_out, k).map_err(candle_core::Error::wrap)?;
+        // Two threads may build it at once; both results are the same bytes.
+        Ok(self.0.get_or_init(|| t))
+    }
+}
+
+impl CustomOp1 for QMatMulGrad {
+    fn name(&self) -> &'static str {
+        "qmatmul-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        if let Some(r) = q8_0_fwd(&self.w, storage, layout) {
+            return r;
+        }
+        match &self.w {
+            QuantWeight::Gguf(q) => q.cpu_fwd(storage, layout),
+            QuantWeight::Panels(_) => {
+                candle_core::bail!("qmatmul-grad: Q8_0 panels take contiguous f32 [m, k] inputs")
+            }
+        }
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        if let Some(dx) = q8_0_input_grad(&self.w, &self.transposed, grad_res)? {
+            return Ok(Some(dx));
+        }
+        let w = match &self.w {
+            QuantWeight::Gguf(q) => dequantize(q)?,
+            QuantWeight::Panels(p) => dequantize_panels(p)?,
+        }; // [out, in], for this product only
+        Ok(Some(grad_res.broadcast_matmul(&w)?))
+    }
+}
+
+/// `dy · W` for a Q8_0 weight through the int8 kernel, multiplying by the weight's transpose requantized along
+/// the output axis (see [`TransposeCache`]). `None` when [`int8_backward_fits`] says no (the caller takes the
+/// f32 route).
+fn q8_0_input_grad(
+    w: &QuantWeight,
+    transposed: &TransposeCache,
+    dy: &Tensor,
+) -> candle_core::Result<Option<Tensor>> {
+    if !int8_backward_fits(w) {
+        return Ok(None);
+    }
+    let (n_out, k) = w.dims()?;
+    let Some((&last, lead)) = dy.dims().split_last() else {
+        return Ok(None);
+    };
+    if last != n_out {
+        candle_core::bail!("qmatmul-grad: gradient rows of {last}, the weight has {n_out} outputs");
+    }
+    let m: usize = lead.iter().product();
+    let dyv: Vec<f32> = dy.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    let mut dx = vec![0f32; m * k];
+    q8_0_input_grad_into(w, transposed, &dyv, m, &mut dx)?;
+    let mut shape = lead.to_vec();
+    shape.push(k);
+    Ok(Some(Tensor::from_vec(dx, shape, dy.device())?))
+}
+
+/// Whether a weight takes the int8 backward: Q8_0 with a multiple of 32 outputs (the transpose's blocks run
+/// along them).
+pub(super) fn int8_backward_fits(w: &QuantWeight) -> bool {
+    !matches!(w, QuantWeight::Gguf(q) if q.dtype() != GgmlDType::Q8_0)
+        && w.dims()
+            .is_ok_and(|(n_out, _)| n_out.is_multiple_of(q8::QK8_0))
+}
+
+/// `dx = dy · W` (`dy` `[m, n_out]`, `dx` `[m, k]`) through the int8 kernel, for a weight
+/// [`int8_backward_fits`] accepts.
+pub(super) fn q8_0_input_grad_into(
+    w: &QuantWeight,
+    transposed: &TransposeCache,
+    dy: &[f32],
+    m: usize,
+    dx: &mut [f32],
+) -> candle_core::Result<()> {
+    let (n_out, k) = w.dims()?;
+    let wt = transposed.get(w)?;
+    q8::matmul(wt, k, n_out, dy, m, dx).map_err(candle_core::Error::wrap)
+}
+
+/// The weight as dense f32 `[out, in]`: Q8_0 through [`q8::dequantize`] (parallel, ~10× candle's
+/// single-threaded loop on SmolLM2's tied head), other types through candle.
+fn dequantize(w: &QTensor) -> candle_core::Result<Tensor> {
+    if w.dtype() == GgmlDType::Q8_0
+        && let Ok((n_out, k)) = w.shape().dims2()
+    {
+        let bytes = w.data()?;
+        let mut out = vec![0f32; n_out * k];
+        q8::dequantize(&bytes, k, &mut out).map_err(candle_core::Error::wrap)?;
+        return Tensor::from_vec(out, (n_out, k), &Device::Cpu);
+    }
+    w.dequantize(&Device::Cpu)
+}
+
+/// Q8_0 panels as dense f32 `[out, in]` (rows split across the current rayon pool).
+fn dequantize_panels(p: &PanelWeights) -> candle_core::Result<Tensor> {
+    Tensor::from_vec(p.dequantize(), (p.n_out(), p.k()), &Device::Cpu)
+}
+
+/// Products with a Q8_0 weight through [`q8`] (see there for why); `None` hands the call to candle (not
+/// Q8_0, or not a contiguous f32 `[m, k]` input).
+fn q8_0_fwd(
+    w: &QuantWeight,
+    storage: &CpuStorage,
+    layout: &Layout,
+) -> Option<candle_core::Result<(CpuStorage, Shape)>> {
+    if matches!(w, QuantWeight::Gguf(q) if q.dtype() != GgmlDType::Q8_0) {
+        return None;
+    }
+    let (n_out, k) = w.dims().ok()?;
+    let x = match storage {
+        CpuStorage::F32(x) => x,
+        _ => return None,
+    };
+    let (m, x_k) = layout.shape().dims2().ok()?;
+    if x_k != k || !layout.is_contiguous() {
+        return None;
+    }
+    let x = x.get(layout.start_offset()..layout.start_offset() + m * k)?;
+    let mut y = vec![0f32; m * n_out];
+    let done = QuantizedRows::new(x, k)
+        .map_err(candle_core::Error::wrap)
+        .and_then(|xq| w.q8_0_matmul(&xq, &mut y));
+    Some(done.map(|()| (CpuStorage::F32(y), Shape::from((m, n_out)))))
+}
+
+/// `x·Wᵀ` over a dense frozen `W` whose backward computes only the input's gradient. candle's matmul
+/// backward also computes the gradient of `W`, one more full-size matmul per layer that a frozen base
+/// throws away. The product is computed outside the graph and handed in whole (`y`).
+struct FrozenMatMul {
+    y: Tensor,
+    w: Tensor,
+}
+
+impl CustomOp1 for FrozenMatMul {
+    fn name(&self) -> &'static str {
+        "frozen-matmul"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (storage, layout) = self.y.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cpu(s)
+                if layout.is_contiguous() && layout.start_offset() == 0 =>
+            {
+                Ok((s.clone(), self.y.shape().clone()))
+            }
+            _ => candle_core::bail!("frozen-matmul: the product must be a contiguous CPU tensor"),
+        }
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad_res.matmul(&self.w)?))
+    }
+}
+
+/// `x·Wᵀ` for a dense frozen `w` (`[out, in]`); differentiable w.r.t. `x` only.
+pub(super) fn frozen_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let y = x.detach().matmul(&w.t()?)?;
+    if !x.track_op() {
+        return Ok(y);
+    }
+    let op = FrozenMatMul {
+        y: y.contiguous()?,
+        w: w.clone(),
+    };
+    Ok(x.apply_op1(op)?)
+}
