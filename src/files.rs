@@ -48,16 +48,17 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(sha256_hex_digest(&h.finalize()))
+    Ok(hex(&h.finalize()))
 }
 
 /// The lowercase hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    sha256_hex_digest(&Sha256::digest(bytes))
+    hex(&Sha256::digest(bytes))
 }
 
-fn sha256_hex_digest(d: &[u8]) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Why a file that holds secrets was not read.

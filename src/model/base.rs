@@ -87,3 +87,29 @@ impl BaseCache {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Arch, TinySpec, write_tiny_model};
+
+    #[test]
+    fn one_file_loads_once_and_a_replaced_file_loads_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        write_tiny_model(&path, &TinySpec::new(Arch::Llama)).unwrap();
+        let cache = BaseCache::default();
+        let a = cache.get(&path).unwrap();
+        // Another spelling of the same file is the same base.
+        let b = cache.get(&dir.path().join(".").join("m.gguf")).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(cache.len(), 1);
+        let mut other = TinySpec::new(Arch::Llama);
+        other.seed += 1;
+        write_tiny_model(&path, &other).unwrap();
+        let c = cache.get(&path).unwrap();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_ne!(a.sha256, c.sha256);
+        assert_eq!(cache.len(), 2);
+    }
+}

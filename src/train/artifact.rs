@@ -29,12 +29,7 @@ pub struct Provenance {
 /// The llama.cpp GGUF LoRA export written beside the PEFT files of every delta.
 pub const GGUF_FILE: &str = "adapter.gguf";
 
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-pub use crate::files::sha256_hex;
+pub use crate::files::{hex, sha256_hex};
 
 /// SHA-256 of a file, streamed (a base model can be gigabytes).
 pub fn sha256_file(path: &Path) -> Result<String> {
