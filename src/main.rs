@@ -207,273 +207,299 @@ const INVALID: u8 = 2;
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Check { graphs } => {
-            let mut ok = true;
-            for path in &graphs {
-                match load(path)? {
-                    Some(g) => println!("{}: {}", path.display(), g.summary()),
-                    None => ok = false,
-                }
-            }
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(INVALID)
-            })
-        }
-        Command::Graph { graph, format } => {
-            let Some(g) = load(&graph)? else {
-                return Ok(ExitCode::from(INVALID));
-            };
-            print!("{}", draw(&g, format));
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Actors => {
-            for kind in ActorKind::examples() {
-                let info = kind.info();
-                println!("{} — {}", info.name, info.about);
-                let ports = |ps: &[hearth::actors::PortSpec]| {
-                    ps.iter()
-                        .map(|p| {
-                            format!(
-                                "{}: {}{}",
-                                p.name,
-                                p.message_type,
-                                if p.required { "" } else { " (optional)" }
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                println!("  inputs:  {}", ports(info.inputs));
-                println!("  outputs: {}", ports(info.outputs));
-                println!("  source:  {}", info.source);
-                println!("  example: kind: {}", kind.to_ron());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Quarantine { action, data_dir } => {
-            let mut store = open_store(&data_dir)?;
-            match action {
-                QuarantineAction::List => {
-                    for q in store.quarantine_list()? {
-                        println!("{}\t{}\t{}", q.sample.id, q.node, q.reason);
-                        println!("  {}", serde_json::to_string(&q.sample.content)?);
-                    }
-                }
-                QuarantineAction::Release { sample_id } => {
-                    if !store.quarantine_release(&sample_id)? {
-                        anyhow::bail!(
-                            "no quarantined sample `{sample_id}` in {}",
-                            store.path().display()
-                        );
-                    }
-                    println!("released {sample_id} to the training set");
-                }
-                QuarantineAction::Purge { sample_id } => {
-                    let n = store.quarantine_purge(sample_id.as_deref())?;
-                    println!("purged {n} quarantined sample(s)");
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Deltas { action, data_dir } => {
-            let mut store = open_store(&data_dir)?;
-            match action {
-                DeltasAction::List => {
-                    let served = store.served()?.delta_id;
-                    for d in store.deltas()? {
-                        let mark = if served.as_deref() == Some(d.id.as_str()) {
-                            "*"
-                        } else {
-                            " "
-                        };
-                        let gain = d.verdict.as_ref().and_then(|v| v["personal_gain"].as_f64());
-                        println!(
-                            "{mark} {}  {:<11}  samples={}  gain={}  parent={}",
-                            d.id,
-                            d.status.as_str(),
-                            d.provenance["num_samples"],
-                            gain.map_or("-".to_owned(), |g| format!("{g:+.4}")),
-                            d.parent.as_deref().unwrap_or("base")
-                        );
-                    }
-                    if served.is_none() {
-                        println!("serving the base alone");
-                    }
-                }
-                DeltasAction::Show { id } => {
-                    let d = store.delta(&id)?.with_context(|| {
-                        format!("no delta `{id}` in {}", store.path().display())
-                    })?;
-                    println!("{}", serde_json::to_string_pretty(&d)?);
-                }
-                DeltasAction::Promote { id } => {
-                    hearth::eval::promote_checked(&mut store, &id, "promoted by a person")?;
-                    println!("serving {id} (a running serve node follows within a second)");
-                }
-                DeltasAction::Rollback => match store.rollback("rolled back by a person")? {
-                    Some(s) => println!(
-                        "serving {} (a running serve node follows within a second)",
-                        s.delta_id.as_deref().unwrap_or("the base alone")
-                    ),
-                    None => println!("nothing to roll back: serving the base alone"),
-                },
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Report {
-            data_dir,
-            graph,
-            json,
-        } => {
-            let planted = match graph {
-                Some(path) => match load(&path)? {
-                    Some(g) => planted(&g),
-                    None => return Ok(ExitCode::from(INVALID)),
-                },
-                None => Vec::new(),
-            };
-            let store = open_store(&data_dir)?;
-            let report = hearth::report::Report::build(&store, &planted)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", report.to_markdown());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Purge { user, data_dir } => {
-            let mut store = open_store(&data_dir)?;
-            let counts = store.purge_user(&user)?;
-            println!("purged user `{user}`: {}", serde_json::to_string(&counts)?);
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Coordinator { settings } => {
-            let text = std::fs::read_to_string(&settings)
-                .with_context(|| format!("reading {}", settings.display()))?;
-            let parsed: hearth::federate::coordinator::CoordinatorSettings =
-                hearth::engine::schema::ron_options()
-                    .from_str(&text)
-                    .map_err(|e| {
-                        anyhow::anyhow!("{}:{}: {}", settings.display(), e.span.start, e.code)
-                    })?;
-            let config = parsed.into_config()?;
-            let scheme = if config.tls.is_some() {
-                "https"
-            } else {
-                "http"
-            };
-            let coordinator = hearth::federate::coordinator::Coordinator::start(config)?;
-            // Tests and scripts read the bound address from this line (port 0 picks a free one).
-            eprintln!("coordinator listening on {scheme}://{}", coordinator.addr);
-            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            install_signal_handler(stop.clone())?;
-            while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            coordinator.stop();
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Redact {
-            jsonl,
-            spans_out,
-            config,
-        } => {
-            let redactor = hearth::curate::redact::Redactor::new(parse_config(&config)?);
-            let (reader, writer) = jsonl_files(&jsonl, &spans_out)?;
-            let stats = hearth::curate::redact::predict_jsonl(&redactor, reader, writer)?;
-            report_bad_lines(&jsonl, &stats.errors);
-            eprintln!(
-                "{} records, {} spans -> {}",
-                stats.records,
-                stats.spans,
-                spans_out.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Secrets {
-            jsonl,
-            findings_out,
-            config,
-        } => {
-            let scanner = hearth::curate::secrets::SecretScanner::new(parse_config(&config)?)?;
-            let (reader, writer) = jsonl_files(&jsonl, &findings_out)?;
-            let stats = hearth::curate::secrets::findings_jsonl(&scanner, reader, writer)?;
-            report_bad_lines(&jsonl, &stats.errors);
-            eprintln!(
-                "{} records, {} flagged, {} findings -> {}",
-                stats.records,
-                stats.records_flagged,
-                stats.findings,
-                findings_out.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
         Command::Run {
             graph,
             data_dir,
             control,
             duration,
-        } => {
-            let Some(g) = load(&graph)? else {
-                return Ok(ExitCode::from(INVALID));
-            };
-            let control = control.or_else(|| g.plan.settings.control.clone());
-            let g_data_dir = g.plan.settings.data_dir.clone();
-            let planted_values = planted(&g);
-            eprintln!("{}", g.summary());
-            let running = runtime::start(g, data_dir.as_deref()).context("starting graph")?;
-            let server = match control {
-                Some(addr) => {
-                    let server = ControlServer::start(&addr, running.status())?;
-                    eprintln!(
-                        "control endpoints on http://{}/{{healthz,status,metrics}}",
-                        server.addr
-                    );
-                    Some(server)
-                }
-                None => None,
-            };
-            install_signal_handler(running.stop_flag())?;
-            if let Some(secs) = duration {
-                let stop = running.stop_flag();
-                std::thread::spawn(move || {
-                    std::thread::sleep(std::time::Duration::from_secs_f64(secs.max(0.0)));
-                    stop.store(true, Ordering::Release);
-                });
-            }
-            let data_dir = data_dir.unwrap_or_else(|| PathBuf::from(&g_data_dir));
-            let progress = spawn_status_lines(data_dir.clone(), running.stop_flag());
-            let report = running.wait();
-            progress.store(true, Ordering::Release);
-            if let Some(server) = server {
-                server.stop();
-            }
-            write_run_report(&data_dir, &planted_values);
-            for n in &report.status.nodes {
-                eprintln!(
-                    "node {:<16} {:<12} {:?} processed={} errors={} restarts={}",
-                    n.id, n.kind, n.state, n.processed, n.errors, n.restarts
-                );
-            }
-            for e in &report.status.edges {
-                eprintln!(
-                    "edge {:<40} pushed={} popped={} dropped={} undeliverable={} blocked={:.3}s",
-                    e.name, e.pushed, e.popped, e.dropped, e.undeliverable, e.blocked_seconds
-                );
-            }
-            if report.failed_nodes.is_empty() {
-                Ok(ExitCode::SUCCESS)
-            } else {
-                eprintln!(
-                    "failed nodes: {} (dead letters in {})",
-                    report.failed_nodes.join(", "),
-                    report.dead_letters.display()
-                );
-                Ok(ExitCode::FAILURE)
+        } => run_graph(&graph, data_dir, control, duration),
+        Command::Check { graphs } => check(&graphs),
+        Command::Graph { graph, format } => draw_graph(&graph, format),
+        Command::Actors => list_actors(),
+        Command::Quarantine { action, data_dir } => quarantine(action, &data_dir),
+        Command::Deltas { action, data_dir } => deltas(action, &data_dir),
+        Command::Report {
+            data_dir,
+            graph,
+            json,
+        } => report(&data_dir, graph.as_deref(), json),
+        Command::Purge { user, data_dir } => purge(&user, &data_dir),
+        Command::Coordinator { settings } => coordinator(&settings),
+        Command::Redact {
+            jsonl,
+            spans_out,
+            config,
+        } => redact(&jsonl, &spans_out, &config),
+        Command::Secrets {
+            jsonl,
+            findings_out,
+            config,
+        } => secrets(&jsonl, &findings_out, &config),
+    }
+}
+
+fn check(graphs: &[PathBuf]) -> anyhow::Result<ExitCode> {
+    let mut ok = true;
+    for path in graphs {
+        match load(path)? {
+            Some(g) => println!("{}: {}", path.display(), g.summary()),
+            None => ok = false,
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(INVALID)
+    })
+}
+
+fn draw_graph(graph: &Path, format: DrawFormat) -> anyhow::Result<ExitCode> {
+    let Some(g) = load(graph)? else {
+        return Ok(ExitCode::from(INVALID));
+    };
+    print!("{}", draw(&g, format));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list_actors() -> anyhow::Result<ExitCode> {
+    let ports = |ps: &[hearth::actors::PortSpec]| {
+        ps.iter()
+            .map(|p| {
+                format!(
+                    "{}: {}{}",
+                    p.name,
+                    p.message_type,
+                    if p.required { "" } else { " (optional)" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for kind in ActorKind::examples() {
+        let info = kind.info();
+        println!("{} — {}", info.name, info.about);
+        println!("  inputs:  {}", ports(info.inputs));
+        println!("  outputs: {}", ports(info.outputs));
+        println!("  source:  {}", info.source);
+        println!("  example: kind: {}", kind.to_ron());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn quarantine(action: QuarantineAction, data_dir: &Path) -> anyhow::Result<ExitCode> {
+    let mut store = open_store(data_dir)?;
+    match action {
+        QuarantineAction::List => {
+            for q in store.quarantine_list()? {
+                println!("{}\t{}\t{}", q.sample.id, q.node, q.reason);
+                println!("  {}", serde_json::to_string(&q.sample.content)?);
             }
         }
+        QuarantineAction::Release { sample_id } => {
+            if !store.quarantine_release(&sample_id)? {
+                anyhow::bail!(
+                    "no quarantined sample `{sample_id}` in {}",
+                    store.path().display()
+                );
+            }
+            println!("released {sample_id} to the training set");
+        }
+        QuarantineAction::Purge { sample_id } => {
+            let n = store.quarantine_purge(sample_id.as_deref())?;
+            println!("purged {n} quarantined sample(s)");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn deltas(action: DeltasAction, data_dir: &Path) -> anyhow::Result<ExitCode> {
+    let mut store = open_store(data_dir)?;
+    match action {
+        DeltasAction::List => {
+            let served = store.served()?.delta_id;
+            for d in store.deltas()? {
+                let mark = if served.as_deref() == Some(d.id.as_str()) {
+                    "*"
+                } else {
+                    " "
+                };
+                let gain = d.verdict.as_ref().and_then(|v| v["personal_gain"].as_f64());
+                println!(
+                    "{mark} {}  {:<11}  samples={}  gain={}  parent={}",
+                    d.id,
+                    d.status.as_str(),
+                    d.provenance["num_samples"],
+                    gain.map_or("-".to_owned(), |g| format!("{g:+.4}")),
+                    d.parent.as_deref().unwrap_or("base")
+                );
+            }
+            if served.is_none() {
+                println!("serving the base alone");
+            }
+        }
+        DeltasAction::Show { id } => {
+            let d = store
+                .delta(&id)?
+                .with_context(|| format!("no delta `{id}` in {}", store.path().display()))?;
+            println!("{}", serde_json::to_string_pretty(&d)?);
+        }
+        DeltasAction::Promote { id } => {
+            hearth::eval::promote_checked(&mut store, &id, "promoted by a person")?;
+            println!("serving {id} (a running serve node follows within a second)");
+        }
+        DeltasAction::Rollback => match store.rollback("rolled back by a person")? {
+            Some(s) => println!(
+                "serving {} (a running serve node follows within a second)",
+                s.delta_id.as_deref().unwrap_or("the base alone")
+            ),
+            None => println!("nothing to roll back: serving the base alone"),
+        },
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report(data_dir: &Path, graph: Option<&Path>, json: bool) -> anyhow::Result<ExitCode> {
+    let planted = match graph {
+        Some(path) => match load(path)? {
+            Some(g) => planted(&g),
+            None => return Ok(ExitCode::from(INVALID)),
+        },
+        None => Vec::new(),
+    };
+    let store = open_store(data_dir)?;
+    let report = hearth::report::Report::build(&store, &planted)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_markdown());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn purge(user: &str, data_dir: &Path) -> anyhow::Result<ExitCode> {
+    let mut store = open_store(data_dir)?;
+    let counts = store.purge_user(user)?;
+    println!("purged user `{user}`: {}", serde_json::to_string(&counts)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn coordinator(settings: &Path) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(settings)
+        .with_context(|| format!("reading {}", settings.display()))?;
+    let parsed: hearth::federate::coordinator::CoordinatorSettings =
+        hearth::engine::schema::ron_options()
+            .from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}:{}: {}", settings.display(), e.span.start, e.code))?;
+    let config = parsed.into_config()?;
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let coordinator = hearth::federate::coordinator::Coordinator::start(config)?;
+    // Tests and scripts read the bound address from this line (port 0 picks a free one).
+    eprintln!("coordinator listening on {scheme}://{}", coordinator.addr);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    install_signal_handler(stop.clone())?;
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    coordinator.stop();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn redact(jsonl: &Path, spans_out: &Path, config: &str) -> anyhow::Result<ExitCode> {
+    let redactor = hearth::curate::redact::Redactor::new(parse_config(config)?);
+    let (reader, writer) = jsonl_files(jsonl, spans_out)?;
+    let stats = hearth::curate::redact::predict_jsonl(&redactor, reader, writer)?;
+    report_bad_lines(jsonl, &stats.errors);
+    eprintln!(
+        "{} records, {} spans -> {}",
+        stats.records,
+        stats.spans,
+        spans_out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn secrets(jsonl: &Path, findings_out: &Path, config: &str) -> anyhow::Result<ExitCode> {
+    let scanner = hearth::curate::secrets::SecretScanner::new(parse_config(config)?)?;
+    let (reader, writer) = jsonl_files(jsonl, findings_out)?;
+    let stats = hearth::curate::secrets::findings_jsonl(&scanner, reader, writer)?;
+    report_bad_lines(jsonl, &stats.errors);
+    eprintln!(
+        "{} records, {} flagged, {} findings -> {}",
+        stats.records,
+        stats.records_flagged,
+        stats.findings,
+        findings_out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs a graph to its end, then prints each node's and edge's counters and writes the run report.
+fn run_graph(
+    graph: &Path,
+    data_dir: Option<PathBuf>,
+    control: Option<String>,
+    duration: Option<f64>,
+) -> anyhow::Result<ExitCode> {
+    let Some(g) = load(graph)? else {
+        return Ok(ExitCode::from(INVALID));
+    };
+    let control = control.or_else(|| g.plan.settings.control.clone());
+    let g_data_dir = g.plan.settings.data_dir.clone();
+    let planted_values = planted(&g);
+    eprintln!("{}", g.summary());
+    let running = runtime::start(g, data_dir.as_deref()).context("starting graph")?;
+    let server = match control {
+        Some(addr) => {
+            let server = ControlServer::start(&addr, running.status())?;
+            eprintln!(
+                "control endpoints on http://{}/{{healthz,status,metrics}}",
+                server.addr
+            );
+            Some(server)
+        }
+        None => None,
+    };
+    install_signal_handler(running.stop_flag())?;
+    if let Some(secs) = duration {
+        let stop = running.stop_flag();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs_f64(secs.max(0.0)));
+            stop.store(true, Ordering::Release);
+        });
+    }
+    let data_dir = data_dir.unwrap_or_else(|| PathBuf::from(&g_data_dir));
+    let progress = spawn_status_lines(data_dir.clone(), running.stop_flag());
+    let report = running.wait();
+    progress.store(true, Ordering::Release);
+    if let Some(server) = server {
+        server.stop();
+    }
+    write_run_report(&data_dir, &planted_values);
+    for n in &report.status.nodes {
+        eprintln!(
+            "node {:<16} {:<12} {:?} processed={} errors={} restarts={}",
+            n.id, n.kind, n.state, n.processed, n.errors, n.restarts
+        );
+    }
+    for e in &report.status.edges {
+        eprintln!(
+            "edge {:<40} pushed={} popped={} dropped={} undeliverable={} blocked={:.3}s",
+            e.name, e.pushed, e.popped, e.dropped, e.undeliverable, e.blocked_seconds
+        );
+    }
+    if report.failed_nodes.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "failed nodes: {} (dead letters in {})",
+            report.failed_nodes.join(", "),
+            report.dead_letters.display()
+        );
+        Ok(ExitCode::FAILURE)
     }
 }
 
