@@ -64,8 +64,8 @@ impl Spliced {
     /// start (`is_end` false) or end (`is_end` true).
     ///
     /// Binary search, not a walk over every sentinel: a re-scan that finds something new asks
-    /// twice per find, and a long text with many sentinels and many new finds made the walk
-    /// quadratic (6.4 MB of a repeated address: 7 s).
+    /// twice per find, and a long text with many sentinels and many new finds makes the walk
+    /// quadratic.
     pub fn original(&self, r: usize, is_end: bool) -> usize {
         // Sentinels are non-empty and in order, so their starts increase: those that `r` is at
         // or past (an end offset equal to a sentinel's start counts as past it) form a prefix.
@@ -158,7 +158,7 @@ impl SpanIndex {
 /// Spans kept so far by an overlap resolution, pairwise non-overlapping (`a.start < b.end &&
 /// b.start < a.end` holds for no two), asked for the first one a new span overlaps. A few are
 /// scanned; from [`KeptSpans::INDEX_FROM`] on they are indexed, since scanning all of them per
-/// candidate made a text with 150,000 findings take 14 s. Non-empty ones have distinct starts and
+/// candidate is quadratic in the findings of a text. Non-empty ones have distinct starts and
 /// ends in the same order, so the first one overlapping is found next to the new span's start;
 /// empty ones (an empty capture) overlap what strictly contains their position and are apart.
 #[derive(Default)]

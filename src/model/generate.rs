@@ -108,10 +108,10 @@ impl Sampler {
 
     /// Picks a token from unnormalised logits. Greedy ties go to the lowest id.
     ///
-    /// Sorting the whole vocabulary per token (49,152 ids for SmolLM2) cost about as much as a quarter of a
-    /// decode step, so only what a setting needs is ordered: nothing for plain temperature sampling (one
-    /// pass in id order), the `top_k` best for top-k, and for top-p a best prefix grown until it holds the
-    /// nucleus. Candidates are ranked by logit, ties to the lower id.
+    /// Sorting the whole vocabulary per token is a sizeable share of a decode step, so only what a setting
+    /// needs is ordered: nothing for plain temperature sampling (one pass in id order), the `top_k` best for
+    /// top-k, and for top-p a best prefix grown until it holds the nucleus. Candidates are ranked by logit,
+    /// ties to the lower id.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
         if logits.is_empty() {
             return Err(ModelError::Generate("empty logits".into()));
@@ -425,10 +425,9 @@ pub fn generate_reusing(
 
 /// Runs `f` (one forward pass) while the current pool's other threads busy-wait for its forks instead of
 /// sleeping between them. A decode step forks a few times per layer; a rayon worker that finds nothing to do
-/// sleeps after a short spin, and waking it again (futex, an inter-processor interrupt in a VM) cost more than
-/// the half matrix it was woken for. Measured on SmolLM2, 2 threads, steps alternating in one process: 13.7-14.1
-/// ms per step without the helpers, 10.9-11.3 ms with them (one thread: 18.5 ms); llama.cpp, whose threads spin
-/// between ops, gained 1.6-1.9x from the second thread in the same session. The helpers spin only while `f` runs.
+/// sleeps after a short spin, and waking it again (futex, an inter-processor interrupt in a VM) costs more than
+/// the half matrix it was woken for; spinning between forks is what lets a second thread pay off, as it does
+/// for llama.cpp, whose threads spin between ops. The helpers spin only while `f` runs.
 /// The decode step's own splits go through a [`SpinPool`](super::spin_pool::SpinPool) the helpers poll on every
 /// round (one load), and rayon's queues (prefill, candle's ops) every 32nd round, since a rayon poll costs more.
 /// Outside a pool, or with one thread, `f` just runs.

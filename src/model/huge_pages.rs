@@ -1,9 +1,8 @@
 //! Quantized weights moved onto 2 MiB pages after loading, where the OS allows it.
 //!
-//! A decode step streams every weight once, ~140 MB for SmolLM2-135M. On 4 KiB pages that is ~35,000 pages per
-//! token, far more than the TLB holds, so each page costs a table walk and the hardware prefetchers stop at
-//! every page edge. Measured on one thread (AMD EPYC, SmolLM2's 210 projections as separate buffers, the Q8_0
-//! kernel): 16-24 GB/s on 4 KiB pages, 26-28 GB/s on 2 MiB pages, against a 32 GB/s streaming read.
+//! A decode step streams every weight once. On 4 KiB pages that is tens of thousands of pages per token, far
+//! more than the TLB holds, so each page costs a table walk and the hardware prefetchers stop at every page
+//! edge; on 2 MiB pages the kernel streams the weights close to the machine's plain read bandwidth.
 //!
 //! Weights are loaded by candle into ordinary heap buffers, so this asks Linux to collapse the 2 MiB chunks
 //! they fill into huge pages in place (`MADV_COLLAPSE`, Linux 6.1+; it works whatever the system's THP

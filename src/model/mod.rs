@@ -36,14 +36,11 @@ pub use tokenizer::Tokenizer;
 /// - `CANDLE_NUM_THREADS=1`: candle's element-wise ops run on the thread that calls them. candle 0.11
 ///   spreads them over its own pool of `RAYON_NUM_THREADS - 1` workers that spin 25,000 rounds after every op
 ///   before parking; hearth's parallel work (the int8 kernels, `train_ops`, the decode spin pool) runs on rayon's
-///   threads, so those spinning workers take cores from it. In a 2-thread SmolLM2 training step they were
-///   21.6% of all samples (perf), and without them `cargo bench --bench train_throughput` measured 255-298
-///   tok/s against 194-235 with them (rank 8 and 16, three alternating pairs of runs). candle's matmuls keep
+///   threads, so those spinning workers take cores from it and slow training down. candle's matmuls keep
 ///   using rayon.
 /// - `RAYON_NUM_THREADS` = the available parallelism, the count rayon sizes its global pool by anyway: candle
 ///   asks for a thread count at every matmul, and without the variable it gets it from
-///   `num_cpus::get_physical()`, which opens and parses `/proc/cpuinfo` each time (97 times per step of the
-///   tiny model's training, 7% of its samples in the kernel's `show_cpuinfo`).
+///   `num_cpus::get_physical()`, which opens and parses `/proc/cpuinfo` each time.
 ///
 /// Sets environment variables, so it must run before any other thread starts (first thing in `main`).
 pub fn configure_candle_threads() {

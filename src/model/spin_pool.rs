@@ -1,15 +1,13 @@
 //! A fork-join for the many small parallel loops of a decode step, run by threads that spin between them.
 //!
 //! A SmolLM2 decode step splits about a hundred products and thirty attention passes across threads, each a
-//! few tens of microseconds of work. Through rayon each split is a job pushed onto a deque, stolen, run and
-//! signalled back through a latch, in one piece per thread: the thread that finished first then waits for the
-//! other's whole half. Here the calling thread publishes a stage (a closure over item ranges, and the item
-//! count) in one shared slot; the helpers, already spinning (see `generate::with_spinning_pool`), claim ranges
-//! with one compare-and-swap each, ranges that shrink as the stage drains (OpenMP's guided schedule), and the
-//! caller claims too, so a stage finishes even if no helper shows up. Measured on a 2-thread SmolLM2 decode
-//! (perf, decode steps only), together with q/k/v and gate/up split as one stage each: the Q8_0 kernel's
-//! share of both threads' time 74.5% → 78.1%, the caller waiting at the end of a split 3.5% → 1.5% of all
-//! samples, the helper spinning 8% → 5%.
+//! short piece of work. Through rayon each split is a job pushed onto a deque, stolen, run and signalled back
+//! through a latch, in one piece per thread: the thread that finished first then waits for the other's whole
+//! half. Here the calling thread publishes a stage (a closure over item ranges, and the item count) in one
+//! shared slot; the helpers, already spinning (see `generate::with_spinning_pool`), claim ranges with one
+//! compare-and-swap each, ranges that shrink as the stage drains (OpenMP's guided schedule), and the caller
+//! claims too, so a stage finishes even if no helper shows up. Threads then spend more of a step in the kernels
+//! and less waiting at the end of a split or spinning.
 //!
 //! A [`SpinPool`] is installed on the thread that owns it for the length of a forward pass
 //! ([`SpinPool::installed`]); [`for_each_range`] and [`items_mut`] use it from that thread and fall back to the

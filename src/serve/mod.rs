@@ -98,8 +98,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// How many recent response ids feedback may refer to.
     pub recent_responses: usize,
-    /// Precision of each request's key/value cache: f16 halves the memory a long chat holds, at ~1% drift in
-    /// the logits; f32 (the default) answers exactly as the eval gate's forward computes.
+    /// Precision of each request's key/value cache: f16 halves the memory a long chat holds, at a small drift
+    /// in the logits; f32 (the default) answers exactly as the eval gate's forward computes.
     pub kv_cache: KvPrecision,
     /// Bytes of finished requests' KV caches kept for reuse: a request whose prompt starts with a kept one's
     /// tokens (the next turn of a chat, a shared system prompt) under the same adapter prefills only the rest.
@@ -744,8 +744,7 @@ impl Server {
         let mut threads = Vec::new();
         // Each generation thread runs inside its own compute pool (as many threads as the process-wide pool):
         // candle's CPU ops run on rayon, and called from a thread outside a pool every op is a hand-off to a
-        // pool thread and back (two futex calls). Inside, they run inline: SmolLM2 decode on one thread went
-        // from 101 to 134 tokens/s.
+        // pool thread and back (two futex calls). Inside, they run inline.
         let compute_threads = rayon::current_num_threads();
         for i in 0..engine.config.threads.max(1) {
             let e = engine.clone();

@@ -66,11 +66,10 @@ pub fn token_logps(
 /// [`token_logps`] of a micro-batch, one sequence per rayon task and per graph, joined into one detached leaf
 /// that the loss is built on; [`SequenceLogps::gradients`] takes the loss back to that leaf, then through every
 /// sequence's graph in parallel. Why: candle runs a backward pass node by node on the calling thread, so a
-/// whole-batch graph is parallel only inside each op, and a small model's ops are too short for that to pay
-/// (the tiny bench model trained 1.14x faster on 2 threads than on 1). By the chain rule the gradients are
-/// those of the whole-batch graph; only the order in which the sequences' contributions are summed differs.
-/// The split depends on the batch alone, not on the thread count, so a seed still gives the same bytes on
-/// any machine; and no sequence is padded to the longest.
+/// whole-batch graph is parallel only inside each op, and a small model's ops are too short for that to pay. By
+/// the chain rule the gradients are those of the whole-batch graph; only the order in which the sequences'
+/// contributions are summed differs. The split depends on the batch alone, not on the thread count, so a seed
+/// still gives the same bytes on any machine; and no sequence is padded to the longest.
 pub struct SequenceLogps {
     /// The leaf as `lp` (`[n, l − 1]`, zero past each sequence's end) and the mask, as [`token_logps`] gives them.
     pub logps: TokenLogps,

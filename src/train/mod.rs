@@ -69,7 +69,7 @@ pub fn background_pool(threads: usize) -> Result<rayon::ThreadPool> {
 }
 
 /// Linux: SCHED_IDLE, so a training thread runs only on a core nothing else wants (nice 19 is still given
-/// a share against serving; measured p99 1.5x idle with nice 10). Elsewhere: unchanged.
+/// a share against serving, which shows in serving's tail latency). Elsewhere: unchanged.
 fn lower_thread_priority() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: sched_setscheduler on the calling thread (pid 0) with a valid, zeroed sched_param (SCHED_IDLE

@@ -443,11 +443,11 @@ fn kv_cache_decode_equals_full_recompute() {
 
 /// An f16 cache rounds keys and values once, when stored, and every attention over it reads the rounded values:
 /// decoding one token at a time (the decode loops widen f16 lanes), in one thread or split across three, agrees
-/// with one cached prefill of the same positions (the general path over the widened cache). The two paths
-/// compute a new key in a different order of additions, and a difference of 1e-7 can round to a neighbouring
-/// f16 (2^-11 apart), so they agree to within 2.5e-4 (measured: 6e-5) rather than the f32 cache's 1e-5, still
-/// well below the ~8e-4 between f16 and f32 caches; a wrong position, mask or conversion is off by far more.
-/// The cache holds half the bytes of an f32 one.
+/// with one cached prefill of the same positions (the general path over the widened cache). The two paths compute a
+/// new key in a different order of additions, and a difference of 1e-7 can round to a neighbouring f16 (2^-11
+/// apart), so they agree to within 2.5e-4 rather than the f32 cache's 1e-5, still well below the ~8e-4 between f16
+/// and f32 caches; a wrong position, mask or conversion is off by far more. The cache holds half the bytes of an
+/// f32 one.
 #[test]
 fn f16_kv_cache_reads_back_what_it_stored() {
     let dir = tempfile::tempdir().unwrap();

@@ -370,7 +370,7 @@ fn int8_backward_matches_the_f32_route() {
                 .sqrt();
             let norm: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
             assert!(norm > 0.0, "{arch:?} {name}: no gradient");
-            // Measured: 3% on average over the 56 tensors, up to 4-5% (over many unseeded draws of B).
+            // int8 rounding moves each gradient by a few percent; the bound leaves room for unseeded draws of B.
             assert!(
                 diff <= 0.08 * norm,
                 "{arch:?} {name}: |int8 - f32| = {diff}, |f32| = {norm}"

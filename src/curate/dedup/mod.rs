@@ -17,20 +17,10 @@
 //!
 //! Shingles: character 5-grams over the normalised text. One substituted word in 40 changes
 //! ~8 of ~240 character 5-grams (Jaccard ≈ 0.94) but 5 of 36 word 5-grams (Jaccard 0.80, and
-//! 0.60 after two edits). Measured exact Jaccard on [`near_dup_corpus`] (20k records, 1–3 word
-//! edits per near duplicate), mean and share ≥ 0.8:
-//!
-//! | shingles | near duplicates   | hard negatives (mean / max) | unrelated (mean / max) |
-//! |----------|-------------------|-----------------------------|------------------------|
-//! | char 5   | 0.912, 99.0 %     | 0.358 / 0.536               | 0.047 / 0.136          |
-//! | char 7   | 0.892, 96.4 %     | 0.335 / 0.525               | 0.020 / 0.083          |
-//! | word 2   | 0.877, 93.7 %     | 0.319 / 0.455               | 0.001 / 0.034          |
-//! | word 3   | 0.823, 61.2 %     | 0.306 / 0.438               | 0.000 / 0.016          |
-//! | word 5   | 0.730, 30.9 %     | 0.278 / 0.421               | 0.000 / 0.000          |
-//!
-//! Character 5-grams keep lightly edited records above 0.8 while unrelated records stay far
-//! below it; the cost is ~6× more shingles than words, which the one-permutation sketch
-//! ([`minhash::Sketcher`]) absorbs.
+//! 0.60 after two edits). Character 5-grams keep lightly edited records (such as those of
+//! [`near_dup_corpus`]) above 0.8 while unrelated records stay far below it; the cost is
+//! ~6× more shingles than words, which the one-permutation sketch ([`minhash::Sketcher`])
+//! absorbs.
 //!
 //! Sequence numbers: every call to `check_and_insert` consumes one sequence number (0 for a fresh
 //! store, continuing after [`Deduper::load`]); `of` and `cluster` name sequence numbers of earlier

@@ -176,7 +176,7 @@ fn compound_street(t: &Tok) -> bool {
 }
 
 /// [`COMPOUND_SUFFIX`] grouped by last byte, so a word meets only the few suffixes ending as it
-/// does: the whole list was compared with every capitalised word, ~2% of a redaction pass.
+/// does, rather than the whole list for every capitalised word.
 static COMPOUND_SUFFIX_BY_LAST_BYTE: LazyLock<Vec<Vec<&'static [u8]>>> = LazyLock::new(|| {
     let mut by_last = vec![Vec::new(); 256];
     for s in COMPOUND_SUFFIX {

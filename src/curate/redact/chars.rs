@@ -1,12 +1,12 @@
 //! Unicode letter classes of non-ASCII characters, looked up in a table.
 //!
 //! `char::is_alphabetic` and friends search std's compressed Unicode tables for every non-ASCII
-//! character. The tokenizer asks three of those questions per character, and on the non-ASCII
-//! bench corpus the searches were ~11% of redaction time. The table below holds std's answers
-//! for the Basic Multilingual Plane (one byte per code point, built once from std itself, so
-//! the answers are the same by construction); other planes still ask std. It also records which
-//! characters lower-case to themselves, so that folding a token asks std's case tables (another
-//! search) only for the characters that change.
+//! character. The tokenizer asks three of those questions per character, a real share of
+//! redaction time on non-ASCII text. The table below holds std's answers for the Basic
+//! Multilingual Plane (one byte per code point, built once from std itself, so the answers are
+//! the same by construction); other planes still ask std. It also records which characters
+//! lower-case to themselves, so that folding a token asks std's case tables (another search)
+//! only for the characters that change.
 
 use std::sync::LazyLock;
 

@@ -114,7 +114,7 @@ pub(crate) struct Tok<'a> {
     /// Lower-case, diacritics folded (words only; empty otherwise). Borrowed from the text
     /// for plain lower-case ASCII words, so most tokens cost no allocation.
     pub key: Key<'a>,
-    /// Characters in `key` (the detectors ask often; counting was ~2% of a redaction pass).
+    /// Characters in `key` (the detectors ask often, so it is counted once).
     pub key_chars: usize,
     /// Inside a `<SENTINEL>`: never PII.
     pub sentinel: bool,
@@ -478,8 +478,8 @@ pub(crate) fn fold(s: &str) -> String {
 }
 
 /// [`fold`] for token keys: folded into a stack buffer, then made an inline string (no heap
-/// allocation up to 24 bytes). Pushing each char into the `CompactString` itself re-inspected its
-/// representation per char, ~6% of a redaction pass over non-ASCII text.
+/// allocation up to 24 bytes). Pushing each char into the `CompactString` itself re-inspects its
+/// representation per char.
 fn fold_key(s: &str) -> CompactString {
     let folded = fold_into(s, FoldBuffer::default());
     if folded.overflow {
@@ -487,8 +487,8 @@ fn fold_key(s: &str) -> CompactString {
         return fold_into(s, CompactString::with_capacity(s.len()));
     }
     // SAFETY: `FoldBuffer::push` is the only writer and appends whole chars encoded by
-    // `char::encode_utf8` (or none at all), so `bytes[..len]` is UTF-8. Checking it again was
-    // ~1.4% of a non-ASCII pass.
+    // `char::encode_utf8` (or none at all), so `bytes[..len]` is UTF-8, and checking it again
+    // would cost a pass over every non-ASCII key.
     CompactString::from(unsafe { std::str::from_utf8_unchecked(&folded.bytes[..folded.len]) })
 }
 
@@ -678,12 +678,12 @@ pub(crate) static LEX: LazyLock<Lexicon> = LazyLock::new(|| {
 });
 
 /// Character-trigram naive Bayes: name vs ordinary word, trained at first use on the shipped
-/// lists (a few thousand words, about a millisecond). It generalises the gazetteers to unseen
+/// lists (a few thousand words, cheap enough for first use). It generalises the gazetteers to unseen
 /// names through spelling: diacritics and endings such as -ová, -sen, -ski, -ez weigh towards
 /// a name, -tion, -ing, -ly towards a word.
 struct NameModel {
     /// Keyed by [`NameModel::pack`]ed trigrams: one hash round per lookup, where a `[char; 3]`
-    /// key hashed its length and each char (~4% of a non-ASCII redaction pass).
+    /// key hashes its length and each char.
     logodds: HashMap<u64, f32, BuildHasherDefault<FxHasher>>,
     prior: f32,
 }

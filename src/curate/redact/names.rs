@@ -772,7 +772,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             let with_email = next.is_some_and(|x| {
                 (x.is_punct(text, '(') || x.is_punct(text, '<')) && {
                     // the bracket closes within 100 bytes, so the search looks no further (to
-                    // the text's end from every such name, it was quadratic)
+                    // the text's end from every such name, it would be quadratic)
                     let rest = &text[x.e..];
                     rest.as_bytes()[..rest.len().min(101)]
                         .iter()
@@ -966,7 +966,7 @@ fn lower_name_word(t: &Tok, want: u32) -> bool {
 const SCAN_PERSONS_UP_TO: usize = 32;
 
 /// The person spans in `out`, for "is there a person at `s..e`?" without scanning all of
-/// `out` per token (that made name detection quadratic: over a second on a 1.4 MB paste).
+/// `out` per token (that makes name detection quadratic in the length of a paste).
 /// Detectors only append to `out` while they ask, so each question first takes in the
 /// candidates appended since the last one and the answer stays exact.
 #[derive(Default)]

@@ -928,7 +928,7 @@ fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
         // Try the longest prefix of groups that makes a valid card (cards can be followed by
         // other numbers, e.g. an expiry year). Only prefixes of 12 to 19 digits can be one:
         // the others are passed over without collecting their digits (from every prefix of a
-        // long run of short groups, `12 12 12 …`, that was quadratic).
+        // long run of short groups, `12 12 12 …`, that would be quadratic).
         let mut digits_upto = 0;
         let card_long: SmallVec<[usize; 8]> = groups
             .iter()

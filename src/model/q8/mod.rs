@@ -1,19 +1,18 @@
 //! Q8_0 matrix products for serving (decode and prefill against packed weights), faster than candle's.
 //!
-//! Decode is bound by reading the weights: every token streams all of them once. candle 0.11's Q8_0 path
-//! reached ~41% of the read bandwidth here (SmolLM2: 31 tokens/s on one thread through the serve engine). This
-//! kernel reads the packed GGUF blocks in place (no copy; 34 bytes per 32 weights), converts scales through a
-//! table, does the int8 dot with AVX2 (`maddubs` on |w| and sign(x, w), the llama.cpp formulation) or, where
-//! the CPU has AVX-VNNI or AVX-512 VNNI, `vpdpbusd` on `w + 128` with the offset undone per block, keeps eight
-//! independent accumulator chains (eight weight rows at once, each activation block loaded once for all
-//! eight), prefetches 16 rows ahead in software (the interleaved short row streams do not train the hardware
-//! prefetcher; this alone doubled decode), and splits rows across threads (`model::spin_pool`,
-//! or the current rayon pool) only when the work is large enough to pay for it. The activation is quantized
-//! to Q8_0 exactly as candle and llama.cpp do (d = amax/127, round to nearest), so results match theirs up to
-//! the order of float additions. Other CPUs get a portable scalar loop.
+//! Decode is bound by reading the weights: every token streams all of them once, and candle's Q8_0 path
+//! reaches only part of the read bandwidth. This kernel reads the packed GGUF blocks in place (no copy; 34
+//! bytes per 32 weights), converts scales through a table, does the int8 dot with AVX2 (`maddubs` on |w| and
+//! sign(x, w), the llama.cpp formulation) or, where the CPU has AVX-VNNI or AVX-512 VNNI, `vpdpbusd` on
+//! `w + 128` with the offset undone per block, keeps eight independent accumulator chains (eight weight rows
+//! at once, each activation block loaded once for all eight), prefetches ahead in software (the interleaved
+//! short row streams do not train the hardware prefetcher), and splits rows across threads
+//! (`model::spin_pool`, or the current rayon pool) only when the work is large enough to pay for it. The
+//! activation is quantized to Q8_0 exactly as candle and llama.cpp do (d = amax/127, round to nearest), so
+//! results match theirs up to the order of float additions. Other CPUs get a portable scalar loop.
 //!
 //! Where the CPU has AVX-512 VNNI a model keeps its Q8_0 weights repacked into [`panels`] instead, whose
-//! layout the memory system streams twice as fast; the GGUF-layout kernels here then serve training's
+//! layout the memory system streams faster; the GGUF-layout kernels here then serve training's
 //! transposed weights, and models loaded with `HEARTH_Q8_LAYOUT=gguf`.
 
 use crate::model::spin_pool::SharedSlice;
@@ -33,8 +32,7 @@ pub const BLOCK_BYTES: usize = 34;
 
 /// Below this many weights in a split, one thread does it all: a rayon hand-off costs microseconds. Decode
 /// keeps the pool's other threads spinning (`generate`), so a hand-off is cheap there and each core's own
-/// read bandwidth is the limit: splitting SmolLM2's 576×576 projections too measured ~4% faster per step
-/// on 2 threads than from 2^19 weights.
+/// read bandwidth is the limit: even a small model's square projections gain from being split.
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
 /// Weight rows the kernel computes together (eight accumulator chains).
@@ -91,7 +89,7 @@ fn quantize_row_generic(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_fix: &mu
 }
 
 /// `f32::round` (halves away from zero) from `trunc`, which compiles to one vector instruction where `round`
-/// is a libm call per value (quantizing the activations was 3% of a decode step). Exact for every finite `x`:
+/// is a libm call per value, on every decode step's path. Exact for every finite `x`:
 /// `x - trunc(x)` is exact, and so is the integer step.
 #[inline(always)]
 fn round_half_away(x: f32) -> f32 {
@@ -109,8 +107,8 @@ const PARALLEL_QUANTIZE_ROWS: usize = 32;
 /// Activation rows quantized to Q8_0 once, for several weights that read the same input (q, k and v; gate
 /// and up), where [`matmul`] would quantize them again for each.
 ///
-/// All rows share three flat buffers: with three vectors per row, a training step on a small model spent ~9%
-/// of its time allocating and freeing them (a product quantizes hundreds of rows, dozens of times a step).
+/// All rows share three flat buffers: three vectors per row would be allocated and freed hundreds of times
+/// per product, dozens of times a training step.
 pub struct QuantizedRows {
     d: Vec<f32>,
     qs: Vec<i8>,
@@ -132,7 +130,7 @@ impl QuantizedRows {
         let mut qs = vec![0i8; m * k];
         let mut offset_fix = vec![0i32; m * blocks];
         // Prefill and training quantize hundreds of rows per product: split them across the current rayon
-        // pool (on one thread this was ~4% of a SmolLM2 training step, with the other core waiting).
+        // pool, rather than leave the other cores waiting.
         if m >= PARALLEL_QUANTIZE_ROWS {
             use rayon::prelude::*;
             x.par_chunks_exact(k)
@@ -205,7 +203,7 @@ pub fn matmul(
 /// Expands Q8_0 rows of `k` weights (raw GGUF bytes) into `out` (`[rows, k]` f32), rows split across the
 /// current rayon pool: a backward pass that cannot take the int8 route ([`transpose_requantized`] needs output
 /// rows in multiples of 32) needs the dense weight for a moment per product, and candle's loop is
-/// single-threaded and scalar (~80 ms for SmolLM2's 28 M-weight head).
+/// single-threaded and scalar, too slow for a large head every step.
 pub fn dequantize(w: &[u8], k: usize, out: &mut [f32]) -> Result<(), Q8Error> {
     let row_bytes = k / QK8_0 * BLOCK_BYTES;
     if k == 0

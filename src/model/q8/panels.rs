@@ -1,20 +1,18 @@
 //! Q8_0 weights repacked once at load so that a product reads each weight as one sequential, aligned stream.
 //!
 //! In the GGUF layout a row is 34-byte blocks (an f16 scale, 32 int8), and the decode kernel reads eight rows
-//! at once, interleaved at the row stride: eight short streams with unaligned loads. Walking every projection
-//! of SmolLM2 the way a decode step does (one thread, AMD EPYC Zen 4, weights on huge pages), that kernel read
-//! 10-13 GB/s, while a plain sum over the same buffers read 27-30 GB/s; the kernel itself runs at 32-38 GB/s
-//! on weights already in cache, so it waited on memory. The hardware prefetchers follow one forward stream;
-//! they lose it on interleaved rows, and even on a panel layout that kept the scales apart from the quants
-//! (13-14 GB/s). Here a panel of 16 rows stores, per pair of blocks, the quants (for each group of four
-//! consecutive weights the 16 rows' bytes side by side: one aligned 64-byte line, offset by 128 for
-//! `vpdpbusd`) and then the pair's 16 × 2 f16 scales: 1,088 bytes, 17 lines, so a panel is read strictly
-//! front to back and every load is aligned. The same walk then read 20-25 GB/s through
-//! [`matvec_panels_many`] (1.8-2.5× the GGUF kernel in alternating runs), and 74-100 GB/s on cached weights:
+//! at once, interleaved at the row stride: eight short streams with unaligned loads. Streaming weights from
+//! memory, that kernel waits on memory, well below what a plain read of the same buffers reaches: the hardware
+//! prefetchers follow one forward stream and lose it on interleaved rows, and even on a panel layout that
+//! keeps the scales apart from the quants. Here a panel of 16 rows stores, per pair of blocks, the quants (for
+//! each group of four consecutive weights the 16 rows' bytes side by side: one aligned 64-byte line, offset by
+//! 128 for `vpdpbusd`) and then the pair's 16 × 2 f16 scales: 1,088 bytes, 17 lines, so a panel is read
+//! strictly front to back and every load is aligned. [`matvec_panels_many`] is faster on cached weights too:
 //! each `vpdpbusd` gives 16 rows' partial sums in its lanes (no reduction across lanes), and one conversion
-//! gives 16 scales (no table lookup). Software prefetching on top of this layout measured slower. Same bytes
-//! per weight as GGUF (1 + 1/16), except a padding block for an odd block count; the GGUF bytes are not kept
-//! ([`PanelWeights::to_q8_0`] rebuilds them exactly for what needs them, such as training's transposes).
+//! gives 16 scales (no table lookup). No software prefetching: the hardware prefetchers follow this layout on
+//! their own, and prefetching on top of it only slows the walk. Same bytes per weight as GGUF (1 + 1/16),
+//! except a padding block for an odd block count; the GGUF bytes are not kept ([`PanelWeights::to_q8_0`]
+//! rebuilds them exactly for what needs them, such as training's transposes).
 //!
 //! The kernels need AVX-512 F, BW and VNNI ([`panels_usable`]); other CPUs keep the GGUF layout and its
 //! kernels. A portable loop computes the same sums everywhere, for tests.

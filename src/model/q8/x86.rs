@@ -9,8 +9,8 @@ use super::{BLOCK_BYTES, OutLayout, QK8_0, QuantRow, ROW_GROUP};
 ///
 /// # Safety
 /// AVX2 and FMA are available.
-/// The compiler kept the generic loop's saturating `as i8` and the block maximum scalar (a decode step spent
-/// 2.5% here); this is the same arithmetic eight lanes wide, bit-exact against the generic loop (tested).
+/// The compiler kept the generic loop's saturating `as i8` and the block maximum scalar, on a decode step's
+/// path; this is the same arithmetic eight lanes wide, bit-exact against the generic loop (tested).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn quantize_row_into(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_fix: &mut [i32]) {
     let blocks = x.len() / QK8_0;
@@ -25,8 +25,7 @@ pub unsafe fn quantize_row_into(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_
         // SAFETY: block `b` holds 32 values of `x` and of `qs`.
         let scale = unsafe {
             let p = x.as_ptr().add(b * QK8_0);
-            // Plain loops rather than `array::map`, whose closures were compiled as calls (1.6% of a
-            // training step's samples in `quantize_row::{{closure}}`).
+            // Plain loops rather than `array::map`, whose closures are compiled as calls.
             let mut v = [_mm256_setzero_ps(); 4];
             for (i, vi) in v.iter_mut().enumerate() {
                 *vi = _mm256_loadu_ps(p.add(8 * i));
@@ -125,8 +124,7 @@ fn isa() -> u8 {
 
 /// f32 for every f16 bit pattern (256 KiB, of which a model's scales touch a few KB). A scale then costs a
 /// 16-bit load and a broadcast load, where F16C's convert is two more uops on the vector ports that the
-/// int8 dot needs (measured in cache, with a build running beside it: ~+10% on the AVX-512 VNNI path,
-/// +6-10% on AVX2).
+/// int8 dot needs.
 fn f16_table() -> &'static [f32] {
     static TABLE: OnceLock<Box<[f32]>> = OnceLock::new();
     TABLE.get_or_init(|| {
@@ -444,10 +442,8 @@ unsafe fn dot_rows_avx2(
 
 /// How far ahead of the kernel's position weights are prefetched, in bytes. A group's rows are read
 /// interleaved, a block of each in turn: short strided streams that the hardware prefetchers follow
-/// poorly. Prefetching the group's bytes in memory order instead, 12 KB ahead (6-16 KB measured alike),
-/// took one thread streaming a 160 MB matrix from 9.4 to 16.2 GB/s at k = 576 and from 11.2 to 13.7 GB/s
-/// at k = 1536 (AMD EPYC, AVX2), and a 2-thread SmolLM2 decode from 86-97 to 110-117 tokens/s, against the
-/// same block 16 rows ahead (the previous prefetch).
+/// poorly, so the group's bytes are prefetched in memory order instead, far enough ahead to cover the
+/// memory latency (the distance is not critical).
 const PREFETCH_AHEAD: usize = 12 * 1024;
 
 /// Weight rows and input rows of one tile of the many-row path: per block, each weight's
@@ -456,7 +452,7 @@ const TILE_W: usize = 4;
 const TILE_X: usize = 2;
 
 /// The products of `n` weight rows with every input row, in tiles: for one input row (decode), groups of
-/// [`ROW_GROUP`] weight rows, eight independent accumulator chains (four measured ~10% slower) sharing one
+/// [`ROW_GROUP`] weight rows, eight independent accumulator chains (four are slower) sharing one
 /// activation load per block; for several, [`TILE_W`] × [`TILE_X`] tiles. Weight rows are outermost, so a
 /// tile's weights stay in L1 while every input row passes. Every product is summed in the same order
 /// whatever its tile, so all tilings agree bit for bit.

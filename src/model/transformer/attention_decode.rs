@@ -7,12 +7,11 @@ use super::lora_rows::{FactorValue, dot};
 use super::with_f32_slice;
 use crate::model::Result;
 
-/// One query position against the cached keys and values, as plain loops over the cache's slices: at decode
-/// the products are 1×64 by 64×t per head, where the general matmul's packing and dispatch cost more than the
-/// math (~11% of a SmolLM2 decode step). `q`: `[b, nh, 1, hd]`; `k`, `v`: `[b, nkv, t, hd]` with unit stride
-/// along `hd` (the cache's narrowed buffers). `None` when a layout does not fit: the caller takes the general
-/// path. Returns `[b, 1, nh·hd]`, as the general path does. The cache may hold f32 or f16 (see
-/// [`KvPrecision`](super::KvPrecision)).
+/// One query position against the cached keys and values, as plain loops over the cache's slices: at decode the
+/// products are 1×64 by 64×t per head, where the general matmul's packing and dispatch cost more than the math.
+/// `q`: `[b, nh, 1, hd]`; `k`, `v`: `[b, nkv, t, hd]` with unit stride along `hd` (the cache's narrowed buffers).
+/// `None` when a layout does not fit: the caller takes the general path. Returns `[b, 1, nh·hd]`, as the general
+/// path does. The cache may hold f32 or f16 (see [`KvPrecision`](super::KvPrecision)).
 pub(super) fn decode_attention(
     q: &Tensor,
     k: &Tensor,
@@ -242,7 +241,7 @@ fn attend<const AVX2: bool, E: CacheValue>(
     #[cfg(target_arch = "x86_64")]
     if AVX2 && hd.is_multiple_of(8) {
         // Four cached positions at a time: one horizontal reduction for four dot products, where a dot on its
-        // own spent more on summing its lanes than on the 64 products (~5% of a SmolLM2 decode step).
+        // own spends more on summing its lanes than on the 64 products.
         while done + 4 <= t {
             let row = |i: usize| {
                 h.kd.get(kb + (done + i) * h.ks[2]..kb + (done + i) * h.ks[2] + hd)
@@ -314,9 +313,9 @@ fn attend<const AVX2: bool, E: CacheValue>(
 const V_BLOCK: usize = 64;
 
 /// `o += Σ_i w[i]·v[i]`, `v[i]` the row at `v + i·stride`, with 64 columns of `o` held in registers across the
-/// rows: adding each row into `o` in memory made every row a load and a store of `o` per head (in-process A/B
-/// at 1,000 and 3,000 cached positions: 3-5% faster decode steps in 7 of 8 runs). Each column still adds its
-/// rows in order, one FMA per row, so the sums are bit-identical to that row-at-a-time loop.
+/// rows: adding each row into `o` in memory would make every row a load and a store of `o` per head. Each
+/// column still adds its rows in order, one FMA per row, so the sums are bit-identical to that row-at-a-time
+/// loop.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `o.len()` is a multiple of 8, and each of the `w.len()` rows at `v` holds

@@ -1,13 +1,12 @@
 //! One token of one sequence through the model over plain f32 buffers: the serving decode step.
 //!
-//! Through candle a decode step was about twenty small tensor ops per layer (norms, reshapes, transposes,
-//! rope, silu, products, residual adds), each allocating its output and some forking onto the pool, while the
-//! weight products are the only part that must cost anything. Here each step reuses a handful of buffers,
-//! quantizes each projection input once for all the weights that read it (q/k/v, gate/up), and runs norms,
-//! rope, SiLU and the residual adds as loops: in a one-thread SmolLM2 decode the Q8_0 kernel's share of the
-//! step went from ~79% to ~87% (perf, decode steps only), attention being most of the rest. Weights other than
-//! Q8_0 still go through candle per product. The math is the general path's, same formulas in the same
-//! precision, so the two agree up to the order of float additions (tests compare them).
+//! Through candle a decode step is about twenty small tensor ops per layer (norms, reshapes, transposes, rope,
+//! silu, products, residual adds), each allocating its output and some forking onto the pool, while the weight
+//! products are the only part that must cost anything. Here each step reuses a handful of buffers, quantizes each
+//! projection input once for all the weights that read it (q/k/v, gate/up), and runs norms, rope, SiLU and the
+//! residual adds as loops, so that the weight products are nearly all of a step. Weights other than Q8_0 still go
+//! through candle per product. The math is the general path's, same formulas in the same precision, so the two
+//! agree up to the order of float additions (tests compare them).
 
 use super::attention_decode::attend_cached;
 use super::qlinear::adapt_rows;

@@ -1,11 +1,11 @@
 //! The output head and the log-softmax of the scored targets as one differentiable op.
 //!
-//! Composed from candle ops, a training step over `[4, 128]` tokens of SmolLM2 (vocabulary 49,152) made
-//! half a dozen 100 MB tensors (logits, their softmax's temporaries, the gather's scatter, their gradients),
-//! each allocated, zeroed and walked by candle's element-wise pool, and projected every position onto the
-//! vocabulary, scored or not. Here the logits of scored positions are computed once (Q8_0 heads through the
-//! int8 kernel), turned into probabilities in place, and kept for the backward pass, whose gradient is
-//! `g · (onehot(target) − p) · W`, computed in row chunks (int8 as well for Q8_0 heads).
+//! Composed from candle ops, a training step makes half a dozen tensors the size of the logits over the whole
+//! vocabulary (logits, their softmax's temporaries, the gather's scatter, their gradients), each allocated,
+//! zeroed and walked by candle's element-wise pool, and projected every position onto the vocabulary, scored or
+//! not. Here the logits of scored positions are computed once (Q8_0 heads through the int8 kernel), turned into
+//! probabilities in place, and kept for the backward pass, whose gradient is `g · (onehot(target) − p) · W`,
+//! computed in row chunks (int8 as well for Q8_0 heads).
 
 use std::sync::Mutex;
 
@@ -20,8 +20,7 @@ use crate::model::{ModelError, Result};
 /// keeps its probabilities chunk by chunk and the backward makes each chunk's gradient, multiplies it by the
 /// head and drops it before the next. Below glibc's largest mmap threshold (32 MiB, set by
 /// `malloc::tune_for_long_runs`), so every chunk comes from the heap and reuses the previous step's memory:
-/// one `[512, 49152]` buffer was a fresh 100 MB mapping each step, whose page faults and kernel zeroing
-/// took ~11% of a SmolLM2 training step's CPU time (perf).
+/// one buffer for all scored rows would be a fresh mapping each step, paying page faults and kernel zeroing.
 const CHUNK_BYTES: usize = 16 << 20;
 
 /// Scored rows per chunk for a vocabulary of `vocab` (see [`CHUNK_BYTES`]).

@@ -1,13 +1,12 @@
 //! A frozen Q8_0 projection plus a training LoRA pair as one graph node: `y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ`.
 //!
-//! Composed from candle ops the same product is six nodes (the input and output reshapes, the base product,
-//! two LoRA matmuls and their sum), and candle 0.11's backward gives every node's gradient a zero-filled
-//! tensor plus an add (`GradStore::or_insert`): passes over `[tokens, out]` on one thread that, with the
-//! `Tensor::add`s they feed, were ~14% of a SmolLM2 training step's samples. This node takes `x` in any
-//! leading shape and computes `dx`, `dA` and `dB` straight from the incoming gradient: `dx` through the int8
-//! kernel on the weight's cached transpose plus the LoRA term accumulated into it, the rest through the f32
-//! GEMM candle itself uses (the `gemm` crate, called directly because candle's matmul cannot accumulate into
-//! an existing output).
+//! Composed from candle ops the same product is six nodes (the input and output reshapes, the base product, two
+//! LoRA matmuls and their sum), and candle 0.11's backward gives every node's gradient a zero-filled tensor plus
+//! an add (`GradStore::or_insert`): passes over `[tokens, out]` on one thread that, with the `Tensor::add`s they
+//! feed, weigh on every training step. This node takes `x` in any leading shape and computes `dx`, `dA` and `dB`
+//! straight from the incoming gradient: `dx` through the int8 kernel on the weight's cached transpose plus the
+//! LoRA term accumulated into it, the rest through the f32 GEMM candle itself uses (the `gemm` crate, called
+//! directly because candle's matmul cannot accumulate into an existing output).
 
 use std::sync::Arc;
 

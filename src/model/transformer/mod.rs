@@ -313,9 +313,9 @@ impl Transformer {
         self.kv_precision
     }
 
-    /// A copy with every block-quantized weight re-encoded as `dtype` (e.g. Q8_0: candle's Q4_1
-    /// CPU kernel is ~4x slower than Q8_0's at the same model). Weights whose row length is not a
-    /// multiple of the block size are kept as they are.
+    /// A copy with every block-quantized weight re-encoded as `dtype` (e.g. Q8_0: candle's Q4_1 CPU
+    /// kernel is slower than Q8_0's at the same model). Weights whose row length is not a multiple of
+    /// the block size are kept as they are.
     pub fn requantized(&self, dtype: GgmlDType) -> Result<Self> {
         let re = |w: &Weight| -> Result<Weight> {
             let (from, cols) = match w {

@@ -181,17 +181,16 @@ impl QLinear {
     }
 }
 
-/// From this many rows (prefill, training) a quantized weight other than Q8_0 is dequantized for the
-/// call and multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, so a 41-token
-/// SmolLM2 (Q4_1) prefill ran at 19 tok/s, and at 202 tok/s this way. The f32 copy is transient.
-/// Q8_0 weights skip this at any row count: hearth's kernel (`q8`) multiplies the packed blocks in int8 (at
-/// 512 rows its AVX-512 VNNI panel kernel measured 1.2-1.8× candle's f32 gemm on the dequantized weight), both
-/// forward and, through [`TransposeCache`], backward.
+/// From this many rows (prefill, training) a quantized weight other than Q8_0 is dequantized for the call
+/// and multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, far slower than one
+/// f32 gemm over all of them. The f32 copy is transient. Q8_0 weights skip this at any row count:
+/// hearth's kernel (`q8`) multiplies the packed blocks in int8 (its AVX-512 VNNI panel kernel is faster
+/// than candle's f32 gemm on the dequantized weight), both forward and, through [`TransposeCache`],
+/// backward.
 const PREFILL_DEQUANT_ROWS: usize = 16;
 
 /// Up to this many rows (decode steps, small batches) the LoRA delta is computed directly on the
-/// f32 slices: four tiny candle ops per projection cost more than the math (measured: a rank-8
-/// adapter on all projections slowed SmolLM2 decode by ~1.5x through candle ops).
+/// f32 slices: four tiny candle ops per projection cost more than the math.
 const LORA_DIRECT_MAX_ROWS: usize = 4;
 
 /// `scale·B·(A·x)` for a few rows as plain loops; `None` if a tensor is not contiguous f32 on CPU.
@@ -206,8 +205,8 @@ fn lora_delta_direct(x2: &Tensor, p: &LoraPair) -> Result<Option<Tensor>> {
 }
 
 /// `x·Wᵀ (+ scale·B·A·x)` for a Q8_0 weight through hearth's kernel in one pass and one tensor: the LoRA delta
-/// is added into the kernel's output buffer, where through candle it cost two tensors and an add per projection
-/// (~20% of a decode step with an adapter). `None` when an input is not contiguous f32 on CPU.
+/// is added into the kernel's output buffer, where through candle it costs two tensors and an add per
+/// projection. `None` when an input is not contiguous f32 on CPU.
 fn q8_0_forward(
     w: &QuantWeight,
     x2: &Tensor,

@@ -12,8 +12,8 @@
 //! - The residual add `a + b`: the gradient passes to both.
 //!
 //! Inference over several positions (prefill) uses the softmax, the activation and the add too: candle runs
-//! element-wise ops of 64K values and up on its own thread pool, whose worker then spins for about a
-//! millisecond beside hearth's rayon threads; on 2 cores a 2-thread prefill was slower than a 1-thread one.
+//! element-wise ops of 64K values and up on its own thread pool, whose worker then spins beside hearth's
+//! rayon threads and takes their cores.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -25,10 +25,10 @@ const ROWS_PER_TASK: usize = 16;
 /// Elements per parallel task of the element-wise op.
 const ELEMENTS_PER_TASK: usize = 1 << 14;
 
-/// `e^x` in plain arithmetic that vectorizes: `f32::exp` is a libm call per value the compiler cannot vectorize
-/// (~10% of a training step on the tiny model, 4% on SmolLM2, in the softmaxes and SiLU). This is `2^n · e^r`
-/// with `n = round(x / ln 2)` and a degree-6 Taylor polynomial for `e^r`, `|r| ≤ ln 2 / 2` (relative error
-/// below 3e-7, see the test). `x` is clamped to [−87, 88]: below, `e^−87` (≈ 1.6e-38) stands for zero.
+/// `e^x` in plain arithmetic that vectorizes: `f32::exp` is a libm call per value the compiler cannot vectorize,
+/// and the softmaxes and SiLU call it for every value. This is `2^n · e^r` with `n = round(x / ln 2)` and a
+/// degree-6 Taylor polynomial for `e^r`, `|r| ≤ ln 2 / 2` (relative error below 3e-7, see the test). `x` is
+/// clamped to [−87, 88]: below, `e^−87` (≈ 1.6e-38) stands for zero.
 #[inline(always)]
 pub(super) fn exp_approx(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;

@@ -123,8 +123,8 @@ impl QuantWeight {
 }
 
 /// [`q8::transpose_requantized`] of a layer's weight, kept for the layer's lifetime once training has
-/// needed it: +1 byte per weight (143 MB for SmolLM2), a quarter of what a dequantized f32 copy would cost,
-/// where rebuilding it every backward pass took a third of the product's time. Serving never builds it.
+/// needed it: +1 byte per weight, a quarter of what a dequantized f32 copy would cost, where rebuilding it
+/// every backward pass is a large share of the product's time. Serving never builds it.
 #[derive(Default)]
 pub(super) struct TransposeCache(std::sync::OnceLock<Vec<u8>>);
 
@@ -238,8 +238,8 @@ pub(super) fn q8_0_input_grad_into(
     q8::matmul(wt, k, n_out, dy, m, dx).map_err(candle_core::Error::wrap)
 }
 
-/// The weight as dense f32 `[out, in]`: Q8_0 through [`q8::dequantize`] (parallel, ~10× candle's
-/// single-threaded loop on SmolLM2's tied head), other types through candle.
+/// The weight as dense f32 `[out, in]`: Q8_0 through [`q8::dequantize`] (parallel, where candle's loop is
+/// single-threaded), other types through candle.
 fn dequantize(w: &QTensor) -> candle_core::Result<Tensor> {
     if w.dtype() == GgmlDType::Q8_0
         && let Ok((n_out, k)) = w.shape().dims2()
