@@ -63,6 +63,9 @@ pub struct TrainConfig {
     pub replay_texts: Vec<String>,
     /// A file of replay texts, one per non-empty line (added to `replay_texts`).
     pub replay_file: Option<PathBuf>,
+    /// Add the general-language texts built into the binary ([`super::BUILTIN_REPLAY`]) to the replay set,
+    /// so a graph needs no file beside it to guard against forgetting.
+    pub replay_builtin: bool,
     /// DPO inverse temperature β.
     pub dpo_beta: f64,
     /// Weight of an SFT loss on the preferred answer of each DPO pair (RPO): DPO alone widens the margin
@@ -118,6 +121,7 @@ impl Default for TrainConfig {
             replay_fraction: 0.05,
             replay_texts: Vec::new(),
             replay_file: None,
+            replay_builtin: false,
             dpo_beta: 0.1,
             dpo_sft_weight: 0.0,
             kto_beta: 0.1,

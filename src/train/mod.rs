@@ -22,6 +22,10 @@ pub use data::{Example, Seq, data_digest, encode_sample};
 pub use reward::{Contains, ExactMatch, JsonValid, Reward};
 pub use trainer::{CycleReport, LoraTrainer, StepReport};
 
+/// General-language sentences shipped in the binary for the replay loss (`replay_builtin`): training
+/// mixes them in so a delta keeps the base's plain language, wherever the process runs from.
+pub const BUILTIN_REPLAY: &str = include_str!("../../data/replay/base.txt");
+
 use crate::model::ModelError;
 
 /// Everything that can stop a training cycle.

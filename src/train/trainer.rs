@@ -277,14 +277,19 @@ impl<'m> LoraTrainer<'m> {
         )?;
         let max_len = cfg.max_seq_len.min(model.max_positions());
         let mut texts = cfg.replay_texts.clone();
+        let lines = |s: &str| {
+            s.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
         if let Some(path) = &cfg.replay_file {
             let s = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
-            texts.extend(
-                s.lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .map(String::from),
-            );
+            texts.extend(lines(&s));
+        }
+        if cfg.replay_builtin {
+            texts.extend(lines(super::BUILTIN_REPLAY));
         }
         let replay = texts
             .iter()

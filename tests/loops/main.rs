@@ -6,4 +6,5 @@ mod http_util;
 mod train_util;
 
 mod e2e;
+mod personal;
 mod store;

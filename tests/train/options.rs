@@ -95,6 +95,7 @@ fn every_option_changes_the_update() {
             "replay_file",
             Box::new(move |c| c.replay_file = Some(other_file.clone())),
         ),
+        ("replay_builtin", Box::new(|c| c.replay_builtin = true)),
         ("dpo_beta", Box::new(|c| c.dpo_beta = 2.0)),
         ("dpo_sft_weight", Box::new(|c| c.dpo_sft_weight = 1.0)),
         ("holdout_fraction", Box::new(|c| c.holdout_fraction = 0.5)),
