@@ -653,3 +653,185 @@ fn a_replayed_sample_is_not_its_own_duplicate() {
         DedupDecision::ExactDuplicate { .. }
     ));
 }
+
+// ---------- the diversity floor across restarts ----------
+
+/// The cluster counts behind the diversity floor are saved and loaded with the rest of the state: a
+/// cluster filled before the save is still full after the load, and a cap raised at load counts the
+/// admissions made before it.
+#[test]
+fn cluster_counts_survive_save_and_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dedup.state");
+    let r = related(&base_text(""));
+    let mut d = Deduper::new(floor_cfg()).unwrap();
+    assert_eq!(d.check_and_insert(&r[0], G), DedupDecision::Admit);
+    assert_eq!(d.check_and_insert(&r[1], G), DedupDecision::Admit);
+    d.save(&path).unwrap();
+    drop(d);
+
+    let mut d = Deduper::load(&path, floor_cfg()).unwrap();
+    assert_eq!(
+        d.check_and_insert(&r[2], G),
+        DedupDecision::DiversityFloor { cluster: 0 }
+    );
+    // One more slot (k = 3): the two admitted before the restart still count, so one fits and the next
+    // does not.
+    let mut d = Deduper::load(
+        &path,
+        DedupConfig {
+            max_per_cluster: 3,
+            ..floor_cfg()
+        },
+    )
+    .unwrap();
+    assert_eq!(d.check_and_insert(&r[2], G), DedupDecision::Admit);
+    assert_eq!(
+        d.check_and_insert(&r[3], G),
+        DedupDecision::DiversityFloor { cluster: 0 }
+    );
+}
+
+/// The `dedup` actor as a graph runs it: a source feeds it samples, its admitted samples and its decisions
+/// go to `out-<run>.jsonl` in the data directory, which also holds the node's state across runs.
+mod node_restart {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use hearth::actors::jsonl_sink::JsonlSinkParams;
+    use hearth::actors::{KindInfo, Outbox, Plan, PortSpec};
+    use hearth::engine::{
+        Actor, ActorError, ActorFactory, BuildContext, EdgeSpec, Produce, WhenFull,
+    };
+    use hearth::message::{Message, MessageType, Origin, Provenance, Sample, SampleContent};
+
+    use super::*;
+
+    static FEED: KindInfo = KindInfo {
+        name: "test_feed",
+        about: "emits the samples it was given, then stops",
+        inputs: &[],
+        outputs: &[PortSpec::new("out", MessageType::Sample)],
+        source: true,
+    };
+
+    /// Each sample is (id, text).
+    struct Feed(Vec<(String, String)>);
+    struct FeedActor(std::vec::IntoIter<(String, String)>);
+
+    impl ActorFactory<Message> for Feed {
+        fn info(&self) -> &'static KindInfo {
+            &FEED
+        }
+        fn build(&self, _: &BuildContext) -> Result<Box<dyn Actor<Message>>, ActorError> {
+            Ok(Box::new(FeedActor(self.0.clone().into_iter())))
+        }
+    }
+
+    impl Actor<Message> for FeedActor {
+        fn handle(&mut self, _: &str, _: &Message, _: &mut Outbox) -> Result<(), ActorError> {
+            Ok(())
+        }
+        fn produce(&mut self, out: &mut Outbox) -> Result<Produce, ActorError> {
+            let Some((id, text)) = self.0.next() else {
+                return Ok(Produce::Exhausted);
+            };
+            let sample = Sample {
+                id,
+                user: "u".to_owned(),
+                origin: Origin::Grounded,
+                content: SampleContent::Sft {
+                    prompt: vec![],
+                    response: text,
+                },
+                provenance: Provenance::default(),
+                created_at_unix_ms: 0,
+            };
+            out.send("out", Message::Sample(Arc::new(sample)))?;
+            Ok(Produce::Produced)
+        }
+    }
+
+    fn edge(from: &str, to: &str) -> EdgeSpec {
+        EdgeSpec {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            capacity: 8,
+            when_full: WhenFull::Block,
+            feedback: false,
+        }
+    }
+
+    /// What one run of the node did: the ids it admitted, and (id, reason) of what it dropped.
+    struct Run {
+        admitted: Vec<String>,
+        dropped: Vec<(String, String)>,
+    }
+
+    fn run_node(dir: &Path, run: &str, config: &DedupConfig, samples: &[(&str, &str)]) -> Run {
+        let feed = Feed(
+            samples
+                .iter()
+                .map(|(id, t)| ((*id).to_owned(), (*t).to_owned()))
+                .collect(),
+        );
+        let file = format!("out-{run}.jsonl");
+        let plan = Plan::new("dedup-restart")
+            .node("feed", Arc::new(feed), 1)
+            .node("dedup", Arc::new(config.clone()), 1)
+            .node("sink", Arc::new(JsonlSinkParams { path: file.clone() }), 1)
+            .edge(edge("feed.out", "dedup.in"))
+            .edge(edge("dedup.out", "sink.in"))
+            .edge(edge("dedup.decisions", "sink.decisions"));
+        let graph = hearth::engine::validate::validate(plan, Vec::new(), &[]).expect("valid");
+        let report = hearth::engine::start(graph, Some(dir)).unwrap().wait();
+        assert!(report.failed_nodes.is_empty(), "{:?}", report.failed_nodes);
+        let mut out = Run {
+            admitted: Vec::new(),
+            dropped: Vec::new(),
+        };
+        let text = std::fs::read_to_string(dir.join(&file)).unwrap_or_default();
+        for line in text.lines() {
+            match serde_json::from_str::<Message>(line).expect("json line") {
+                Message::Sample(s) => out.admitted.push(s.id.clone()),
+                Message::Decision(d) => out.dropped.push((d.sample.id.clone(), d.reason.clone())),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        out
+    }
+
+    /// A restarted `dedup` node (a new instance over the same data directory) still caps a cluster that
+    /// was filled before the restart.
+    #[test]
+    fn a_restarted_dedup_node_keeps_the_cluster_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = related(&base_text(""));
+        let unrelated = base_text("x").join(" ");
+        let config = floor_cfg(); // max_per_cluster: 2
+        let first = run_node(dir.path(), "1", &config, &[("a", &r[0]), ("b", &r[1])]);
+        assert_eq!(first.admitted, ["a", "b"]);
+        assert!(first.dropped.is_empty(), "{:?}", first.dropped);
+        assert!(dir.path().join("dedup").join("dedup.state").exists());
+
+        let second = run_node(
+            dir.path(),
+            "2",
+            &config,
+            &[("c", &r[2]), ("d", unrelated.as_str())],
+        );
+        assert_eq!(second.admitted, ["d"]);
+        assert_eq!(second.dropped.len(), 1, "{:?}", second.dropped);
+        assert_eq!(second.dropped[0].0, "c");
+        assert!(
+            second.dropped[0].1.contains("diversity floor"),
+            "{}",
+            second.dropped[0].1
+        );
+
+        // The same sample in a fresh data directory is admitted: the restored count is what dropped it.
+        let fresh = tempfile::tempdir().unwrap();
+        let alone = run_node(fresh.path(), "1", &config, &[("c", &r[2])]);
+        assert_eq!(alone.admitted, ["c"]);
+    }
+}
