@@ -22,11 +22,14 @@ pub enum HttpError {
     Thread(std::io::Error),
 }
 
+/// 503 once a node has failed; 200 otherwise, with a `degraded:` line for each node erroring within its
+/// restart budget. Each node in trouble is named with its last error.
 async fn healthz(status: web::Data<Arc<RunStatus>>) -> HttpResponse {
-    if status.healthy() {
-        HttpResponse::Ok().body("ok\n")
+    let health = status.health();
+    if health.healthy() {
+        HttpResponse::Ok().body(health.to_string())
     } else {
-        HttpResponse::ServiceUnavailable().body("a node has failed; see /status\n")
+        HttpResponse::ServiceUnavailable().body(health.to_string())
     }
 }
 

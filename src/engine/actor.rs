@@ -59,7 +59,8 @@ impl<T> KindInfo<T> {
     }
 }
 
-/// Why handling one message failed. The engine dead-letters the message and restarts the worker.
+/// Why a call into an actor failed. The engine restarts the worker (dead-lettering the message being handled,
+/// unless the failure is [`ActorError::Background`]) and counts the failure against the node's restart policy.
 #[derive(Debug, thiserror::Error)]
 pub enum ActorError {
     /// The library the actor is glue over failed; the cause is kept whole.
@@ -81,6 +82,14 @@ pub enum ActorError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// Work the actor runs off its thread or on a schedule (a training cycle) failed. Returned from any call
+    /// (often [`Actor::tick`]); the message being handled, if any, is not at fault and is not dead-lettered.
+    #[error("{context}")]
+    Background {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
@@ -97,6 +106,23 @@ impl ActorError {
             context: context.into(),
             source: source.into(),
         }
+    }
+
+    /// A failure of the actor's background or periodic work, with what it was doing (see
+    /// [`ActorError::Background`]).
+    pub fn background(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ActorError::Background {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    /// Whether this is a failure of background work rather than of the call that returned it.
+    pub fn is_background(&self) -> bool {
+        matches!(self, ActorError::Background { .. })
     }
 
     /// A build failure of the node's own making (its parameters), with nothing underneath.
@@ -177,6 +203,13 @@ pub trait Actor<M>: Send {
         Ok(())
     }
 
+    /// Called after a worker is rebuilt following a failure, before any further input. An actor whose state is
+    /// kept in a durable store reloads it here, so the rebuilt instance retries the work that failed rather
+    /// than waiting for new input to start it again; [`Actor::on_start`]'s re-emitting is not repeated.
+    fn on_restart(&mut self, _out: &mut Outbox<M>) -> Result<(), ActorError> {
+        Ok(())
+    }
+
     /// Sources only: produce the next messages.
     fn produce(&mut self, _out: &mut Outbox<M>) -> Result<Produce, ActorError> {
         Ok(Produce::Exhausted)
@@ -184,7 +217,8 @@ pub trait Actor<M>: Send {
 
     /// Non-sources: called when the mailbox has stayed empty for a short while (tens of milliseconds), so
     /// an actor whose work runs off its thread (a training cycle) can send the result when it is ready
-    /// rather than with the next message.
+    /// rather than with the next message. A failure of that work is returned as [`ActorError::Background`]:
+    /// it restarts the worker and counts against the restart policy like a handler's.
     fn tick(&mut self, _out: &mut Outbox<M>) -> Result<(), ActorError> {
         Ok(())
     }

@@ -4,6 +4,7 @@
 //! mailbox until every non-feedback input is disconnected, flushes, and exits, dropping its own senders in
 //! turn. The drain therefore runs in topological order and loses nothing that was accepted.
 
+use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -21,6 +22,7 @@ use super::edge::{EdgeReceiver, EdgeSender, EdgeSnapshot, EdgeStats, bounded};
 use super::resources::Resources;
 use super::schema::RestartPolicy;
 use super::validate::Graph;
+use crate::clock::now_unix_ms;
 
 /// Lifecycle of a node as `/status` and the run report show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -45,11 +47,59 @@ impl NodeState {
     }
 }
 
+/// Which call into an actor failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Building the actor from its parameters.
+    Build,
+    /// [`Actor::on_start`].
+    Start,
+    /// [`Actor::on_restart`].
+    Restart,
+    /// Handling a message.
+    Handle,
+    /// A source producing.
+    Produce,
+    /// [`Actor::tick`], the idle call.
+    Tick,
+    /// [`Actor::flush`] at shutdown.
+    Flush,
+    /// Work the actor runs off its thread or on a schedule ([`ActorError::Background`]), whichever call
+    /// reported it.
+    Background,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Build => "build",
+            Stage::Start => "start",
+            Stage::Restart => "restart",
+            Stage::Handle => "handle",
+            Stage::Produce => "produce",
+            Stage::Tick => "tick",
+            Stage::Flush => "flush",
+            Stage::Background => "background work",
+        }
+    }
+}
+
+/// The last failure of a node, as `/status`, `/healthz`, the status line and the run report show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeError {
+    /// The error and every cause under it, joined by `: `.
+    pub error: String,
+    pub during: Stage,
+    pub at_unix_ms: u64,
+}
+
 /// Counters for one node, mirrored into `hearth_node_*` metrics.
 pub struct NodeStats {
     pub id: String,
     pub kind: &'static str,
     pub workers: usize,
+    policy: RestartPolicy,
     state: AtomicU8,
     live_workers: AtomicU64,
     processed: AtomicU64,
@@ -57,6 +107,8 @@ pub struct NodeStats {
     restarts: AtomicU64,
     inbound: Vec<Arc<EdgeStats>>,
     restart_times: Mutex<Vec<Instant>>,
+    /// The last failure, and when it happened on the monotonic clock (for the restart window).
+    last_error: Mutex<Option<(NodeError, Instant)>>,
     processed_metric: metrics::Counter,
     errors_metric: metrics::Counter,
     restarts_metric: metrics::Counter,
@@ -74,6 +126,39 @@ pub struct NodeSnapshot {
     pub processed: u64,
     pub errors: u64,
     pub restarts: u64,
+    /// Restarts that count against `max_restarts` now (those within `window_secs`).
+    pub restarts_in_window: u32,
+    /// Restarting, or running with a failure within its restart window: see [`NodeStats::erroring`].
+    pub erroring: bool,
+    pub last_error: Option<NodeError>,
+}
+
+impl NodeSnapshot {
+    /// One line naming a failed or erroring node and its last error; `None` for a node in good health.
+    pub fn trouble(&self) -> Option<String> {
+        let what = match self.state {
+            NodeState::Failed => format!(
+                "node `{}` failed (restart limit reached after {} errors)",
+                self.id, self.errors
+            ),
+            _ if self.erroring => format!(
+                "node `{}` is erroring ({}, {} restarts in its window, {} errors in all)",
+                self.id,
+                if self.state == NodeState::Restarting {
+                    "restarting"
+                } else {
+                    "running again"
+                },
+                self.restarts_in_window,
+                self.errors
+            ),
+            _ => return None,
+        };
+        Some(match &self.last_error {
+            Some(e) => format!("{what}; last error in {}: {}", e.during.as_str(), e.error),
+            None => what,
+        })
+    }
 }
 
 impl NodeStats {
@@ -111,13 +196,67 @@ impl NodeStats {
             processed: self.processed.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),
+            restarts_in_window: self.restarts_in_window(),
+            erroring: self.erroring(),
+            last_error: self.last_error(),
         }
     }
 
-    /// Records a failure and decides: `Some(backoff)` to restart, `None` when the restart budget is spent.
-    fn on_failure(&self, policy: &RestartPolicy) -> Option<Duration> {
+    /// The node's last failure, if it has had one.
+    pub fn last_error(&self) -> Option<NodeError> {
+        self.last_error_lock().as_ref().map(|(e, _)| e.clone())
+    }
+
+    /// Whether the node is failing now without having failed for good: restarting, or running with its last
+    /// failure within its restart window (the span over which failures count against `max_restarts`).
+    /// A node that keeps failing stays erroring until it recovers for a window or exhausts its budget.
+    pub fn erroring(&self) -> bool {
+        match self.state() {
+            NodeState::Restarting => true,
+            NodeState::Running => self
+                .last_error_lock()
+                .as_ref()
+                .is_some_and(|(_, at)| at.elapsed() <= self.policy.window()),
+            NodeState::Failed | NodeState::Finished => false,
+        }
+    }
+
+    fn restarts_in_window(&self) -> u32 {
+        let window = self.policy.window();
+        self.restart_times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|t| t.elapsed() <= window)
+            .count() as u32
+    }
+
+    fn last_error_lock(&self) -> std::sync::MutexGuard<'_, Option<(NodeError, Instant)>> {
+        // A poisoned lock only means another worker panicked while holding it; the value is still valid.
+        self.last_error.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a failure and keeps it as the node's last error.
+    fn record_error(&self, during: Stage, error: &ActorError) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         self.errors_metric.increment(1);
+        let during = if error.is_background() {
+            Stage::Background
+        } else {
+            during
+        };
+        let record = NodeError {
+            error: error.chain(),
+            during,
+            at_unix_ms: now_unix_ms(),
+        };
+        *self.last_error_lock() = Some((record, Instant::now()));
+    }
+
+    /// Records a failure and decides: `Some(backoff)` to restart, `None` when the restart budget is spent.
+    fn on_failure(&self, during: Stage, error: &ActorError) -> Option<Duration> {
+        self.record_error(during, error);
+        let policy = &self.policy;
         let now = Instant::now();
         // A poisoned lock only means another worker panicked while holding it; the Vec is still valid.
         let mut times = self.restart_times.lock().unwrap_or_else(|p| p.into_inner());
@@ -163,6 +302,58 @@ impl RunStatus {
     pub fn healthy(&self) -> bool {
         self.nodes.iter().all(|n| n.state() != NodeState::Failed)
     }
+
+    /// The nodes that have failed and those erroring now (see [`NodeStats::erroring`]), with their last errors.
+    pub fn health(&self) -> Health {
+        let mut health = Health {
+            failed: Vec::new(),
+            erroring: Vec::new(),
+        };
+        for node in &self.nodes {
+            let snap = node.snapshot();
+            if snap.state == NodeState::Failed {
+                health.failed.push(snap);
+            } else if snap.erroring {
+                health.erroring.push(snap);
+            }
+        }
+        health
+    }
+}
+
+/// What `/healthz` reports: unhealthy (503) once a node has failed; degraded (still 200) while a node is
+/// erroring within its restart budget; each such node named with its last error.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    pub failed: Vec<NodeSnapshot>,
+    pub erroring: Vec<NodeSnapshot>,
+}
+
+impl Health {
+    /// No node has failed (a node that is erroring does not make the graph unhealthy yet).
+    pub fn healthy(&self) -> bool {
+        self.failed.is_empty()
+    }
+
+    /// No node has failed or is erroring.
+    pub fn is_clean(&self) -> bool {
+        self.failed.is_empty() && self.erroring.is_empty()
+    }
+}
+
+/// `ok`, or one line per failed node (`failed: …`) and per erroring node (`degraded: …`).
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_clean() {
+            return writeln!(f, "ok");
+        }
+        for (label, nodes) in [("failed", &self.failed), ("degraded", &self.erroring)] {
+            for line in nodes.iter().filter_map(NodeSnapshot::trouble) {
+                writeln!(f, "{label}: {line}")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What a finished run reports.
@@ -195,7 +386,6 @@ pub struct RunningGraph {
 struct Worker<M: Payload> {
     stats: Arc<NodeStats>,
     factory: Arc<dyn ActorFactory<M>>,
-    policy: RestartPolicy,
     ctx: BuildContext,
     source: bool,
     inputs: Vec<(EdgeReceiver<M>, bool)>,
@@ -272,6 +462,7 @@ pub fn start<M: Payload>(
                 id: n.id.clone(),
                 kind: n.factory.info().name,
                 workers: n.workers,
+                policy: n.restart,
                 state: AtomicU8::new(NodeState::Running as u8),
                 live_workers: AtomicU64::new(n.workers as u64),
                 processed: AtomicU64::new(0),
@@ -279,6 +470,7 @@ pub fn start<M: Payload>(
                 restarts: AtomicU64::new(0),
                 inbound: receivers[i].iter().map(|(r, _)| r.stats.clone()).collect(),
                 restart_times: Mutex::new(Vec::new()),
+                last_error: Mutex::new(None),
                 processed_metric: metrics::counter!("hearth_node_processed_total", &labels),
                 errors_metric: metrics::counter!("hearth_node_errors_total", &labels),
                 restarts_metric: metrics::counter!("hearth_node_restarts_total", &labels),
@@ -303,7 +495,6 @@ pub fn start<M: Payload>(
             let worker = Worker {
                 stats: node_stats[i].clone(),
                 factory: node.factory.clone(),
-                policy: node.restart,
                 ctx: BuildContext {
                     node_id: node.id.clone(),
                     worker: w,
@@ -400,7 +591,7 @@ impl<M: Payload> Worker<M> {
             && let Err(e) = guarded(|| a.on_start(&mut self.outbox))
         {
             tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "start failed");
-            self.restart(&mut actor);
+            self.restart(&mut actor, Stage::Start, &e);
         }
         if self.source {
             self.run_source(&mut actor);
@@ -409,7 +600,8 @@ impl<M: Payload> Worker<M> {
         if let Some(actor) = actor.as_mut()
             && let Err(e) = guarded(|| actor.flush(&mut self.outbox))
         {
-            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            // Nothing is left to restart for; the failure is still the node's last error.
+            self.stats.record_error(Stage::Flush, &e);
             tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "flush failed");
         }
         self.publish_counts();
@@ -444,15 +636,16 @@ impl<M: Payload> Worker<M> {
                 }
                 Err(e) => {
                     tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "cannot build actor");
-                    self.backoff_or_fail()?;
+                    self.backoff_or_fail(Stage::Build, &e)?;
                 }
             }
         }
     }
 
-    /// After a failure: sleep the backoff and return `Some`, or return `None` when the node has failed.
-    fn backoff_or_fail(&self) -> Option<()> {
-        match self.stats.on_failure(&self.policy) {
+    /// After a failure: record it, sleep the backoff and return `Some`, or return `None` when the node has
+    /// failed.
+    fn backoff_or_fail(&self, during: Stage, error: &ActorError) -> Option<()> {
+        match self.stats.on_failure(during, error) {
             Some(backoff) => {
                 self.stats.set_state(NodeState::Restarting);
                 tracing::warn!(node = %self.ctx.node_id, ?backoff, "restarting worker");
@@ -466,10 +659,34 @@ impl<M: Payload> Worker<M> {
         }
     }
 
-    fn restart(&self, actor: &mut Option<Box<dyn Actor<M>>>) {
+    /// After a failure of `during`: drops the actor and, within the restart budget, rebuilds it and lets it
+    /// reload its state ([`Actor::on_restart`]); `actor` stays `None` once the node has failed.
+    fn restart(
+        &mut self,
+        actor: &mut Option<Box<dyn Actor<M>>>,
+        during: Stage,
+        error: &ActorError,
+    ) {
         *actor = None;
-        if self.backoff_or_fail().is_some() {
-            *actor = self.build_until_ok();
+        if self.backoff_or_fail(during, error).is_none() {
+            return;
+        }
+        loop {
+            let Some(mut rebuilt) = self.build_until_ok() else {
+                return;
+            };
+            match guarded(|| rebuilt.on_restart(&mut self.outbox)) {
+                Ok(()) => {
+                    *actor = Some(rebuilt);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "restart failed");
+                    if self.backoff_or_fail(Stage::Restart, &e).is_none() {
+                        return;
+                    }
+                }
+            }
         }
     }
 
@@ -486,7 +703,7 @@ impl<M: Payload> Worker<M> {
                 Ok(Produce::Exhausted) => return,
                 Err(e) => {
                     tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "source failed");
-                    self.restart(actor);
+                    self.restart(actor, Stage::Produce, &e);
                 }
             }
             // Feedback (e.g. a promoted delta) must reach a busy source too.
@@ -632,7 +849,7 @@ impl<M: Payload> Worker<M> {
         let Some(a) = actor.as_mut() else { return };
         if let Err(e) = guarded(|| a.tick(&mut self.outbox)) {
             tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "tick failed");
-            self.restart(actor);
+            self.restart(actor, Stage::Tick, &e);
         }
     }
 
@@ -668,12 +885,18 @@ impl<M: Payload> Worker<M> {
             Ok(()) => {
                 self.pending_processed += 1;
             }
+            Err(e) if e.is_background() => {
+                // The message was taken; what failed is the actor's background work, reported here.
+                self.pending_processed += 1;
+                tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "background work failed");
+                self.restart(actor, Stage::Handle, &e);
+            }
             Err(e) => {
                 let error = e.chain();
                 tracing::warn!(node = %self.ctx.node_id, message = message.id(), %error, "handler failed");
                 self.dead_letters
                     .put(&self.ctx.node_id, self.ctx.worker, &error, &message);
-                self.restart(actor);
+                self.restart(actor, Stage::Handle, &e);
             }
         }
         if self.stats.state() == NodeState::Failed {
