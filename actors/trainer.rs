@@ -6,6 +6,11 @@
 //! `threads` in the idle scheduling class, so serving always gets a core first. At start the trainer
 //! reloads the training set from the store; drain waits for a running cycle, then trains once more on
 //! samples that arrived meanwhile. The model is loaded by the first cycle, so a graph builds without it.
+//!
+//! A failed cycle is reported as background work ([`ActorError::Background`]): it restarts the worker and
+//! counts against the node's restart policy. The rebuilt trainer reloads the training set from the store
+//! ([`Actor::on_restart`]) and so retries the cycle at once: a cycle that fails every time exhausts the
+//! restart budget and the node is marked failed, rather than failing again with each new batch of samples.
 
 use std::sync::Arc;
 
@@ -76,14 +81,28 @@ struct Trainer {
 impl Trainer {
     /// Sends the finished cycle's delta, if any (with `wait`, once the running cycle ends).
     fn collect(&mut self, out: &mut Outbox, wait: bool) -> Result<(), ActorError> {
-        if let Some(delta) = self.cycles.finished(wait).context("training cycle")? {
+        let finished = self
+            .cycles
+            .finished(wait)
+            .map_err(|e| ActorError::background("training cycle", e))?;
+        if let Some(delta) = finished {
             out.send("deltas", Message::Delta(Arc::new(delta)))?;
         }
         Ok(())
     }
 
     fn maybe_start(&mut self) -> Result<(), ActorError> {
-        self.cycles.maybe_start().context("start a training cycle")
+        self.cycles
+            .maybe_start()
+            .map_err(|e| ActorError::background("start a training cycle", e))
+    }
+
+    fn reload(&mut self) -> Result<(), ActorError> {
+        let n = self.cycles.reload().context("reload the training set")?;
+        if n > 0 {
+            tracing::info!(node = %self.node, samples = n, "reloaded the training set from the store");
+        }
+        Ok(())
     }
 }
 
@@ -102,11 +121,13 @@ impl Actor<Message> for Trainer {
 
     /// Reloads the training set the store holds: what earlier runs admitted is trained on again.
     fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
-        let n = self.cycles.reload().context("reload the training set")?;
-        if n > 0 {
-            tracing::info!(node = %self.node, samples = n, "reloaded the training set from the store");
-        }
-        Ok(())
+        self.reload()
+    }
+
+    /// The same after a failure: the rebuilt trainer has lost what it had buffered, and the reloaded samples
+    /// count as new, so the cycle that failed is tried again without waiting for more input.
+    fn on_restart(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        self.reload()
     }
 
     /// Sends a cycle's delta as soon as it is written, and starts the next cycle if data waits.
