@@ -472,13 +472,13 @@ fn run_graph(
         });
     }
     let data_dir = data_dir.unwrap_or_else(|| PathBuf::from(&g_data_dir));
-    let progress = spawn_status_lines(data_dir.clone(), running.stop_flag());
+    let progress = spawn_status_lines(data_dir.clone(), running.stop_flag(), running.status());
     let report = running.wait();
     progress.store(true, Ordering::Release);
     if let Some(server) = server {
         server.stop();
     }
-    write_run_report(&data_dir, &planted_values);
+    write_run_report(&data_dir, &planted_values, &report.status);
     for n in &report.status.nodes {
         eprintln!(
             "node {:<16} {:<12} {:?} processed={} errors={} restarts={}",
@@ -494,6 +494,11 @@ fn run_graph(
     if report.failed_nodes.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
+        for n in &report.status.nodes {
+            if let Some(line) = n.trouble() {
+                eprintln!("{line}");
+            }
+        }
         eprintln!(
             "failed nodes: {} (dead letters in {})",
             report.failed_nodes.join(", "),
@@ -524,11 +529,12 @@ fn planted(g: &Graph) -> Vec<String> {
         .collect()
 }
 
-/// Prints one status line per loop every ten seconds while the graph runs (if it writes a store). The
-/// returned flag stops it.
+/// Prints a status line every ten seconds while the graph runs: the three loops (if the graph writes a
+/// store), then every node that has failed or is erroring, with its last error. The returned flag stops it.
 fn spawn_status_lines(
     data_dir: PathBuf,
     graph_stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    status: std::sync::Arc<hearth::engine::runtime::RunStatus>,
 ) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = done.clone();
@@ -538,30 +544,45 @@ fn spawn_status_lines(
             let mut last = std::time::Instant::now();
             while !flag.load(Ordering::Acquire) && !graph_stop.load(Ordering::Acquire) {
                 std::thread::sleep(std::time::Duration::from_millis(200));
-                if last.elapsed() < std::time::Duration::from_secs(10)
-                    || !data_dir.join(hearth::store::Store::FILE_NAME).exists()
-                {
+                if last.elapsed() < std::time::Duration::from_secs(10) {
                     continue;
                 }
                 last = std::time::Instant::now();
-                let line = hearth::store::Store::open(&data_dir)
-                    .and_then(|s| hearth::report::Report::build(&s, &[]));
-                if let Ok(r) = line {
-                    eprintln!("[status] {}", r.status_line());
+                let nodes = status.snapshot();
+                let report = data_dir
+                    .join(hearth::store::Store::FILE_NAME)
+                    .exists()
+                    .then(|| {
+                        hearth::store::Store::open(&data_dir)
+                            .and_then(|s| hearth::report::Report::build(&s, &[]))
+                    });
+                match report {
+                    Some(Ok(r)) => eprintln!("[status] {}", r.with_nodes(&nodes).status_line()),
+                    // Without a store (or while it cannot be read), the nodes in trouble still show.
+                    _ => {
+                        if let Some(line) = hearth::report::troubled_nodes(&nodes.nodes) {
+                            eprintln!("[status] {line}");
+                        }
+                    }
                 }
             }
         });
     done
 }
 
-/// The run report of a graph that wrote to the store: printed, and written to `DATA_DIR/report.md` and
-/// `report.json` (atomically).
-fn write_run_report(data_dir: &Path, planted: &[String]) {
+/// The run report of a graph that wrote to the store, with the nodes that failed or had errors: printed,
+/// and written to `DATA_DIR/report.md` and `report.json` (atomically).
+fn write_run_report(
+    data_dir: &Path,
+    planted: &[String],
+    status: &hearth::engine::runtime::StatusSnapshot,
+) {
     if !data_dir.join(hearth::store::Store::FILE_NAME).exists() {
         return;
     }
     let report = hearth::store::Store::open(data_dir)
-        .and_then(|s| hearth::report::Report::build(&s, planted));
+        .and_then(|s| hearth::report::Report::build(&s, planted))
+        .map(|r| r.with_nodes(status));
     let report = match report {
         Ok(r) => r,
         Err(e) => {

@@ -1,10 +1,11 @@
 //! The run report: what was captured, where curation sent it and why, which deltas were trained, promoted
 //! or rejected with their eval legs, and the privacy check (planted personal values and secrets found in the
 //! training set; canary exposure). Built from the store alone, so it is the same during a run, after it, and
-//! after a crash.
+//! after a crash; a running graph adds its nodes' failures ([`Report::with_nodes`]).
 
 use serde::Serialize;
 
+use crate::engine::runtime::{NodeSnapshot, NodeState, StatusSnapshot};
 use crate::store::{CurationCounts, DeltaRecord, DeltaStatus, ServedState, Store, StoreError};
 
 /// A delta line of the report.
@@ -33,6 +34,10 @@ pub struct Report {
     /// The largest canary exposure (bits) of any promoted delta, and sampled leaks.
     pub max_promoted_canary_exposure_bits: Option<f64>,
     pub promoted_canary_leaks: u64,
+    /// Nodes of the running graph that failed or had errors, failed first; empty for a report from the
+    /// store alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_errors: Vec<NodeSnapshot>,
 }
 
 fn line(d: &DeltaRecord) -> DeltaLine {
@@ -97,14 +102,29 @@ impl Report {
                 })
                 .sum(),
             deltas: deltas.iter().map(line).collect(),
+            node_errors: Vec::new(),
         })
     }
 
-    /// One line per loop, for a long-running process's progress output.
+    /// Adds the nodes of a running (or finished) graph that failed or had any error.
+    pub fn with_nodes(mut self, status: &StatusSnapshot) -> Report {
+        self.node_errors = status
+            .nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Failed || n.errors > 0)
+            .cloned()
+            .collect();
+        self.node_errors
+            .sort_by_key(|n| n.state != NodeState::Failed);
+        self
+    }
+
+    /// One line per loop, for a long-running process's progress output; then each node that has failed or
+    /// is erroring, with its last error.
     pub fn status_line(&self) -> String {
         let c = &self.curation;
         let count = |s: DeltaStatus| self.deltas.iter().filter(|d| d.status == s).count();
-        format!(
+        let mut line = format!(
             "capture: {} interactions, {} feedback | curate: admitted {}, dropped {}, quarantined {}, pending {} | \
              train: {} deltas ({} promoted, {} rejected, {} awaiting eval) | serving {}",
             c.interactions,
@@ -118,7 +138,12 @@ impl Report {
             count(DeltaStatus::Rejected),
             self.deltas.iter().filter(|d| d.reason.is_none()).count(),
             self.served.delta_id.as_deref().unwrap_or("the base"),
-        )
+        );
+        if let Some(nodes) = troubled_nodes(&self.node_errors) {
+            line += " | ";
+            line += &nodes;
+        }
+        line
     }
 
     pub fn to_markdown(&self) -> String {
@@ -199,6 +224,95 @@ impl Report {
                 .map_or("-".to_owned(), |e| format!("{e:.2}")),
             self.promoted_canary_leaks
         );
+        if !self.node_errors.is_empty() {
+            s += "\n## Node errors\n";
+            for n in &self.node_errors {
+                s += &format!(
+                    "- `{}` ({}): {:?}, {} errors, {} restarts",
+                    n.id, n.kind, n.state, n.errors, n.restarts
+                );
+                if let Some(e) = &n.last_error {
+                    s += &format!(
+                        "; last error in {} at {}: {}",
+                        e.during.as_str(),
+                        utc(e.at_unix_ms),
+                        e.error
+                    );
+                }
+                s += "\n";
+            }
+        }
         s
+    }
+}
+
+/// The longest a node's error runs in a status line; `/status` and the report keep it whole.
+const STATUS_ERROR_CHARS: usize = 160;
+
+/// `FAILED: …; erroring: …` for the nodes in `nodes` that have failed or are erroring now, with their last
+/// errors cut to [`STATUS_ERROR_CHARS`]; `None` when there are none.
+pub fn troubled_nodes(nodes: &[NodeSnapshot]) -> Option<String> {
+    let describe = |n: &NodeSnapshot, note: String| {
+        let error = n.last_error.as_ref().map_or(String::new(), |e| {
+            let mut text: String = e.error.chars().take(STATUS_ERROR_CHARS).collect();
+            if e.error.chars().count() > STATUS_ERROR_CHARS {
+                text.push('…');
+            }
+            format!(": {text}")
+        });
+        format!("{}{note}{error}", n.id)
+    };
+    let failed: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Failed)
+        .map(|n| describe(n, String::new()))
+        .collect();
+    let erroring: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Failed && n.erroring)
+        .map(|n| describe(n, format!(" ({} restarts in window)", n.restarts_in_window)))
+        .collect();
+    let mut parts = Vec::new();
+    if !failed.is_empty() {
+        parts.push(format!("FAILED: {}", failed.join("; ")));
+    }
+    if !erroring.is_empty() {
+        parts.push(format!("erroring: {}", erroring.join("; ")));
+    }
+    (!parts.is_empty()).then(|| parts.join(" | "))
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` for milliseconds since the Unix epoch.
+fn utc(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm), for the proleptic Gregorian calendar.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc;
+
+    #[test]
+    fn utc_formats_civil_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        // 2000-02-29 (a leap day of a century leap year) 12:34:56.
+        assert_eq!(utc(951_827_696_000), "2000-02-29 12:34:56 UTC");
+        assert_eq!(utc(1_735_689_599_999), "2024-12-31 23:59:59 UTC");
     }
 }
