@@ -1,4 +1,5 @@
-//! `fault_inject`: passes samples through but fails on chosen ones, to drill supervision and dead letters.
+//! `fault_inject`: passes samples through but fails on chosen ones, or in its periodic work, to drill
+//! supervision and dead letters.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,11 +21,14 @@ pub struct FaultInjectParams {
     /// Fail on every sample whose id ends with one of these suffixes (e.g. `"-13"`).
     pub fail_ids_ending: Vec<String>,
     pub mode: FaultMode,
+    /// Fail every idle call ([`Actor::tick`]) as background work that keeps failing does (a training cycle
+    /// that cannot read its data), whatever arrives.
+    pub fail_periodic: bool,
 }
 
 static INFO: KindInfo = KindInfo {
     name: "fault_inject",
-    about: "passes samples through, panicking or erroring on chosen ids (supervision drills)",
+    about: "passes samples through, panicking or erroring on chosen ids or in its periodic work (supervision drills)",
     inputs: &[PortSpec::new("in", MessageType::Sample)],
     outputs: &[PortSpec::new("out", MessageType::Sample)],
     source: false,
@@ -47,6 +51,7 @@ impl KindParams<Message> for FaultInjectParams {
         FaultInjectParams {
             fail_ids_ending: vec!["-13".to_owned()],
             mode: FaultMode::Panic,
+            fail_periodic: false,
         }
     }
 }
@@ -80,5 +85,12 @@ impl Actor<Message> for FaultInject {
             }
         }
         out.send("out", message.clone()).map_err(ActorError::from)
+    }
+
+    fn tick(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        if self.params.fail_periodic {
+            return Err(ActorError::background("periodic work", "injected fault"));
+        }
+        Ok(())
     }
 }

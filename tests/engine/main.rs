@@ -1,5 +1,9 @@
 //! The engine tests, in one binary: each test binary links the whole crate and its dependencies.
 
+#[path = "../train_util/mod.rs"]
+mod train_util;
+
 mod cli;
+mod failures;
 mod runtime;
 mod validation;

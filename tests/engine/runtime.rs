@@ -11,7 +11,7 @@ use hearth::engine::runtime::{NodeState, RunReport};
 use hearth::engine::{WhenFull, start};
 use hearth::message::{Message, Origin, Provenance, Sample, SampleContent};
 
-fn graph(src: &str) -> Graph {
+pub(crate) fn graph(src: &str) -> Graph {
     hearth::actors::ActorKind::graph(src).unwrap_or_else(|e| panic!("invalid test graph: {e:#?}"))
 }
 
@@ -207,6 +207,10 @@ fn the_restart_limit_marks_the_node_failed_and_nothing_is_lost() {
     assert_eq!(flaky.state, NodeState::Failed);
     assert_eq!(flaky.restarts, 3);
     assert_eq!(flaky.errors, 4);
+    // The fourth failure (gen-0-30) is the node's last error, from its handler.
+    let last = flaky.last_error.as_ref().expect("last error");
+    assert_eq!(last.during, hearth::engine::runtime::Stage::Handle);
+    assert_eq!(last.error, "injected fault on gen-0-30");
     let delivered = sink_lines(dir.path(), "out.jsonl").len();
     let letters = DeadLetterStore::read_all::<Message>(dir.path()).unwrap();
     // Delivered: ids 1..=29 minus 10 and 20 = 27. Every other message is a dead letter, so none is lost.
@@ -307,7 +311,7 @@ fn the_same_actors_in_two_graph_files_run_in_two_orders() {
     assert_eq!(orders[1], ["second_stage", "first_stage"]);
 }
 
-fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+pub(crate) fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let mut stream = std::net::TcpStream::connect(addr).expect("connect");
     write!(
         stream,
