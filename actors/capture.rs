@@ -75,12 +75,21 @@ impl Actor<Message> for Capture {
         message: &Message,
         out: &mut Outbox,
     ) -> Result<(), ActorError> {
+        // Committed (or stored before): whoever acknowledges the item may now answer.
         let samples = match message {
-            Message::Interaction(i) => self
-                .store
-                .capture_interaction(i)
-                .context("capture an interaction")?,
-            Message::Feedback(f) => self.store.capture_feedback(f).context("capture feedback")?,
+            Message::Interaction(i) => {
+                let samples = self
+                    .store
+                    .capture_interaction(i)
+                    .context("capture an interaction")?;
+                i.commit.done();
+                samples
+            }
+            Message::Feedback(f) => {
+                let samples = self.store.capture_feedback(f).context("capture feedback")?;
+                f.commit.done();
+                samples
+            }
             other => {
                 return Err(crate::message::unexpected(port, other));
             }

@@ -52,6 +52,7 @@ impl ActorFactory<Message> for ServeParams {
             ctx: ctx.clone(),
             server: None,
             follower: ServedFollower::new(&ctx.data_dir),
+            captured: false,
         }))
     }
 }
@@ -72,7 +73,12 @@ struct Serve {
     ctx: BuildContext,
     server: Option<Arc<Server>>,
     follower: ServedFollower,
+    /// Whether `interactions` leads anywhere: then an answer waits until the item is stored.
+    captured: bool,
 }
+
+/// How long an answer waits for its interaction to be stored before it is withheld (503).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Serve {
     fn server(&mut self) -> Result<Arc<Server>, ActorError> {
@@ -80,6 +86,7 @@ impl Serve {
             return Ok(s.clone());
         }
         let (p, ctx) = (&self.params, &self.ctx);
+        let commit_timeout = self.captured.then_some(COMMIT_TIMEOUT);
         let server = running_or_start(&self.key, || {
             let path = crate::serve::model_path(p.model.as_deref(), &ctx.data_dir)
                 .context("resolve the model")?;
@@ -89,7 +96,7 @@ impl Serve {
                 .get(&path)
                 .context("load the model")?;
             let (server, addr) = p
-                .start(&base, &ctx.data_dir, &ctx.node_id)
+                .start(&base, &ctx.data_dir, &ctx.node_id, commit_timeout)
                 .context("start serving")?;
             tracing::info!(%addr, model = %path.display(), "serving the OpenAI-compatible API");
             Ok::<_, ActorError>(server)
@@ -133,7 +140,8 @@ impl Actor<Message> for Serve {
             .with_context(|| format!("swap to delta `{}`", delta.id))
     }
 
-    fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+    fn on_start(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
+        self.captured = out.is_connected("interactions");
         self.server()?;
         self.follow_store()
     }
@@ -148,15 +156,22 @@ impl Actor<Message> for Serve {
         })
     }
 
-    /// Stops the API, lets admitted requests finish, and forwards what they produced.
+    /// Stops the API, lets admitted requests finish, and forwards what they produced: while it stops, since
+    /// their answers wait until what they produced is stored.
     fn flush(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
         let server = take_running(&self.key);
         let Some(server) = server.or_else(|| self.server.take()) else {
             return Ok(());
         };
         self.server = None;
-        Self::forward(&server, out)?;
-        server.shutdown();
+        let stopping = server.clone();
+        let stopped = std::thread::spawn(move || stopping.shutdown());
+        while !stopped.is_finished() {
+            if Self::forward(&server, out)? == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let _ = stopped.join();
         Self::forward(&server, out)?;
         Ok(())
     }

@@ -68,6 +68,7 @@ fn measure(
                 ));
             }
             StreamEvent::Failed(m) => return Err(m.into()),
+            StreamEvent::Uncommitted(e) => return Err(e.into()),
         }
     }
 }
@@ -83,6 +84,7 @@ fn completion(server: &Server, prompt: &str, max_tokens: usize) -> Res<Completio
             StreamEvent::Text(_) => {}
             StreamEvent::Done(c) => return Ok(c),
             StreamEvent::Failed(m) => return Err(m.into()),
+            StreamEvent::Uncommitted(e) => return Err(e.into()),
         }
     }
 }

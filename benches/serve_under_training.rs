@@ -31,6 +31,7 @@ fn request(server: &Server, prompt: &str, max_tokens: usize) -> Res<f64> {
             StreamEvent::Text(_) => {}
             StreamEvent::Done(_) => return Ok(t0.elapsed().as_secs_f64()),
             StreamEvent::Failed(m) => return Err(m.into()),
+            StreamEvent::Uncommitted(e) => return Err(e.into()),
         }
     }
 }

@@ -176,6 +176,7 @@ impl Script {
             sampling: serde_json::json!({"temperature": 0.0}),
             created_at_unix_ms: now,
             latency_ms: 0,
+            commit: Default::default(),
         };
         let kind = match reaction {
             Reaction::None => None,
@@ -192,6 +193,7 @@ impl Script {
             user: user.to_owned(),
             kind,
             created_at_unix_ms: now,
+            commit: Default::default(),
         });
         Some((interaction, feedback))
     }

@@ -100,7 +100,9 @@ impl From<ServeError> for ApiError {
                 None,
                 Some("queue_full"),
             ),
-            ServeError::Closed => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None, None),
+            ServeError::Closed | ServeError::NotCommitted(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "server_error", None, None)
+            }
             ServeError::Model(crate::model::ModelError::Input(_)) => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", None, None)
             }
@@ -341,8 +343,7 @@ async fn complete_inner(
         .await
         .map_err(|e| ApiError::from(ServeError::Http(e.to_string())))?;
     drop(guard);
-    let c =
-        done.map_err(|m| ApiError::from(ServeError::Http(format!("generation failed: {m}"))))?;
+    let c = done?;
     let usage = json!({
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
@@ -450,9 +451,14 @@ impl MessageBody for SseBody {
                 out.extend_from_slice(b"data: [DONE]\n\n");
                 Poll::Ready(Some(Ok(Bytes::from(out))))
             }
-            Some(StreamEvent::Failed(m)) => {
+            Some(end @ (StreamEvent::Failed(_) | StreamEvent::Uncommitted(_))) => {
                 this.finished = true;
-                let e = json!({"error": {"message": format!("generation failed: {m}"),
+                let message = match end {
+                    StreamEvent::Uncommitted(e) => ServeError::NotCommitted(e).to_string(),
+                    StreamEvent::Failed(m) => ServeError::Generation(m).to_string(),
+                    _ => String::new(),
+                };
+                let e = json!({"error": {"message": message,
                                          "type": "server_error", "param": null, "code": null}});
                 Poll::Ready(Some(Ok(Bytes::from(format!(
                     "data: {e}\n\ndata: [DONE]\n\n"
@@ -553,7 +559,12 @@ async fn feedback(engine: Data, payload: web::Payload) -> HttpResponse {
                 ));
             }
         };
-        let fb = engine.feedback(&response_id, kind)?;
+        // Blocks until the feedback is stored: off the async workers.
+        let id = response_id.clone();
+        let engine = engine.into_inner();
+        let fb = web::block(move || engine.feedback(&id, kind))
+            .await
+            .map_err(|e| ApiError::from(ServeError::Http(e.to_string())))??;
         Ok(HttpResponse::Ok()
             .json(json!({"id": fb.id, "object": "feedback", "response_id": response_id})))
     };

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 
 use crate::clock::now_unix_ms;
-use crate::message::{Delta, Feedback, FeedbackKind, Interaction, Role};
+use crate::message::{
+    Commit, CommitWait, Delta, Feedback, FeedbackKind, Interaction, NotCommitted, Role,
+};
 use crate::model::{
     AdapterRegistry, Base, CachedPrefix, ChatMessage, ChatOptions, GenerateConfig, KvPrecision,
     LoraSet, ModelError, StopReason, Tokenizer, Transformer, encode_chat_with,
@@ -71,6 +73,10 @@ pub enum ServeError {
     },
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("generation failed: {0}")]
+    Generation(String),
+    #[error("not acknowledged: {0}")]
+    NotCommitted(#[from] NotCommitted),
     #[error("the served delta `{0}` is not in the store")]
     ServedUnknown(String),
     #[error("cannot write the API address to {path}: {source}")]
@@ -105,6 +111,9 @@ pub struct ServeConfig {
     /// tokens (the next turn of a chat, a shared system prompt) under the same adapter prefills only the rest.
     /// 0 keeps none.
     pub prompt_cache_bytes: usize,
+    /// When set, an answer (and a feedback's 200) waits until the graph has stored the item, up to this long
+    /// (see [`crate::message::Commit`]); otherwise answers never wait for the store.
+    pub commit_timeout: Option<Duration>,
 }
 
 impl Default for ServeConfig {
@@ -119,6 +128,7 @@ impl Default for ServeConfig {
             recent_responses: 10_000,
             kv_cache: KvPrecision::F32,
             prompt_cache_bytes: 256 << 20,
+            commit_timeout: None,
         }
     }
 }
@@ -155,6 +165,8 @@ pub enum StreamEvent {
     Text(String),
     Done(Completion),
     Failed(String),
+    /// Generated, but the interaction was not stored, so it is not acknowledged.
+    Uncommitted(NotCommitted),
 }
 
 /// The end of a finished request.
@@ -197,14 +209,15 @@ impl Pipe {
     }
 
     /// Blocks until the request ends; returns its completion or failure.
-    pub fn wait(&self) -> Result<Completion, String> {
+    pub fn wait(&self) -> Result<Completion, ServeError> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             while let Some(e) = s.events.pop_front() {
                 match e {
                     StreamEvent::Text(_) => {}
                     StreamEvent::Done(c) => return Ok(c),
-                    StreamEvent::Failed(m) => return Err(m),
+                    StreamEvent::Failed(m) => return Err(ServeError::Generation(m)),
+                    StreamEvent::Uncommitted(e) => return Err(ServeError::NotCommitted(e)),
                 }
             }
             s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
@@ -563,19 +576,39 @@ impl Engine {
             .cloned()
             .ok_or_else(|| ServeError::UnknownResponse(response_id.to_owned()))?;
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (commit, waiter) = self.commit_pair();
         let fb = Feedback {
             id: format!("fb-{}{n:06}", self.id_prefix),
             response_id: response_id.to_owned(),
             user,
             kind,
             created_at_unix_ms: now_unix_ms(),
+            commit: Default::default(),
         };
-        match self.events.try_send(ServeEvent::Feedback(fb.clone())) {
+        let event = ServeEvent::Feedback(Feedback {
+            commit,
+            ..fb.clone()
+        });
+        match self.events.try_send(event) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(ServeError::QueueFull(EVENT_BUFFER)),
             Err(TrySendError::Disconnected(_)) => return Err(ServeError::Closed),
         }
+        if let Some((waiter, timeout)) = waiter {
+            waiter.wait(timeout)?;
+        }
         Ok(fb)
+    }
+
+    /// A commit signal for an item to emit, and its waiter when answers wait for the store.
+    fn commit_pair(&self) -> (Commit, Option<(CommitWait, Duration)>) {
+        match self.config.commit_timeout {
+            Some(timeout) => {
+                let (commit, waiter) = Commit::pair();
+                (commit, Some((waiter, timeout)))
+            }
+            None => (Commit::default(), None),
+        }
     }
 
     /// Requests admitted and not yet started.
@@ -633,16 +666,18 @@ impl Engine {
         let decode_ms = started.elapsed().as_millis() as u64;
         let latency_ms = job.admitted.elapsed().as_millis() as u64;
         self.remember(&job.id, &job.user);
-        job.pipe.push(StreamEvent::Done(Completion {
+        let done = StreamEvent::Done(Completion {
             text: out.text.clone(),
             finish_reason,
             prompt_tokens: job.ids.len(),
             cached_prompt_tokens,
             completion_tokens: out.tokens.len(),
-        }));
+        });
         if out.reason == StopReason::Cancelled {
+            job.pipe.push(done);
             return;
         }
+        let (commit, waiter) = self.commit_pair();
         let mut sampling = job.sampling;
         sampling["timings"] = serde_json::json!({
             "queue_ms": latency_ms.saturating_sub(decode_ms),
@@ -652,7 +687,7 @@ impl Engine {
             "completion_tokens": out.tokens.len(),
         });
         let interaction = Interaction {
-            id: job.id,
+            id: job.id.clone(),
             user: job.user,
             adapter: job.adapter,
             prompt: job.prompt,
@@ -660,6 +695,7 @@ impl Engine {
             sampling,
             created_at_unix_ms: job.created_unix_ms,
             latency_ms,
+            commit,
         };
         // Waits while the graph falls behind (generation slows, the queue fills, clients see 429); only at
         // shutdown, with nobody draining, is an interaction given up, and that is logged.
@@ -676,6 +712,15 @@ impl Engine {
                 }
             }
         }
+        // The answer is the acknowledgement: it goes out only once the interaction is stored.
+        let end = match waiter.map(|(w, timeout)| w.wait(timeout)) {
+            Some(Err(e)) => {
+                tracing::warn!(id = %job.id, error = %e, "answer withheld: interaction not stored");
+                StreamEvent::Uncommitted(e)
+            }
+            _ => done,
+        };
+        job.pipe.push(end);
     }
 }
 

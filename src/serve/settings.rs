@@ -88,14 +88,20 @@ pub fn addr_file(data_dir: &Path, node_id: &str) -> PathBuf {
 
 impl ServeSettings {
     /// Serves `base` with these settings: loads the listed adapters, starts the API and writes its bound
-    /// address to [`addr_file`].
+    /// address to [`addr_file`]. With `commit_timeout`, answers wait until the graph stored the item
+    /// ([`ServeConfig::commit_timeout`]).
     pub fn start(
         &self,
         base: &Base,
         data_dir: &Path,
         node_id: &str,
+        commit_timeout: Option<std::time::Duration>,
     ) -> Result<(Server, SocketAddr), ServeError> {
-        let server = Server::from_base(base, self.config())?;
+        let config = ServeConfig {
+            commit_timeout,
+            ..self.config()
+        };
+        let server = Server::from_base(base, config)?;
         for (id, dir) in &self.adapters {
             server.engine().load_adapter(id, Path::new(dir))?;
         }

@@ -311,6 +311,7 @@ impl Store {
             user,
             kind,
             created_at_unix_ms: created as u64,
+            commit: Default::default(),
         }))
     }
 
@@ -397,6 +398,7 @@ impl Store {
             response: response.unwrap_or_default(),
             created_at_unix_ms: created as u64,
             latency_ms: latency as u64,
+            commit: Default::default(),
         }))
     }
 

@@ -5,6 +5,7 @@ mod http_util;
 #[path = "../train_util/mod.rs"]
 mod train_util;
 
+mod durability;
 mod e2e;
 mod personal;
 mod store;

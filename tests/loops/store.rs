@@ -22,6 +22,7 @@ fn interaction(id: &str, user: &str) -> Interaction {
         sampling: serde_json::json!({"temperature": 0.0}),
         created_at_unix_ms: 1,
         latency_ms: 2,
+        commit: Default::default(),
     }
 }
 
@@ -32,6 +33,7 @@ fn feedback(id: &str, response: &str, kind: FeedbackKind) -> Feedback {
         user: "u".to_owned(),
         kind,
         created_at_unix_ms: 3,
+        commit: Default::default(),
     }
 }
 

@@ -97,6 +97,7 @@ fn a_restarted_trainer_trains_on_the_training_set_in_the_store() {
                 sampling: serde_json::json!({}),
                 created_at_unix_ms: 1,
                 latency_ms: 1,
+                commit: Default::default(),
             };
             for s in store.capture_interaction(&interaction).unwrap() {
                 assert!(store.admit(&s).unwrap());
@@ -107,6 +108,7 @@ fn a_restarted_trainer_trains_on_the_training_set_in_the_store() {
                 user: "u".to_owned(),
                 kind: FeedbackKind::Accepted,
                 created_at_unix_ms: 2,
+                commit: Default::default(),
             };
             for s in store.capture_feedback(&feedback).unwrap() {
                 assert!(store.admit(&s).unwrap());
