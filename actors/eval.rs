@@ -3,7 +3,8 @@
 //! Glue over [`crate::eval::Gate`]. Each candidate delta is judged against what is served now; a passing
 //! delta is promoted in the store and sent on `promoted`, which the graph wires back to `serve.deltas` (a
 //! feedback edge) for the hot swap. Every verdict also goes out on `reports`. At start, candidates left
-//! without a verdict (a crash mid-judgement) are judged.
+//! without a verdict (a crash mid-judgement) are judged. After each verdict, and at start, deltas outside
+//! `retention` are deleted (see [`crate::store::Store::prune_deltas`]).
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, Kind
 use crate::eval::{Gate, Verdict};
 use crate::message::{Delta, EvalReport, Message, MessageType};
 use crate::model::BaseCache;
+use crate::store::Store;
 
 /// The node's parameters: the gate's settings.
 pub use crate::eval::gate::EvalSettings as EvalParams;
@@ -47,6 +49,11 @@ impl ActorFactory<Message> for EvalParams {
                 ctx.node_id
             )));
         }
+        if self.retention.keep_served == Some(0) {
+            return Err(ActorError::build(
+                "retention.keep_served must be at least 1: the served state is always kept",
+            ));
+        }
         Ok(Box::new(EvalActor {
             params: self.clone(),
             ctx: ctx.clone(),
@@ -75,6 +82,23 @@ struct EvalActor {
 }
 
 impl EvalActor {
+    /// Deletes the deltas outside `retention` (finishing any deletion a crash interrupted).
+    fn prune(&self) -> Result<(), ActorError> {
+        if !self.ctx.data_dir.join(Store::FILE_NAME).exists() {
+            return Ok(());
+        }
+        let pruned = Store::open(&self.ctx.data_dir)
+            .and_then(|mut s| s.prune_deltas(&self.params.retention))
+            // The candidate just judged is not at fault: nothing to dead-letter.
+            .map_err(|e| ActorError::background("prune deltas", e))?;
+        if !pruned.deltas.is_empty() {
+            tracing::info!(node = %self.ctx.node_id, deltas = ?pruned.deltas, "pruned deltas outside retention");
+            metrics::counter!("hearth_eval_pruned_deltas_total", "node" => self.ctx.node_id.clone())
+                .increment(pruned.deltas.len() as u64);
+        }
+        Ok(())
+    }
+
     fn judge(&mut self, delta: &Delta) -> Result<Verdict, ActorError> {
         if self.pool.is_none() {
             let pool = rayon::ThreadPoolBuilder::new()
@@ -128,6 +152,7 @@ impl Actor<Message> for EvalActor {
     /// Judges every candidate the store holds without a verdict. A promotion made here reaches serve through
     /// `promoted` like any other.
     fn on_start(&mut self, out: &mut Outbox) -> Result<(), ActorError> {
+        self.prune()?;
         for delta in
             Gate::pending(&self.ctx.data_dir).context("list candidates without a verdict")?
         {
@@ -154,6 +179,6 @@ impl Actor<Message> for EvalActor {
             legs: serde_json::to_value(&verdict.legs).context("encode the verdict's legs")?,
         };
         out.send("reports", Message::EvalReport(Arc::new(report)))?;
-        Ok(())
+        self.prune()
     }
 }

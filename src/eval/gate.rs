@@ -25,6 +25,8 @@ pub struct EvalSettings {
     /// first use under `DATA_DIR/eval/`.
     pub probes: Option<PathBuf>,
     pub gate: GateConfig,
+    /// Which deltas are kept once judged; the gate prunes the rest after each verdict and at start.
+    pub retention: crate::store::DeltaRetention,
 }
 
 pub struct Gate {

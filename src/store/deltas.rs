@@ -1,12 +1,16 @@
 //! Deltas, the eval gate's verdicts, and the served state.
 //!
 //! A delta enters as a `candidate`, becomes `rejected` or stays a candidate with a passing verdict, and is
-//! `promoted` (served) or `rolled_back`. What is served is the last row of the append-only `serving_log`;
-//! each row remembers the row that was current before it, so `rollback` restores the previous served state
-//! exactly, however many times it is repeated, down to the base alone.
+//! `promoted` (served) or `rolled_back`. What is served is the last row of the `serving_log`, which only
+//! grows but for retention; each row remembers the row that was current before it, so `rollback` restores
+//! the previous served state exactly, however many times it is repeated, down to the base alone (or to the
+//! oldest state retention keeps, then the base alone). Retention ([`Store::prune_deltas`]) deletes what no
+//! rollback can reach.
+
+use std::path::{Path, PathBuf};
 
 use rusqlite::{OptionalExtension, params};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Store, StoreError, json, sq_err};
 use crate::clock::now_unix_ms;
@@ -93,7 +97,168 @@ pub struct ServedState {
     pub delta_id: Option<String>,
 }
 
+/// Which deltas retention keeps (see [`Store::prune_deltas`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeltaRetention {
+    /// Deltas kept that no rollback can reach (rejected by the gate, or rolled back), newest first: kept to
+    /// show why they lost; older ones are deleted.
+    pub keep_rejected: usize,
+    /// Served states `hearth deltas rollback` can walk back through, the current one included; past them a
+    /// rollback reaches the base alone. `None`: every served state since the first promotion.
+    pub keep_served: Option<usize>,
+}
+
+impl Default for DeltaRetention {
+    fn default() -> Self {
+        DeltaRetention {
+            keep_rejected: 8,
+            keep_served: None,
+        }
+    }
+}
+
+/// What [`Store::prune_deltas`] deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PrunedDeltas {
+    /// Deltas whose rows (with their eval results) and adapter directories were deleted.
+    pub deltas: Vec<String>,
+    /// `serving_log` rows no rollback could reach any more.
+    pub serving_log_rows: usize,
+}
+
 impl Store {
+    /// Deletes deltas outside `retention`, rows first, then files. One transaction deletes the rows (the delta,
+    /// its eval results, `serving_log` rows no rollback can reach) and lists each adapter directory in
+    /// `file_trash`; the directories are removed after it commits. A crash in between leaves the list, which
+    /// the next call (the gate's start) finishes first; a concurrent `hearth deltas promote` of a pruned delta
+    /// finds no row rather than a half-deleted directory. Kept: every candidate (a verdict may still come),
+    /// every delta on the rollback chain (the served one and what rollbacks restore, down to `keep_served`
+    /// states), and the newest `keep_rejected` of the rest.
+    pub fn prune_deltas(&mut self, retention: &DeltaRetention) -> Result<PrunedDeltas, StoreError> {
+        if retention.keep_served == Some(0) {
+            return Err(StoreError::Refused(
+                "keep_served must be at least 1: the served state is always kept".into(),
+            ));
+        }
+        self.empty_file_trash()?;
+        let sq = sq_err(&self.path);
+        let now = now_unix_ms() as i64;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(&sq)?;
+        // The rollback chain: the last row, then each row's `previous`.
+        let mut chain: Vec<(i64, Option<String>)> = Vec::new();
+        let mut next: Option<i64> = tx
+            .query_row("SELECT MAX(seq) FROM serving_log", [], |r| r.get(0))
+            .map_err(&sq)?;
+        while let Some(seq) = next {
+            let (delta, previous): (Option<String>, Option<i64>) = tx
+                .query_row(
+                    "SELECT delta_id, previous FROM serving_log WHERE seq = ?1",
+                    [seq],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(&sq)?;
+            chain.push((seq, delta));
+            if retention.keep_served.is_some_and(|k| chain.len() >= k) && previous.is_some() {
+                // The oldest state kept: a rollback from it reaches the base alone.
+                tx.execute(
+                    "UPDATE serving_log SET previous = NULL WHERE seq = ?1",
+                    [seq],
+                )
+                .map_err(&sq)?;
+                break;
+            }
+            next = previous;
+        }
+        let on_chain: std::collections::HashSet<String> =
+            chain.iter().filter_map(|(_, d)| d.clone()).collect();
+        let kept_seqs: Vec<i64> = chain.iter().map(|(seq, _)| *seq).collect();
+        let serving_log_rows = tx
+            .execute(
+                &format!(
+                    "DELETE FROM serving_log WHERE seq NOT IN ({})",
+                    if kept_seqs.is_empty() {
+                        "NULL".to_owned()
+                    } else {
+                        kept_seqs
+                            .iter()
+                            .map(i64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    }
+                ),
+                [],
+            )
+            .map_err(&sq)?;
+        let rows: Vec<(String, String, String)> = tx
+            .prepare(
+                "SELECT id, path, status FROM deltas WHERE status != 'candidate'
+                 ORDER BY created_at_unix_ms DESC, rowid DESC",
+            )
+            .and_then(|mut s| {
+                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect()
+            })
+            .map_err(&sq)?;
+        let mut rejected_kept = 0;
+        let mut pruned = Vec::new();
+        for (id, path, status) in rows {
+            if on_chain.contains(&id) {
+                continue;
+            }
+            // A promoted delta off the chain left it by truncation: nothing can serve it again.
+            if status != "promoted" && rejected_kept < retention.keep_rejected {
+                rejected_kept += 1;
+                continue;
+            }
+            tx.execute("DELETE FROM eval_results WHERE delta_id = ?1", [&id])
+                .map_err(&sq)?;
+            tx.execute("DELETE FROM deltas WHERE id = ?1", [&id])
+                .map_err(&sq)?;
+            // Only a directory named for the delta is removed: it was made for it by `save_delta`.
+            if Path::new(&path).file_name() == Some(std::ffi::OsStr::new(&id)) {
+                tx.execute(
+                    "INSERT OR IGNORE INTO file_trash (path, at_unix_ms) VALUES (?1, ?2)",
+                    params![path, now],
+                )
+                .map_err(&sq)?;
+            }
+            pruned.push(id);
+        }
+        tx.commit().map_err(&sq)?;
+        self.empty_file_trash()?;
+        Ok(PrunedDeltas {
+            deltas: pruned,
+            serving_log_rows,
+        })
+    }
+
+    /// Removes every file or directory listed in `file_trash`, then its row. One already gone counts as
+    /// removed (a crash after the removal, before the row's deletion).
+    fn empty_file_trash(&mut self) -> Result<(), StoreError> {
+        let paths: Vec<String> = self.ids("SELECT path FROM file_trash ORDER BY rowid", [])?;
+        for path in paths {
+            let p = PathBuf::from(&path);
+            let removed = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            match removed {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(StoreError::Remove { path: p, source }),
+            }
+            self.conn
+                .execute("DELETE FROM file_trash WHERE path = ?1", [&path])
+                .map_err(self.sq())?;
+        }
+        Ok(())
+    }
+
     /// Records a trained delta as a candidate. Returns false if it was recorded before (a replay).
     pub fn record_delta(
         &mut self,
@@ -275,6 +440,17 @@ impl Store {
                 delta_id: None,
             },
         })
+    }
+
+    /// When the newest delta was recorded (Unix ms); `None` before the first.
+    pub fn last_delta_created_at(&self) -> Result<Option<u64>, StoreError> {
+        let at: Option<i64> = self
+            .conn
+            .query_row("SELECT MAX(created_at_unix_ms) FROM deltas", [], |r| {
+                r.get(0)
+            })
+            .map_err(self.sq())?;
+        Ok(at.map(|t| t.max(0) as u64))
     }
 
     /// Every delta, oldest first.

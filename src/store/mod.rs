@@ -14,7 +14,7 @@ use serde::Serialize;
 
 mod deltas;
 
-pub use deltas::{DeltaRecord, DeltaStatus, LegRecord, ServedState};
+pub use deltas::{DeltaRecord, DeltaRetention, DeltaStatus, LegRecord, PrunedDeltas, ServedState};
 
 use crate::clock::now_unix_ms;
 use crate::message::{
@@ -40,6 +40,11 @@ pub enum StoreError {
         column: &'static str,
         id: String,
         source: serde_json::Error,
+    },
+    #[error("store: cannot remove {path}: {source}")]
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
     },
     #[error("store: {0}")]
     Refused(String),
@@ -86,15 +91,20 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE dead_letters (
         id INTEGER PRIMARY KEY AUTOINCREMENT, node TEXT NOT NULL, worker INTEGER NOT NULL, error TEXT NOT NULL,
         message_json TEXT NOT NULL, at_unix_ms INTEGER NOT NULL);",
-    // 2: the eval gate's verdicts and the served state. `serving_log` is append-only: each row is the state
-    // entered (`delta_id`, NULL = the base alone) and the row that was current before it, so rollback walks
-    // back exactly, any number of times.
+    // 2: the eval gate's verdicts and the served state. `serving_log` is append-only (retention deletes only
+    // rows no rollback can reach): each row is the state entered (`delta_id`, NULL = the base alone) and the
+    // row that was current before it, so rollback walks back exactly, any number of times.
     "ALTER TABLE deltas ADD COLUMN verdict_json TEXT;
      ALTER TABLE deltas ADD COLUMN promoted_at_unix_ms INTEGER;
      CREATE TABLE serving_log (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, delta_id TEXT REFERENCES deltas(id),
         action TEXT NOT NULL CHECK (action IN ('promote','rollback')), previous INTEGER,
         reason TEXT NOT NULL, at_unix_ms INTEGER NOT NULL);",
+    // 3: retention. Files whose rows are already deleted (a pruned delta's adapter directory) wait here until
+    // they are gone from disk, so a crash between the two leaves a list to finish, not unreferenced files.
+    // Admission time is what the training window ages by.
+    "CREATE TABLE file_trash (path TEXT PRIMARY KEY, at_unix_ms INTEGER NOT NULL);
+     CREATE INDEX training_set_by_admission ON training_set(admitted_at_unix_ms);",
 ];
 
 /// Counts for reports: how many items sit in each curation state, and why items were dropped.
@@ -680,6 +690,63 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// The training set with each sample's admission time (Unix ms), in admission order.
+    pub fn training_set_admitted(&self) -> Result<Vec<(u64, Sample)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT sample_id, sample_json, admitted_at_unix_ms FROM training_set ORDER BY rowid",
+            )
+            .map_err(self.sq())?;
+        let rows: Vec<(String, String, i64)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .map_err(self.sq())?
+            .collect::<Result<_, _>>()
+            .map_err(self.sq())?;
+        rows.into_iter()
+            .map(|(id, s, at)| {
+                let sample = serde_json::from_str(&s).map_err(|source| StoreError::Json {
+                    table: "training_set",
+                    column: "sample_json",
+                    id,
+                    source,
+                })?;
+                Ok((at.max(0) as u64, sample))
+            })
+            .collect()
+    }
+
+    /// Deletes training-set rows outside the training window: all but the `keep_last` most recently admitted,
+    /// and those admitted before `admitted_before_unix_ms`. Their items stay `admitted` in `curation`.
+    pub fn prune_training_set(
+        &mut self,
+        keep_last: Option<usize>,
+        admitted_before_unix_ms: Option<u64>,
+    ) -> Result<usize, StoreError> {
+        let sq = sq_err(&self.path);
+        let tx = self.conn.transaction().map_err(&sq)?;
+        let mut n = 0;
+        if let Some(cutoff) = admitted_before_unix_ms {
+            n += tx
+                .execute(
+                    "DELETE FROM training_set WHERE admitted_at_unix_ms < ?1",
+                    [cutoff as i64],
+                )
+                .map_err(&sq)?;
+        }
+        if let Some(keep) = keep_last {
+            n += tx
+                .execute(
+                    "DELETE FROM training_set WHERE rowid NOT IN
+                     (SELECT rowid FROM training_set ORDER BY rowid DESC LIMIT ?1)",
+                    [keep as i64],
+                )
+                .map_err(&sq)?;
+        }
+        tx.commit().map_err(&sq)?;
+        Ok(n)
     }
 
     /// `PRAGMA integrity_check`: "ok" when the database is sound.

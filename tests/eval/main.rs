@@ -4,3 +4,4 @@
 mod train_util;
 
 mod gate;
+mod retention;
