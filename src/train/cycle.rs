@@ -1,9 +1,13 @@
 //! Training cycles as a background process: samples are buffered; once enough new ones wait (and, with
-//! `await_verdict`, the gate has judged the last delta), a cycle trains on every sample so far on its own
-//! thread, continuing from the served delta, and publishes a delta. Usable without the engine; the
-//! `trainer` actor is glue over [`Cycles`].
+//! `await_verdict`, the gate has judged the last delta, and the schedule allows), a cycle trains on the
+//! training window on its own thread, continuing from the served delta, and publishes a delta. Usable
+//! without the engine; the `trainer` actor is glue over [`Cycles`].
+//!
+//! Bounded over weeks: the buffer holds only the training window (the last `max_samples`, none older than
+//! `max_age_secs`), and training-set rows outside it are deleted from the store, so neither memory, the
+//! store nor a cycle's encoding grows with the age of the installation.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,6 +41,16 @@ pub struct TrainerSettings {
     /// Where deltas are written; `DATA_DIR/deltas` by default.
     #[serde(default)]
     pub out_dir: Option<PathBuf>,
+    /// The samples a cycle trains on; older ones leave memory and the store's training set.
+    #[serde(default)]
+    pub window: TrainingWindow,
+    /// Seconds from the start of one cycle (or the last delta in the store, after a restart) to the next.
+    #[serde(default)]
+    pub min_interval_secs: u64,
+    /// Start a cycle only while the machine is idle: the 1-minute load average per CPU below this (read from
+    /// `/proc/loadavg`; where that cannot be read, the machine counts as idle). `None`: any time.
+    #[serde(default)]
+    pub idle_load: Option<f64>,
     /// Boxed: the recipe is large next to other kinds' parameters.
     #[serde(default)]
     pub train: Box<TrainConfig>,
@@ -54,6 +68,33 @@ fn default_await_verdict() -> bool {
     true
 }
 
+/// The training window: what a cycle trains on, by count and by age since admission.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingWindow {
+    /// The most recently admitted samples kept; `None`: no limit by count.
+    pub max_samples: Option<usize>,
+    /// Samples admitted longer ago than this leave the window; `None`: no limit by age.
+    pub max_age_secs: Option<u64>,
+}
+
+impl Default for TrainingWindow {
+    fn default() -> Self {
+        TrainingWindow {
+            max_samples: Some(10_000),
+            max_age_secs: None,
+        }
+    }
+}
+
+impl TrainingWindow {
+    /// Admission times before this (Unix ms) are outside the window.
+    fn cutoff_unix_ms(&self) -> Option<u64> {
+        self.max_age_secs
+            .map(|s| crate::clock::now_unix_ms().saturating_sub(s.saturating_mul(1000)))
+    }
+}
+
 impl TrainerSettings {
     /// The cycles' settings for a trainer named `name` over the data directory `data_dir`.
     pub fn cycle_settings(&self, name: &str, data_dir: &Path) -> CycleSettings {
@@ -63,6 +104,9 @@ impl TrainerSettings {
             min_samples: self.min_samples,
             threads: self.threads,
             await_verdict: self.await_verdict,
+            window: self.window.clone(),
+            min_interval: Duration::from_secs(self.min_interval_secs),
+            idle_load: self.idle_load,
             data_dir: data_dir.to_path_buf(),
             out_dir: self
                 .out_dir
@@ -81,6 +125,9 @@ impl Default for TrainerSettings {
             await_verdict: default_await_verdict(),
             threads: default_threads(),
             out_dir: None,
+            window: TrainingWindow::default(),
+            min_interval_secs: 0,
+            idle_load: None,
             train: Box::default(),
         }
     }
@@ -88,6 +135,12 @@ impl Default for TrainerSettings {
 
 /// How often a cycle waiting for a verdict looks in the store.
 const VERDICT_POLL: Duration = Duration::from_millis(500);
+
+/// How often the training set in the store is cut to the window: rows outlive it by at most this much.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// How long an idleness reading holds: the load average moves over a minute, and ticks come every 20 ms.
+const IDLE_RECHECK: Duration = Duration::from_secs(5);
 
 /// Finds the base a cycle trains over; called on the cycle's thread, so a graph builds without the model.
 pub type BaseSource = Arc<dyn Fn() -> Result<Arc<Base>> + Send + Sync>;
@@ -104,6 +157,12 @@ pub struct CycleSettings {
     pub threads: usize,
     /// Start a cycle only once the gate has judged the last delta.
     pub await_verdict: bool,
+    /// What a cycle trains on.
+    pub window: TrainingWindow,
+    /// From one cycle's start to the next.
+    pub min_interval: Duration,
+    /// Start only while the load average per CPU is below this.
+    pub idle_load: Option<f64>,
     /// The store and the default model.
     pub data_dir: PathBuf,
     /// Where deltas are written.
@@ -115,14 +174,22 @@ pub struct CycleSettings {
 pub struct Cycles {
     settings: CycleSettings,
     base: BaseSource,
-    /// Every sample received, in arrival order: each cycle trains on all of them.
-    seen: Vec<Sample>,
+    /// The training window, with each sample's admission time (Unix ms), in arrival order: each cycle
+    /// trains on all of it.
+    seen: VecDeque<(u64, Sample)>,
     /// Ids in `seen`: a sample both reloaded from the store and received again counts once.
     seen_ids: HashSet<String>,
     new_since_cycle: usize,
+    /// When the last cycle started (Unix ms); after a restart, when the store's last delta was made.
+    last_cycle_unix_ms: Option<u64>,
+    /// When the store's training set was last cut to the window.
+    last_prune: Option<Instant>,
+    /// The last idleness reading and when it was taken.
+    idle: Option<(Instant, bool)>,
     running: Option<JoinHandle<Result<Delta>>>,
-    /// The last delta published while `await_verdict` is on, and when the store was last asked about it.
-    awaiting: Option<(String, Instant)>,
+    /// The last delta published while `await_verdict` is on, when the store was last asked about it, and
+    /// whether the cycle recorded it there.
+    awaiting: Option<(String, Instant, bool)>,
     /// Kept open while waiting for verdicts: it is read twice a second.
     store: Option<Store>,
 }
@@ -132,33 +199,104 @@ impl Cycles {
         Cycles {
             settings,
             base,
-            seen: Vec::new(),
+            seen: VecDeque::new(),
             seen_ids: HashSet::new(),
             new_since_cycle: 0,
+            last_cycle_unix_ms: None,
+            last_prune: None,
+            idle: None,
             running: None,
             awaiting: None,
             store: None,
         }
     }
 
-    /// Adds a sample (once per id).
+    /// Adds a sample (once per id), admitted now.
     pub fn add(&mut self, sample: &Sample) {
+        self.add_admitted(crate::clock::now_unix_ms(), sample);
+    }
+
+    fn add_admitted(&mut self, admitted_unix_ms: u64, sample: &Sample) {
         if self.seen_ids.insert(sample.id.clone()) {
-            self.seen.push(sample.clone());
+            self.seen.push_back((admitted_unix_ms, sample.clone()));
             self.new_since_cycle += 1;
+            self.evict();
         }
     }
 
-    /// Adds the training set the store holds, so what earlier runs admitted is trained on again.
+    /// The samples in the window now, oldest first.
+    pub fn window(&self) -> impl Iterator<Item = &Sample> {
+        self.seen.iter().map(|(_, s)| s)
+    }
+
+    /// Drops what left the window from memory (the store is cut by [`Cycles::prune_store`]).
+    fn evict(&mut self) {
+        let cutoff = self.settings.window.cutoff_unix_ms();
+        let max = self.settings.window.max_samples.unwrap_or(usize::MAX);
+        while let Some((at, s)) = self.seen.front() {
+            if self.seen.len() <= max && cutoff.is_none_or(|c| *at >= c) {
+                break;
+            }
+            self.seen_ids.remove(&s.id);
+            self.seen.pop_front();
+        }
+    }
+
+    /// Adds the training window the store holds (after cutting the store to it), so what earlier runs
+    /// admitted is trained on again; a restarted process keeps `min_interval` from the store's last delta.
     pub fn reload(&mut self) -> Result<usize> {
         if !self.settings.data_dir.join(Store::FILE_NAME).exists() {
             return Ok(0);
         }
-        let set = Store::open(&self.settings.data_dir)?.training_set()?;
-        for s in &set {
-            self.add(s);
+        self.prune_store()?;
+        let store = Store::open(&self.settings.data_dir)?;
+        let set = store.training_set_admitted()?;
+        for (at, s) in &set {
+            self.add_admitted(*at, s);
+        }
+        if self.last_cycle_unix_ms.is_none() {
+            self.last_cycle_unix_ms = store.last_delta_created_at()?;
         }
         Ok(set.len())
+    }
+
+    /// Cuts memory and the store's training set to the window; the store at most every [`PRUNE_EVERY`].
+    /// Returns the rows deleted.
+    pub fn sweep(&mut self) -> Result<usize> {
+        self.evict();
+        if self.last_prune.is_some_and(|t| t.elapsed() < PRUNE_EVERY)
+            || !self.settings.data_dir.join(Store::FILE_NAME).exists()
+        {
+            return Ok(0);
+        }
+        self.prune_store()
+    }
+
+    fn prune_store(&mut self) -> Result<usize> {
+        self.last_prune = Some(Instant::now());
+        let window = &self.settings.window;
+        if window.max_samples.is_none() && window.max_age_secs.is_none() {
+            return Ok(0);
+        }
+        let (keep, cutoff) = (window.max_samples, window.cutoff_unix_ms());
+        let n = self.store()?.prune_training_set(keep, cutoff)?;
+        if n > 0 {
+            tracing::info!(node = %self.settings.name, rows = n, "training set cut to the window");
+            metrics::counter!("hearth_trainer_pruned_samples_total", "node" => self.settings.name.clone())
+                .increment(n as u64);
+        }
+        Ok(n)
+    }
+
+    /// The store, opened once and kept: the trainer reads it twice a second while awaiting a verdict.
+    fn store(&mut self) -> Result<&mut Store> {
+        if self.store.is_none() {
+            self.store = Some(Store::open(&self.settings.data_dir)?);
+        }
+        match &mut self.store {
+            Some(store) => Ok(store),
+            None => unreachable!("opened above"),
+        }
     }
 
     /// The finished cycle's delta, if any; with `wait`, waits for a running one.
@@ -172,22 +310,30 @@ impl Cycles {
         };
         let delta = handle.join().map_err(|_| TrainError::Panicked)??;
         if self.settings.await_verdict {
-            self.awaiting = Some((delta.id.clone(), Instant::now()));
+            // The cycle recorded its delta if the store existed (see `run`).
+            let recorded = self.settings.data_dir.join(Store::FILE_NAME).exists();
+            self.awaiting = Some((delta.id.clone(), Instant::now(), recorded));
         }
         Ok(Some(delta))
     }
 
-    /// Starts a cycle on its own thread when enough new samples wait, none runs, and the last verdict is in.
+    /// Starts a cycle on its own thread when enough new samples wait, none runs, the last verdict is in,
+    /// and the schedule allows (`min_interval` since the last cycle; the machine idle, with `idle_load`).
     pub fn maybe_start(&mut self) -> Result<()> {
+        self.sweep()?;
         if self.running.is_some()
+            || self.seen.is_empty()
             || self.new_since_cycle < self.settings.min_samples.max(1)
+            || !self.interval_passed()
             || !self.verdict_known()?
+            || !self.machine_idle()
         {
             return Ok(());
         }
         self.new_since_cycle = 0;
-        let (settings, base, samples) =
-            (self.settings.clone(), self.base.clone(), self.seen.clone());
+        self.last_cycle_unix_ms = Some(crate::clock::now_unix_ms());
+        let samples: Vec<Sample> = self.window().cloned().collect();
+        let (settings, base) = (self.settings.clone(), self.base.clone());
         let pool = super::background_pool(settings.threads)?;
         let handle = std::thread::Builder::new()
             .name(format!("trainer-{}", settings.name))
@@ -200,27 +346,66 @@ impl Cycles {
         Ok(())
     }
 
+    fn interval_passed(&self) -> bool {
+        let min = self.settings.min_interval.as_millis() as u64;
+        self.last_cycle_unix_ms
+            .is_none_or(|t| crate::clock::now_unix_ms().saturating_sub(t) >= min)
+    }
+
+    /// Whether the machine counts as idle (always, without `idle_load`); re-read every [`IDLE_RECHECK`].
+    fn machine_idle(&mut self) -> bool {
+        let Some(max) = self.settings.idle_load else {
+            return true;
+        };
+        if let Some((at, idle)) = self.idle
+            && at.elapsed() < IDLE_RECHECK
+        {
+            return idle;
+        }
+        let idle = match load_per_cpu() {
+            Some(load) => load < max,
+            None => {
+                if self.idle.is_none() {
+                    tracing::warn!(node = %self.settings.name, "no load average here (/proc/loadavg); idle_load is not applied");
+                }
+                true
+            }
+        };
+        if !idle && self.idle.is_none_or(|(_, was)| was) {
+            tracing::info!(node = %self.settings.name, max, "training waits for the machine to be idle");
+        }
+        self.idle = Some((Instant::now(), idle));
+        idle
+    }
+
     /// Whether the gate has judged the last delta (always true with `await_verdict` off).
     fn verdict_known(&mut self) -> Result<bool> {
-        let Some((id, checked)) = &mut self.awaiting else {
+        let Some((id, checked, recorded)) = &mut self.awaiting else {
             return Ok(true);
         };
         if checked.elapsed() < VERDICT_POLL {
             return Ok(false);
         }
         *checked = Instant::now();
-        if self.store.is_none() {
-            self.store = Some(Store::open(&self.settings.data_dir)?);
-        }
-        let Some(store) = &self.store else {
-            return Ok(false);
+        let (id, recorded) = (id.clone(), *recorded);
+        let judged = match self.store()?.delta(&id)? {
+            Some(d) => d.verdict.is_some(),
+            // Recorded and gone: retention pruned it, and it prunes only judged deltas.
+            None => recorded,
         };
-        let judged = store.delta(id)?.is_some_and(|d| d.verdict.is_some());
         if judged {
             self.awaiting = None;
         }
         Ok(judged)
     }
+}
+
+/// The 1-minute load average divided by the CPUs, from `/proc/loadavg`; `None` where it cannot be read.
+pub fn load_per_cpu() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let load: f64 = text.split_whitespace().next()?.parse().ok()?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Some(load / cpus as f64)
 }
 
 /// The served delta, if the store has one for this base: what a new cycle continues from.

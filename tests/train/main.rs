@@ -4,6 +4,7 @@
 mod train_util;
 
 mod actor;
+mod bounds;
 mod checkpoint;
 mod dora;
 mod lora;
