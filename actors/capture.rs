@@ -3,7 +3,8 @@
 //! Thin over [`crate::store`]. Each captured item gets a pending curation entry in the same transaction; the
 //! item then flows on as a sample. At start, worker 0 replays every item still pending (in flight when the
 //! process died), so nothing captured is ever lost; the store's conditional state changes make the replay
-//! idempotent. It also applies the raw-text retention policy, at most once a minute while items arrive.
+//! idempotent. It also applies the raw-text retention policy every `sweep_every_secs`, whether items arrive
+//! or not: the sweep runs between messages and, when the mailbox is idle, from [`Actor::tick`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,11 +16,22 @@ use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, Kind
 use crate::message::{Message, MessageType};
 use crate::store::Store;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CaptureParams {
     /// Erase raw captured text this many seconds after its curation finished (`None`: keep it).
     pub retention_secs: Option<u64>,
+    /// Seconds between two retention sweeps: raw text outlives `retention_secs` by at most this much.
+    pub sweep_every_secs: u64,
+}
+
+impl Default for CaptureParams {
+    fn default() -> Self {
+        CaptureParams {
+            retention_secs: None,
+            sweep_every_secs: 60,
+        }
+    }
 }
 
 static INFO: KindInfo = KindInfo {
@@ -44,8 +56,9 @@ impl ActorFactory<Message> for CaptureParams {
         Ok(Box::new(Capture {
             store,
             retention: self.retention_secs.map(Duration::from_secs),
+            sweep_every: Duration::from_secs(self.sweep_every_secs),
             replay_pending: ctx.worker == 0,
-            last_retention: Instant::now(),
+            last_retention: None,
         }))
     }
 }
@@ -54,6 +67,7 @@ impl KindParams<Message> for CaptureParams {
     fn example() -> Self {
         CaptureParams {
             retention_secs: Some(7 * 24 * 3600),
+            sweep_every_secs: 60,
         }
     }
 }
@@ -61,12 +75,33 @@ impl KindParams<Message> for CaptureParams {
 struct Capture {
     store: Store,
     retention: Option<Duration>,
+    sweep_every: Duration,
     replay_pending: bool,
-    last_retention: Instant,
+    /// `None` until the first sweep, which runs at once: a restart must not postpone retention.
+    last_retention: Option<Instant>,
 }
 
-/// How often retention runs; raw text outlives its retention by at most this much.
-const RETENTION_EVERY: Duration = Duration::from_secs(60);
+impl Capture {
+    /// Applies retention if a sweep is due.
+    fn sweep(&mut self) -> Result<(), ActorError> {
+        let Some(retention) = self.retention else {
+            return Ok(());
+        };
+        if self
+            .last_retention
+            .is_some_and(|t| t.elapsed() < self.sweep_every)
+        {
+            return Ok(());
+        }
+        self.last_retention = Some(Instant::now());
+        let erased = self
+            .store
+            .apply_retention(retention)
+            .map_err(|e| ActorError::background("apply retention", e))?;
+        metrics::counter!("hearth_capture_raw_erased_total").increment(erased as u64);
+        Ok(())
+    }
+}
 
 impl Actor<Message> for Capture {
     fn handle(
@@ -94,21 +129,16 @@ impl Actor<Message> for Capture {
                 return Err(crate::message::unexpected(port, other));
             }
         };
-        if let Some(retention) = self.retention
-            && self.last_retention.elapsed() >= RETENTION_EVERY
-        {
-            self.last_retention = Instant::now();
-            let erased = self
-                .store
-                .apply_retention(retention)
-                .context("apply retention")?;
-            metrics::counter!("hearth_capture_raw_erased_total").increment(erased as u64);
-        }
         // Empty when captured before (a resent request or a replay): it is already on its way or decided.
         for sample in samples {
             out.send("out", Message::Sample(Arc::new(sample)))?;
         }
-        Ok(())
+        self.sweep()
+    }
+
+    /// Retention runs on its timer while no items arrive, too.
+    fn tick(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        self.sweep()
     }
 
     fn on_start(&mut self, out: &mut Outbox) -> Result<(), ActorError> {

@@ -8,4 +8,5 @@ mod train_util;
 mod durability;
 mod e2e;
 mod personal;
+mod retention;
 mod store;
