@@ -413,7 +413,10 @@ pub fn start<M: Payload>(
     let data_dir = data_dir
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from(&graph.plan.settings.data_dir));
-    let dead_letters = Arc::new(DeadLetterStore::open(&data_dir)?);
+    let dead_letters = Arc::new(DeadLetterStore::open_rotating(
+        &data_dir,
+        graph.plan.settings.dead_letters,
+    )?);
     let stop = Arc::new(AtomicBool::new(false));
     let resources = Arc::new(Resources::default());
     let plan = &graph.plan;

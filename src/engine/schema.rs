@@ -137,6 +137,9 @@ pub struct GraphSettings {
     /// Where dead letters and other state live, relative to the working directory.
     #[serde(default = "default_data_dir")]
     pub data_dir: String,
+    /// When `DATA_DIR/dead_letters.jsonl` rotates and how many rotated files are kept.
+    #[serde(default)]
+    pub dead_letters: super::dead_letter::Rotation,
 }
 
 impl Default for GraphSettings {
@@ -144,6 +147,7 @@ impl Default for GraphSettings {
         GraphSettings {
             control: None,
             data_dir: default_data_dir(),
+            dead_letters: Default::default(),
         }
     }
 }

@@ -4,6 +4,7 @@
 mod train_util;
 
 mod cli;
+mod dead_letters;
 mod failures;
 mod runtime;
 mod validation;
