@@ -308,7 +308,19 @@ impl Cycles {
         let Some(handle) = self.running.take() else {
             return Ok(None);
         };
-        let delta = handle.join().map_err(|_| TrainError::Panicked)??;
+        let delta = match handle.join().map_err(|_| TrainError::Panicked)? {
+            Ok(delta) => delta,
+            // Not a failure: the window holds nothing a cycle may train on yet (say, only the model's own
+            // answers, which the collapse guard caps by the grounded ones). Retrying at once would fail the
+            // same way until the node is failed; the next `min_samples` arrivals try again.
+            Err(TrainError::NoData(n)) => {
+                tracing::info!(node = %self.settings.name, samples = n, "no trainable example in the window yet; waiting for more samples");
+                metrics::counter!("hearth_trainer_cycles_without_data_total", "node" => self.settings.name.clone())
+                    .increment(1);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         if self.settings.await_verdict {
             // The cycle recorded its delta if the store existed (see `run`).
             let recorded = self.settings.data_dir.join(Store::FILE_NAME).exists();

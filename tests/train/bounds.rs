@@ -138,3 +138,29 @@ fn the_window_cuts_the_stores_training_set_by_age_and_by_count() {
         assert_eq!(store.counts().unwrap().admitted, 10, "{window}");
     }
 }
+
+/// A window with nothing a cycle may train on (only the model's own answers, which the collapse guard caps by
+/// the grounded ones) is not a failure: the trainer waits for more samples instead of failing the cycle
+/// again at each restart until the node is failed (what a soak of the personal graph without feedback hit).
+#[test]
+fn a_window_without_trainable_samples_waits_rather_than_failing_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _, _) = train_util::tiny(dir.path());
+    let data = dir.path().join("data");
+    admitted_store(&data, 10, 0);
+    let graph = trainer_graph(
+        &base,
+        0,
+        "min_samples: 3, await_verdict: false, train: (steps: 2, batch_size: 2, rank: 2, max_seq_len: 64, max_self_generated_share: 0.5)",
+    );
+    let report = start(graph, Some(&data)).expect("start").wait();
+    assert!(report.failed_nodes.is_empty(), "{report:#?}");
+    let trainer = report
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.id == "trainer")
+        .unwrap();
+    assert_eq!((trainer.errors, trainer.restarts), (0, 0), "{report:#?}");
+    assert!(Store::open(&data).unwrap().deltas().unwrap().is_empty());
+}
