@@ -24,6 +24,8 @@ pub struct FaultInjectParams {
     /// Fail every idle call ([`Actor::tick`]) as background work that keeps failing does (a training cycle
     /// that cannot read its data), whatever arrives.
     pub fail_periodic: bool,
+    /// Fail every start, as a node that cannot take its port or open its files does.
+    pub fail_start: bool,
 }
 
 static INFO: KindInfo = KindInfo {
@@ -52,6 +54,7 @@ impl KindParams<Message> for FaultInjectParams {
             fail_ids_ending: vec!["-13".to_owned()],
             mode: FaultMode::Panic,
             fail_periodic: false,
+            fail_start: false,
         }
     }
 }
@@ -85,6 +88,13 @@ impl Actor<Message> for FaultInject {
             }
         }
         out.send("out", message.clone()).map_err(ActorError::from)
+    }
+
+    fn on_start(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {
+        if self.params.fail_start {
+            return Err(ActorError::Message("injected fault at start".to_owned()));
+        }
+        Ok(())
     }
 
     fn tick(&mut self, _out: &mut Outbox) -> Result<(), ActorError> {

@@ -322,9 +322,10 @@ fn overload(secs: u64, when_full: WhenFull, dir: &std::path::Path) {
         .unwrap_or(0);
     let peak = samples.iter().max().copied().unwrap_or(0);
     let max_depth = status
+        .snapshot()
         .edges
         .iter()
-        .map(|e| e.snapshot().max_depth)
+        .map(|e| e.max_depth)
         .max()
         .unwrap_or(0);
     println!(

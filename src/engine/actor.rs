@@ -313,6 +313,26 @@ impl<M: Clone> Outbox<M> {
         }
     }
 
+    /// Adds an edge to `port` (a reload connecting a running node to a new one).
+    pub(crate) fn add_edge(&mut self, port: &'static str, edge: EdgeSender<M>) {
+        match self.ports.iter_mut().find(|(p, _)| *p == port) {
+            Some((_, edges)) => edges.push(edge),
+            None => self.ports.push((port, vec![edge])),
+        }
+    }
+
+    /// Drops the sender of the edge with these counters; its receiver drains what is queued, then closes.
+    pub(crate) fn remove_edge(&mut self, edge: &Arc<super::edge::EdgeStats>) {
+        for (_, edges) in &mut self.ports {
+            edges.retain(|e| !Arc::ptr_eq(e.stats(), edge));
+        }
+    }
+
+    /// Every port with its edges, leaving this outbox without any (a retiring worker hands them on).
+    pub(crate) fn take_ports(&mut self) -> Vec<(&'static str, Vec<EdgeSender<M>>)> {
+        std::mem::take(&mut self.ports)
+    }
+
     /// Whether any edge is connected to `port`, so an actor can skip building a message nobody reads.
     pub fn is_connected(&self, port: &str) -> bool {
         self.ports

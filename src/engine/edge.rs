@@ -188,6 +188,11 @@ pub fn bounded<M>(
 }
 
 impl<M> EdgeSender<M> {
+    /// The counters of the edge this sender feeds; their identity names the edge across a reload.
+    pub fn stats(&self) -> &Arc<EdgeStats> {
+        &self.stats
+    }
+
     /// Sends under the edge's policy. Never loses a message silently: drops are counted, and a message that no
     /// receiver can ever take is counted as undeliverable.
     pub fn send(&self, message: M) {

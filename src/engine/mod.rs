@@ -8,6 +8,7 @@ pub mod dead_letter;
 pub mod draw;
 pub mod edge;
 pub mod metrics;
+pub mod reload;
 pub mod resources;
 pub mod runtime;
 pub mod schema;
@@ -24,6 +25,7 @@ pub use actor::{
     Actor, ActorError, ActorFactory, BuildContext, Context, KindInfo, KindParams, Outbox, PortSpec,
     Produce,
 };
+pub use reload::{ReloadError, ReloadSummary, Reloader};
 pub use resources::Resources;
 pub use runtime::{RunReport, RunningGraph, start};
 pub use schema::{EdgeSpec, GraphError, RestartPolicy, WhenFull};

@@ -8,11 +8,11 @@ use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, Select, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
 use serde::Serialize;
 
 use super::Payload;
@@ -20,8 +20,8 @@ use super::actor::{Actor, ActorError, ActorFactory, BuildContext, Outbox, Produc
 use super::dead_letter::{DeadLetterError, DeadLetterStore};
 use super::edge::{EdgeReceiver, EdgeSender, EdgeSnapshot, EdgeStats, bounded};
 use super::resources::Resources;
-use super::schema::RestartPolicy;
-use super::validate::Graph;
+use super::schema::{EdgeSpec, GraphSettings, RestartPolicy};
+use super::validate::{Graph, PlanNode};
 use crate::clock::now_unix_ms;
 
 /// Lifecycle of a node as `/status` and the run report show it.
@@ -105,7 +105,8 @@ pub struct NodeStats {
     processed: AtomicU64,
     errors: AtomicU64,
     restarts: AtomicU64,
-    inbound: Vec<Arc<EdgeStats>>,
+    /// The edges into the node; a reload changes them.
+    inbound: Mutex<Vec<Arc<EdgeStats>>>,
     restart_times: Mutex<Vec<Instant>>,
     /// The last failure, and when it happened on the monotonic clock (for the restart window).
     last_error: Mutex<Option<(NodeError, Instant)>>,
@@ -162,6 +163,37 @@ impl NodeSnapshot {
 }
 
 impl NodeStats {
+    pub(super) fn new<M>(
+        node: &PlanNode<M>,
+        kind: &'static str,
+        inbound: Vec<Arc<EdgeStats>>,
+    ) -> Arc<Self> {
+        let labels = [("node", node.id.clone())];
+        Arc::new(NodeStats {
+            id: node.id.clone(),
+            kind,
+            workers: node.workers,
+            policy: node.restart,
+            state: AtomicU8::new(NodeState::Running as u8),
+            live_workers: AtomicU64::new(node.workers as u64),
+            processed: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            inbound: Mutex::new(inbound),
+            restart_times: Mutex::new(Vec::new()),
+            last_error: Mutex::new(None),
+            processed_metric: metrics::counter!("hearth_node_processed_total", &labels),
+            errors_metric: metrics::counter!("hearth_node_errors_total", &labels),
+            restarts_metric: metrics::counter!("hearth_node_restarts_total", &labels),
+            failed_metric: metrics::gauge!("hearth_node_failed", &labels),
+            handler_metric: metrics::histogram!("hearth_node_handler_seconds", &labels),
+        })
+    }
+
+    pub(super) fn set_inbound(&self, inbound: Vec<Arc<EdgeStats>>) {
+        *self.inbound.lock().unwrap_or_else(|p| p.into_inner()) = inbound;
+    }
+
     fn state(&self) -> NodeState {
         NodeState::from_u8(self.state.load(Ordering::Acquire))
     }
@@ -192,7 +224,13 @@ impl NodeStats {
             kind: self.kind,
             state: self.state(),
             workers: self.workers,
-            queue_depth: self.inbound.iter().map(|e| e.depth()).sum(),
+            queue_depth: self
+                .inbound
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|e| e.depth())
+                .sum(),
             processed: self.processed.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),
@@ -272,11 +310,11 @@ impl NodeStats {
     }
 }
 
-/// Live view of a running graph, shared with the control endpoints.
+/// Live view of a running graph, shared with the control endpoints. A reload replaces what it lists.
 pub struct RunStatus {
-    pub graph: String,
-    pub nodes: Vec<Arc<NodeStats>>,
-    pub edges: Vec<Arc<EdgeStats>>,
+    graph: RwLock<String>,
+    nodes: RwLock<Vec<Arc<NodeStats>>>,
+    edges: RwLock<Vec<Arc<EdgeStats>>>,
     pub started: Instant,
 }
 
@@ -289,18 +327,35 @@ pub struct StatusSnapshot {
 }
 
 impl RunStatus {
+    fn nodes(&self) -> Vec<Arc<NodeStats>> {
+        self.nodes.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// What a reload leaves running.
+    pub(super) fn replace(
+        &self,
+        graph: &str,
+        nodes: Vec<Arc<NodeStats>>,
+        edges: Vec<Arc<EdgeStats>>,
+    ) {
+        *self.graph.write().unwrap_or_else(|p| p.into_inner()) = graph.to_owned();
+        *self.nodes.write().unwrap_or_else(|p| p.into_inner()) = nodes;
+        *self.edges.write().unwrap_or_else(|p| p.into_inner()) = edges;
+    }
+
     pub fn snapshot(&self) -> StatusSnapshot {
+        let edges = self.edges.read().unwrap_or_else(|p| p.into_inner());
         StatusSnapshot {
-            graph: self.graph.clone(),
+            graph: self.graph.read().unwrap_or_else(|p| p.into_inner()).clone(),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
-            nodes: self.nodes.iter().map(|n| n.snapshot()).collect(),
-            edges: self.edges.iter().map(|e| e.snapshot()).collect(),
+            nodes: self.nodes().iter().map(|n| n.snapshot()).collect(),
+            edges: edges.iter().map(|e| e.snapshot()).collect(),
         }
     }
 
     /// Healthy while no node has failed.
     pub fn healthy(&self) -> bool {
-        self.nodes.iter().all(|n| n.state() != NodeState::Failed)
+        self.nodes().iter().all(|n| n.state() != NodeState::Failed)
     }
 
     /// The nodes that have failed and those erroring now (see [`NodeStats::erroring`]), with their last errors.
@@ -309,7 +364,7 @@ impl RunStatus {
             failed: Vec::new(),
             erroring: Vec::new(),
         };
-        for node in &self.nodes {
+        for node in &self.nodes() {
             let snap = node.snapshot();
             if snap.state == NodeState::Failed {
                 health.failed.push(snap);
@@ -375,12 +430,81 @@ pub enum RuntimeError {
     },
 }
 
-/// A graph that is running.
-pub struct RunningGraph {
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
-    status: Arc<RunStatus>,
-    dead_letters: PathBuf,
+/// A graph that is running. [`RunningGraph::reload`] (in `reload.rs`) rewires it in place.
+pub struct RunningGraph<M: Payload> {
+    pub(super) shared: Arc<Shared<M>>,
+}
+
+/// What the workers, the control endpoints and a reload share.
+pub(super) struct Shared<M: Payload> {
+    pub(super) data_dir: PathBuf,
+    /// The settings the graph started with: a reload may not change them.
+    pub(super) settings: GraphSettings,
+    pub(super) resources: Arc<Resources>,
+    pub(super) dead_letters: Arc<DeadLetterStore>,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) threads: Mutex<Vec<JoinHandle<()>>>,
+    pub(super) status: Arc<RunStatus>,
+    /// The nodes and edges running now. Held for the whole of a reload, so reloads run one at a time.
+    pub(super) wiring: Mutex<Wiring<M>>,
+}
+
+pub(super) struct Wiring<M: Payload> {
+    pub(super) name: String,
+    pub(super) nodes: Vec<NodeHandle<M>>,
+    pub(super) edges: Vec<RunningEdge>,
+}
+
+/// A running node as a reload sees it.
+pub(super) struct NodeHandle<M: Payload> {
+    pub(super) plan: PlanNode<M>,
+    pub(super) stats: Arc<NodeStats>,
+    /// One per worker: how a reload reaches it.
+    pub(super) commands: Vec<Sender<Commands<M>>>,
+    /// Stops this node alone (a removed source); the global stop flag still stops it too.
+    pub(super) stop: Arc<AtomicBool>,
+}
+
+/// A running edge: what it connects, and its counters, whose identity names it to the workers.
+#[derive(Clone)]
+pub(super) struct RunningEdge {
+    pub(super) spec: EdgeSpec,
+    pub(super) from_node: String,
+    pub(super) from_port: &'static str,
+    pub(super) to_node: String,
+    pub(super) stats: Arc<EdgeStats>,
+}
+
+/// Instructions for one worker from a reload, applied together between two messages; `applied` is told
+/// when they are.
+pub(super) struct Commands<M> {
+    pub(super) list: Vec<Command<M>>,
+    pub(super) applied: Sender<()>,
+}
+
+pub(super) enum Command<M> {
+    /// Take messages from one more edge (`true`: a feedback edge).
+    AddInput(EdgeReceiver<M>, bool),
+    /// Send on one more edge from this port.
+    AddOutput(&'static str, EdgeSender<M>),
+    /// Stop sending on the edge with these counters; its receiver drains what is queued, then closes it.
+    RemoveOutput(Arc<EdgeStats>),
+    /// Flush the actor and exit, handing back the channel ends so that a replacement takes them over with
+    /// whatever is queued on them.
+    Retire(Sender<Ends<M>>),
+}
+
+/// A worker's channel ends.
+pub(super) struct Ends<M> {
+    pub(super) inputs: Vec<(EdgeReceiver<M>, bool)>,
+    pub(super) outputs: OutPorts<M>,
+}
+
+/// For a worker started by a reload: it reports whether its actor built and started, then waits for the
+/// word to run (`true`) or to stand down (`false`: another new node failed, the old graph stays).
+pub(super) struct Gate {
+    pub(super) ready: Sender<Result<(), String>>,
+    pub(super) go: Receiver<bool>,
 }
 
 struct Worker<M: Payload> {
@@ -391,6 +515,11 @@ struct Worker<M: Payload> {
     inputs: Vec<(EdgeReceiver<M>, bool)>,
     outbox: Outbox<M>,
     stop: Arc<AtomicBool>,
+    node_stop: Arc<AtomicBool>,
+    commands: Receiver<Commands<M>>,
+    /// Set by [`Command::Retire`]: where the channel ends go once the actor is flushed.
+    retire: Option<Sender<Ends<M>>>,
+    gate: Option<Gate>,
     dead_letters: Arc<DeadLetterStore>,
     /// Receives per input and handled messages counted locally, published every `COUNT_BATCH` deliveries and
     /// whenever the worker is about to block or exit (see [`Worker::publish_counts`]).
@@ -402,41 +531,24 @@ struct Worker<M: Payload> {
 }
 
 /// A node's output ports, each with the edges it fans out to.
-type OutPorts<M> = Vec<(&'static str, Vec<EdgeSender<M>>)>;
+pub(super) type OutPorts<M> = Vec<(&'static str, Vec<EdgeSender<M>>)>;
 
 /// Starts every worker of a validated graph. `data_dir` overrides the graph's own setting (tests use temp dirs).
 pub fn start<M: Payload>(
     graph: Graph<M>,
     data_dir: Option<&Path>,
-) -> Result<RunningGraph, RuntimeError> {
+) -> Result<RunningGraph<M>, RuntimeError> {
     super::metrics::install();
     let data_dir = data_dir
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from(&graph.plan.settings.data_dir));
-    let dead_letters = Arc::new(DeadLetterStore::open_rotating(
-        &data_dir,
-        graph.plan.settings.dead_letters,
-    )?);
-    let stop = Arc::new(AtomicBool::new(false));
-    let resources = Arc::new(Resources::default());
     let plan = &graph.plan;
 
     // Edges first: each node needs its senders (outputs) and receivers (inputs).
-    let mut senders: Vec<OutPorts<M>> = plan
-        .nodes
-        .iter()
-        .map(|n| {
-            n.factory
-                .info()
-                .outputs
-                .iter()
-                .map(|p| (p.name, Vec::new()))
-                .collect()
-        })
-        .collect();
+    let mut senders: Vec<OutPorts<M>> = plan.nodes.iter().map(|n| output_ports(n)).collect();
     let mut receivers: Vec<Vec<(EdgeReceiver<M>, bool)>> =
         (0..plan.nodes.len()).map(|_| Vec::new()).collect();
-    let mut edge_stats = Vec::new();
+    let mut edges = Vec::new();
     for edge in &graph.edges {
         let (tx, rx) = bounded(
             edge.spec.name(),
@@ -445,7 +557,13 @@ pub fn start<M: Payload>(
             edge.spec.feedback,
             edge.to_port,
         );
-        edge_stats.push(rx.stats.clone());
+        edges.push(RunningEdge {
+            spec: edge.spec.clone(),
+            from_node: plan.nodes[edge.from_node].id.clone(),
+            from_port: edge.from_port,
+            to_node: plan.nodes[edge.to_node].id.clone(),
+            stats: rx.stats.clone(),
+        });
         if let Some((_, list)) = senders[edge.from_node]
             .iter_mut()
             .find(|(p, _)| *p == edge.from_port)
@@ -460,57 +578,117 @@ pub fn start<M: Payload>(
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            let labels = [("node", n.id.clone())];
-            Arc::new(NodeStats {
-                id: n.id.clone(),
-                kind: n.factory.info().name,
-                workers: n.workers,
-                policy: n.restart,
-                state: AtomicU8::new(NodeState::Running as u8),
-                live_workers: AtomicU64::new(n.workers as u64),
-                processed: AtomicU64::new(0),
-                errors: AtomicU64::new(0),
-                restarts: AtomicU64::new(0),
-                inbound: receivers[i].iter().map(|(r, _)| r.stats.clone()).collect(),
-                restart_times: Mutex::new(Vec::new()),
-                last_error: Mutex::new(None),
-                processed_metric: metrics::counter!("hearth_node_processed_total", &labels),
-                errors_metric: metrics::counter!("hearth_node_errors_total", &labels),
-                restarts_metric: metrics::counter!("hearth_node_restarts_total", &labels),
-                failed_metric: metrics::gauge!("hearth_node_failed", &labels),
-                handler_metric: metrics::histogram!("hearth_node_handler_seconds", &labels),
-            })
+            let inbound = receivers[i].iter().map(|(r, _)| r.stats.clone()).collect();
+            NodeStats::new(n, n.factory.info().name, inbound)
         })
         .collect();
-
     let status = Arc::new(RunStatus {
-        graph: plan.name.clone(),
-        nodes: node_stats.clone(),
-        edges: edge_stats,
+        graph: RwLock::new(plan.name.clone()),
+        nodes: RwLock::new(node_stats.clone()),
+        edges: RwLock::new(edges.iter().map(|e| e.stats.clone()).collect()),
         started: Instant::now(),
     });
+    let shared = Arc::new(Shared {
+        dead_letters: Arc::new(DeadLetterStore::open_rotating(
+            &data_dir,
+            plan.settings.dead_letters,
+        )?),
+        data_dir,
+        settings: plan.settings.clone(),
+        resources: Arc::new(Resources::default()),
+        stop: Arc::new(AtomicBool::new(false)),
+        threads: Mutex::new(Vec::new()),
+        status,
+        wiring: Mutex::new(Wiring {
+            name: plan.name.clone(),
+            nodes: Vec::new(),
+            edges,
+        }),
+    });
 
-    let mut threads = Vec::new();
+    let mut handles: Vec<Option<NodeHandle<M>>> = (0..plan.nodes.len()).map(|_| None).collect();
     for &i in &graph.topo_order {
-        let node = &plan.nodes[i];
+        let (handle, _) = shared.spawn_node(
+            &plan.nodes[i],
+            node_stats[i].clone(),
+            &receivers[i],
+            &senders[i],
+            false,
+        )?;
+        handles[i] = Some(handle);
+    }
+    // Drop the originals so that only workers hold channel ends: disconnection then means "upstream is done".
+    drop(senders);
+    drop(receivers);
+    shared.wiring_lock().nodes = handles.into_iter().flatten().collect();
+    Ok(RunningGraph { shared })
+}
+
+/// Every output port of a node's kind, with no edge yet.
+pub(super) fn output_ports<M: Payload>(node: &PlanNode<M>) -> OutPorts<M> {
+    node.factory
+        .info()
+        .outputs
+        .iter()
+        .map(|p| (p.name, Vec::new()))
+        .collect()
+}
+
+impl<M: Payload> Shared<M> {
+    pub(super) fn wiring_lock(&self) -> std::sync::MutexGuard<'_, Wiring<M>> {
+        // A poisoned lock only means a reload panicked; the wiring it holds is what the workers run.
+        self.wiring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Spawns a node's workers, each with its own clones of the channel ends. With `gated`, each worker
+    /// builds and starts its actor, reports through its [`Gate`] and waits for the word to run.
+    pub(super) fn spawn_node(
+        &self,
+        node: &PlanNode<M>,
+        stats: Arc<NodeStats>,
+        inputs: &[(EdgeReceiver<M>, bool)],
+        outputs: &OutPorts<M>,
+        gated: bool,
+    ) -> Result<
+        (
+            NodeHandle<M>,
+            Vec<(Receiver<Result<(), String>>, Sender<bool>)>,
+        ),
+        RuntimeError,
+    > {
         let node_id: Arc<str> = Arc::from(node.id.as_str());
+        let node_stop = Arc::new(AtomicBool::new(false));
+        let mut commands = Vec::new();
+        let mut gates = Vec::new();
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         for w in 0..node.workers {
+            let (command_tx, command_rx) = crossbeam_channel::unbounded();
+            let gate = gated.then(|| {
+                let (ready, ready_rx) = crossbeam_channel::bounded(1);
+                let (go_tx, go) = crossbeam_channel::bounded(1);
+                gates.push((ready_rx, go_tx));
+                Gate { ready, go }
+            });
             let worker = Worker {
-                stats: node_stats[i].clone(),
+                stats: stats.clone(),
                 factory: node.factory.clone(),
                 ctx: BuildContext {
                     node_id: node.id.clone(),
                     worker: w,
-                    data_dir: data_dir.clone(),
-                    resources: resources.clone(),
+                    data_dir: self.data_dir.clone(),
+                    resources: self.resources.clone(),
                 },
                 source: node.factory.info().source,
-                inputs: receivers[i].clone(),
-                outbox: Outbox::new(node_id.clone(), senders[i].clone()),
-                stop: stop.clone(),
-                dead_letters: dead_letters.clone(),
-                pending_pops: vec![0; receivers[i].len()],
-                input_open: vec![true; receivers[i].len()],
+                inputs: inputs.to_vec(),
+                outbox: Outbox::new(node_id.clone(), outputs.clone()),
+                stop: self.stop.clone(),
+                node_stop: node_stop.clone(),
+                commands: command_rx,
+                retire: None,
+                gate,
+                dead_letters: self.dead_letters.clone(),
+                pending_pops: vec![0; inputs.len()],
+                input_open: vec![true; inputs.len()],
                 pending_processed: 0,
                 deliveries: 0,
             };
@@ -522,42 +700,49 @@ pub fn start<M: Payload>(
                     source,
                 })?;
             threads.push(handle);
+            commands.push(command_tx);
         }
+        Ok((
+            NodeHandle {
+                plan: node.clone(),
+                stats,
+                commands,
+                stop: node_stop,
+            },
+            gates,
+        ))
     }
-    // Drop the originals so that only workers hold channel ends: disconnection then means "upstream is done".
-    drop(senders);
-    drop(receivers);
-
-    Ok(RunningGraph {
-        stop,
-        threads,
-        status,
-        dead_letters: dead_letters.path().to_path_buf(),
-    })
 }
 
-impl RunningGraph {
+impl<M: Payload> RunningGraph<M> {
     pub fn status(&self) -> Arc<RunStatus> {
-        self.status.clone()
+        self.shared.status.clone()
     }
 
     /// A flag that, once set, stops the sources (what SIGINT/SIGTERM do).
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
-        self.stop.clone()
+        self.shared.stop.clone()
     }
 
     /// Asks sources to stop; the rest drains on its own.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
+        self.shared.stop.store(true, Ordering::Release);
     }
 
-    /// Waits for every worker to finish draining and returns the report.
+    /// Waits for every worker (those a reload started too) to finish draining and returns the report.
     pub fn wait(self) -> RunReport {
-        for t in self.threads {
+        loop {
+            let next = self
+                .shared
+                .threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
+            let Some(thread) = next else { break };
             // A worker thread only ends by returning: handler panics are caught inside it.
-            let _ = t.join();
+            let _ = thread.join();
         }
-        let status = self.status.snapshot();
+        let status = self.shared.status.snapshot();
         let failed_nodes = status
             .nodes
             .iter()
@@ -567,7 +752,7 @@ impl RunningGraph {
         RunReport {
             status,
             failed_nodes,
-            dead_letters: self.dead_letters,
+            dead_letters: self.shared.dead_letters.path().to_path_buf(),
         }
     }
 
@@ -581,6 +766,9 @@ impl RunningGraph {
 /// One message in this many has its handler time recorded in `hearth_node_handler_seconds`.
 const HANDLER_SAMPLE: u64 = 16;
 
+/// A busy worker looks for a reload's commands once in this many messages (an idle one at once).
+const COMMAND_CHECK_EVERY: u32 = 64;
+
 /// How long a worker waits on empty mailboxes before it publishes its batched counts.
 const IDLE_PUBLISH: Duration = Duration::from_millis(1);
 
@@ -589,17 +777,28 @@ const STOP_POLL: Duration = Duration::from_millis(20);
 
 impl<M: Payload> Worker<M> {
     fn run(mut self) {
-        let mut actor = self.build_until_ok();
-        if let Some(a) = actor.as_mut()
-            && let Err(e) = guarded(|| a.on_start(&mut self.outbox))
-        {
-            tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "start failed");
-            self.restart(&mut actor, Stage::Start, &e);
-        }
+        let mut actor = match self.gate.take() {
+            Some(gate) => match self.start_gated(gate) {
+                Some(actor) => Some(actor),
+                None => return,
+            },
+            None => {
+                let mut actor = self.build_until_ok();
+                if let Some(a) = actor.as_mut()
+                    && let Err(e) = guarded(|| a.on_start(&mut self.outbox))
+                {
+                    tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "start failed");
+                    self.restart(&mut actor, Stage::Start, &e);
+                }
+                actor
+            }
+        };
         if self.source {
             self.run_source(&mut actor);
         }
-        self.run_inputs(&mut actor);
+        if self.retire.is_none() {
+            self.run_inputs(&mut actor);
+        }
         if let Some(actor) = actor.as_mut()
             && let Err(e) = guarded(|| actor.flush(&mut self.outbox))
         {
@@ -608,9 +807,64 @@ impl<M: Payload> Worker<M> {
             tracing::error!(node = %self.ctx.node_id, error = %e.chain(), "flush failed");
         }
         self.publish_counts();
+        if let Some(reply) = self.retire.take() {
+            let ends = Ends {
+                inputs: std::mem::take(&mut self.inputs),
+                outputs: self.outbox.take_ports(),
+            };
+            let _ = reply.send(ends);
+            return;
+        }
         if self.stats.live_workers.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.stats.set_state(NodeState::Finished);
         }
+    }
+
+    /// A worker a reload started: builds and starts its actor once (no retries: a failure keeps the old
+    /// graph), reports, and runs only when every new node has started.
+    fn start_gated(&mut self, gate: Gate) -> Option<Box<dyn Actor<M>>> {
+        let started = guarded(|| self.factory.build(&self.ctx))
+            .and_then(|mut actor| guarded(|| actor.on_start(&mut self.outbox)).map(|()| actor));
+        match started {
+            Err(e) => {
+                let _ = gate.ready.send(Err(e.chain()));
+                None
+            }
+            Ok(mut actor) => {
+                let _ = gate.ready.send(Ok(()));
+                if gate.go.recv() == Ok(true) {
+                    return Some(actor);
+                }
+                // Standing down: release what starting took (a listening port).
+                let _ = guarded(|| actor.flush(&mut self.outbox));
+                None
+            }
+        }
+    }
+
+    /// This node is to stop producing: the graph is stopping, or a reload removed the node.
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire) || self.node_stop.load(Ordering::Acquire)
+    }
+
+    /// Applies what a reload asked of this worker. True once it is to retire.
+    fn apply_commands(&mut self) -> bool {
+        while let Ok(Commands { list, applied }) = self.commands.try_recv() {
+            for command in list {
+                match command {
+                    Command::AddInput(rx, feedback) => {
+                        self.inputs.push((rx, feedback));
+                        self.input_open.push(true);
+                        self.pending_pops.push(0);
+                    }
+                    Command::AddOutput(port, tx) => self.outbox.add_edge(port, tx),
+                    Command::RemoveOutput(edge) => self.outbox.remove_edge(&edge),
+                    Command::Retire(reply) => self.retire = Some(reply),
+                }
+            }
+            let _ = applied.send(());
+        }
+        self.retire.is_some()
     }
 
     /// Publishes locally batched counts (receives, handled messages, sends) to the shared stats and metrics.
@@ -694,7 +948,10 @@ impl<M: Payload> Worker<M> {
     }
 
     fn run_source(&mut self, actor: &mut Option<Box<dyn Actor<M>>>) {
-        while !self.stop.load(Ordering::Acquire) {
+        while !self.stopping() {
+            if self.apply_commands() {
+                return;
+            }
             let Some(a) = actor.as_mut() else { return };
             let produced = guarded(|| a.produce(&mut self.outbox));
             match produced {
@@ -720,7 +977,7 @@ impl<M: Payload> Worker<M> {
         loop {
             self.poll_inputs_once(actor);
             let now = Instant::now();
-            if now >= deadline || self.stop.load(Ordering::Acquire) {
+            if now >= deadline || self.stopping() || self.apply_commands() {
                 return;
             }
             let timeout = STOP_POLL.min(deadline - now);
@@ -756,15 +1013,23 @@ impl<M: Payload> Worker<M> {
     /// The main loop of a non-source worker (and the tail of a source's): take messages until every
     /// non-feedback input is disconnected and empty, then take what feedback inputs still hold.
     fn run_inputs(&mut self, actor: &mut Option<Box<dyn Actor<M>>>) {
-        let is_feedback: Vec<bool> = self.inputs.iter().map(|(_, f)| *f).collect();
-        let live = |open: &[bool]| (0..open.len()).any(|i| open[i] && !is_feedback[i]);
         // A node fed only by feedback edges runs until stop, serving what arrives.
-        let feedback_only = !live(&self.input_open) && !self.source;
+        let feedback_only = !self.has_live_input() && !self.source;
         let mut watched: Vec<usize> = (0..self.inputs.len())
             .filter(|&i| self.input_open[i])
             .collect();
         let mut cursor = 0;
-        while live(&self.input_open) || (feedback_only && !self.stop.load(Ordering::Acquire)) {
+        let mut busy = 0u32;
+        while self.has_live_input() || (feedback_only && !self.stopping()) {
+            // A reload's commands are looked for when idle and every so often when busy: a check per message
+            // would be a shared-memory read in the hottest loop.
+            busy += 1;
+            if busy >= COMMAND_CHECK_EVERY {
+                busy = 0;
+                if self.rewired(&mut watched, &mut cursor) {
+                    return;
+                }
+            }
             // Fast path, no allocation: a round-robin sweep of non-blocking receives.
             let mut delivered = false;
             let mut closed_any = false;
@@ -790,6 +1055,9 @@ impl<M: Payload> Worker<M> {
             }
             if delivered || closed_any {
                 continue;
+            }
+            if self.rewired(&mut watched, &mut cursor) {
+                return;
             }
             // Slow path: every watched mailbox was empty. Wait briefly first: a pipeline's queues run empty
             // between most messages, and publishing counts on every such gap would cost as much as the
@@ -838,13 +1106,33 @@ impl<M: Payload> Worker<M> {
                 }
             }
         }
-        for (i, feedback) in is_feedback.into_iter().enumerate() {
-            if feedback {
+        for i in 0..self.inputs.len() {
+            if self.inputs[i].1 {
                 while let Ok(message) = self.inputs[i].0.rx.try_recv() {
                     self.deliver(actor, i, message);
                 }
             }
         }
+    }
+
+    /// Applies a reload's commands; a new input joins the watched ones. True once the worker is to retire.
+    fn rewired(&mut self, watched: &mut Vec<usize>, cursor: &mut usize) -> bool {
+        let before = self.inputs.len();
+        if self.apply_commands() {
+            return true;
+        }
+        if self.inputs.len() != before {
+            *watched = (0..self.inputs.len())
+                .filter(|&i| self.input_open[i])
+                .collect();
+            *cursor = 0;
+        }
+        false
+    }
+
+    /// Whether a non-feedback input may still bring messages.
+    fn has_live_input(&self) -> bool {
+        (0..self.inputs.len()).any(|i| self.input_open[i] && !self.inputs[i].1)
     }
 
     /// Lets an idle actor emit work it finished off its thread (see [`Actor::tick`]); a failure restarts it.

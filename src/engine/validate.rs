@@ -19,6 +19,24 @@ pub struct PlanNode<M> {
     pub workers: usize,
     pub restart: RestartPolicy,
     pub at: Option<Location>,
+    /// The node's kind and parameters as written (graph files only): a reload compares them to tell a changed
+    /// node from an unchanged one. A node built in code compares by factory identity instead.
+    pub params: Option<String>,
+}
+
+impl<M> PlanNode<M> {
+    /// Whether `other` would run exactly as this node does (same kind, parameters, workers and restart policy).
+    pub fn same_as(&self, other: &PlanNode<M>) -> bool {
+        let same_params = match (&self.params, &other.params) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => Arc::ptr_eq(&self.factory, &other.factory),
+            _ => false,
+        };
+        same_params
+            && self.id == other.id
+            && self.workers == other.workers
+            && self.restart == other.restart
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -35,6 +53,7 @@ impl<M> Clone for PlanNode<M> {
             workers: self.workers,
             restart: self.restart,
             at: self.at,
+            params: self.params.clone(),
         }
     }
 }
@@ -76,6 +95,7 @@ impl<M: Payload> Plan<M> {
             workers,
             restart: RestartPolicy::default(),
             at: None,
+            params: None,
         });
         self
     }
@@ -94,6 +114,7 @@ impl<M: Payload> Plan<M> {
                 .into_iter()
                 .map(|n| PlanNode {
                     factory: n.value.kind.factory(),
+                    params: ron::to_string(&n.value.kind).ok(),
                     id: n.value.id,
                     workers: n.value.workers,
                     restart: n.value.restart,

@@ -13,7 +13,11 @@ use super::runtime::{graph, http_get};
 use crate::train_util;
 
 /// Polls the running graph until `done` holds for its snapshot (or panics after `secs`).
-fn wait_for(running: &RunningGraph, secs: u64, done: impl Fn(&StatusSnapshot) -> bool) {
+fn wait_for(
+    running: &RunningGraph<hearth::message::Message>,
+    secs: u64,
+    done: impl Fn(&StatusSnapshot) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         let snap = running.status().snapshot();

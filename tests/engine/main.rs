@@ -6,5 +6,6 @@ mod train_util;
 mod cli;
 mod dead_letters;
 mod failures;
+mod reload;
 mod runtime;
 mod validation;
