@@ -3,6 +3,7 @@
 //! Library areas live under `src/`; the actor kinds a graph file can name live under `actors/`, one thin file
 //! each over a library module.
 
+pub mod access;
 #[path = "../actors/mod.rs"]
 pub mod actors;
 pub mod clock;
