@@ -88,6 +88,8 @@ impl Serve {
         let (p, ctx) = (&self.params, &self.ctx);
         let commit_timeout = self.captured.then_some(COMMIT_TIMEOUT);
         let server = running_or_start(&self.key, || {
+            p.api_key(&ctx.data_dir)
+                .context("check who may reach the API")?;
             let path = crate::serve::model_path(p.model.as_deref(), &ctx.data_dir)
                 .context("resolve the model")?;
             let base = ctx

@@ -1,4 +1,5 @@
-//! The control port, on actix-web: `/healthz`, `/status` (JSON) and `/metrics` (Prometheus text).
+//! The control port, on actix-web: `/healthz`, `/status` (JSON) and `/metrics` (Prometheus text), under the
+//! API's access rules ([`crate::access`]): it names every node and its errors, so a key guards it too.
 //!
 //! The server runs on its own thread with its own actix system, so CPU-heavy actors on their worker threads
 //! cannot starve it.
@@ -6,8 +7,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use actix_web::middleware::from_fn;
 use actix_web::{App, HttpResponse, HttpServer, web};
 
+use crate::access::{Access, ApiKey};
 use crate::engine::runtime::RunStatus;
 use crate::server_thread::{ServerThread, no_address};
 
@@ -20,6 +23,8 @@ pub enum HttpError {
     },
     #[error("control server thread: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    Access(#[from] crate::access::AccessError),
 }
 
 /// 503 once a node has failed; 200 otherwise, with a `degraded:` line for each node erroring within its
@@ -50,13 +55,27 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds `addr` (port 0 picks a free port) and serves until stopped.
+    /// Binds `addr` (port 0 picks a free port) and serves until stopped, without an API key: loopback only.
     pub fn start(addr: &str, run_status: Arc<RunStatus>) -> Result<ControlServer, HttpError> {
+        Self::start_with_key(addr, run_status, None)
+    }
+
+    /// [`ControlServer::start`] under the same rules as the API ([`Access`]): with `key`, every endpoint
+    /// requires it, and only with one may `addr` be off loopback.
+    pub fn start_with_key(
+        addr: &str,
+        run_status: Arc<RunStatus>,
+        key: Option<ApiKey>,
+    ) -> Result<ControlServer, HttpError> {
+        let access = Access::new(key);
+        access.check_listen(addr)?;
         let data = web::Data::new(run_status);
         let bind = addr.to_owned();
         let server = ServerThread::spawn("control-http", move || {
             let server = HttpServer::new(move || {
+                let access = access.clone();
                 App::new()
+                    .wrap(from_fn(move |req, next| access.clone().guard(req, next)))
                     .app_data(data.clone())
                     .route("/healthz", web::get().to(healthz))
                     .route("/status", web::get().to(status))

@@ -450,11 +450,19 @@ fn run_graph(
     let control = control.or_else(|| g.plan.settings.control.clone());
     let g_data_dir = g.plan.settings.data_dir.clone();
     let planted_values = planted(&g);
+    // The serve nodes resolve the same key from the same place; a bad key file stops the run before it starts.
+    let key_dir = data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(&g_data_dir));
+    let api_key = hearth::access::ApiKey::resolve(&key_dir)?;
+    if let Some(addr) = &control {
+        hearth::access::check_listen(addr, api_key.as_ref())?;
+    }
     eprintln!("{}", g.summary());
     let running = runtime::start(g, data_dir.as_deref()).context("starting graph")?;
     let server = match control {
         Some(addr) => {
-            let server = ControlServer::start(&addr, running.status())?;
+            let server = ControlServer::start_with_key(&addr, running.status(), api_key)?;
             eprintln!(
                 "control endpoints on http://{}/{{healthz,status,metrics}}",
                 server.addr

@@ -12,9 +12,12 @@ use std::task::{Context, Poll};
 
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::http::StatusCode;
+use actix_web::middleware::from_fn;
 use actix_web::web::{self, Bytes};
 use actix_web::{App, HttpResponse, HttpServer};
 use serde_json::{Value, json};
+
+use crate::access::Access;
 
 use super::{Engine, GenerateRequest, Pipe, PromptInput, ServeError, StreamEvent};
 use crate::message::FeedbackKind;
@@ -87,6 +90,12 @@ impl From<ServeError> for ApiError {
                 "invalid_request_error",
                 Some("path"),
                 None,
+            ),
+            ServeError::AdapterOutside { .. } | ServeError::NoAdapterDir(_) => (
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                Some("path"),
+                Some("adapter_path_not_allowed"),
             ),
             ServeError::TooManyTokens(_) => (
                 StatusCode::BAD_REQUEST,
@@ -508,9 +517,10 @@ async fn load_adapter(engine: Data, payload: web::Payload) -> HttpResponse {
         let make_default = opt_bool(&o, "default")?;
         let e = engine.clone().into_inner();
         let (id2, path2) = (id.clone(), path.clone());
-        // Reading safetensors is file I/O: keep it off the async workers.
+        // Resolving the path and reading safetensors is file I/O: keep it off the async workers.
         let replaced = web::block(move || -> Result<bool, ServeError> {
-            let replaced = e.load_adapter(&id2, std::path::Path::new(&path2))?;
+            let dir = e.adapter_path(&id2, &path2)?;
+            let replaced = e.load_adapter(&id2, &dir)?;
             if make_default {
                 e.set_default_adapter(Some(&id2))?;
             }
@@ -589,13 +599,18 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Binds `addr` (port 0 picks a free port) and serves `engine` until stopped.
+    /// Binds `addr` (port 0 picks a free port) and serves `engine` until stopped, to the requests
+    /// [`Access`] lets through (a non-loopback `addr` needs the config's `api_key`).
     pub fn start(addr: &str, engine: Arc<Engine>) -> Result<ApiServer, ServeError> {
+        let access = Access::new(engine.config().api_key.clone());
+        access.check_listen(addr)?;
         let data = web::Data::new(engine);
         let bind = addr.to_owned();
         let server = crate::server_thread::ServerThread::spawn("serve-http", move || {
             let server = HttpServer::new(move || {
+                let access = access.clone();
                 App::new()
+                    .wrap(from_fn(move |req, next| access.clone().guard(req, next)))
                     .app_data(data.clone())
                     .route("/v1/chat/completions", web::post().to(chat_completions))
                     .route("/v1/completions", web::post().to(completions))

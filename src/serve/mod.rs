@@ -79,6 +79,24 @@ pub enum ServeError {
     NotCommitted(#[from] NotCommitted),
     #[error("the served delta `{0}` is not in the store")]
     ServedUnknown(String),
+    #[error(
+        "refusing adapter path {path}: the API loads adapters only from {root} (the data directory's \
+         adapters folder)"
+    )]
+    AdapterOutside { path: String, root: PathBuf },
+    #[error(
+        "refusing adapter path {0}: no adapters folder is configured (ServeConfig::adapter_dir), so the API \
+         loads no adapters"
+    )]
+    NoAdapterDir(String),
+    #[error(transparent)]
+    Access(#[from] crate::access::AccessError),
+    #[error("cannot create {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot write the API address to {path}: {source}")]
     AddrFile {
         path: std::path::PathBuf,
@@ -114,6 +132,11 @@ pub struct ServeConfig {
     /// When set, an answer (and a feedback's 200) waits until the graph has stored the item, up to this long
     /// (see [`crate::message::Commit`]); otherwise answers never wait for the store.
     pub commit_timeout: Option<Duration>,
+    /// When set, every API request must carry it as `Authorization: Bearer`; listening off loopback needs it.
+    pub api_key: Option<crate::access::ApiKey>,
+    /// The only folder `POST /v1/adapters` loads from (`DATA_DIR/adapters` for a serve node). `None`: the API
+    /// loads no adapters, since a request must never name an arbitrary path on the machine.
+    pub adapter_dir: Option<PathBuf>,
 }
 
 impl Default for ServeConfig {
@@ -129,6 +152,8 @@ impl Default for ServeConfig {
             kv_cache: KvPrecision::F32,
             prompt_cache_bytes: 256 << 20,
             commit_timeout: None,
+            api_key: None,
+            adapter_dir: None,
         }
     }
 }
@@ -433,6 +458,35 @@ impl Engine {
         set.check_compatible(&self.model)
             .map_err(|e| load_err(e.to_string()))?;
         Ok(self.insert_adapter(id, Arc::new(set))?.is_some())
+    }
+
+    /// Where an API request's adapter `path` is: inside [`ServeConfig::adapter_dir`] (a relative path is
+    /// taken from there) once symlinks and `..` are resolved, or refused.
+    pub fn adapter_path(&self, id: &str, requested: &str) -> Result<PathBuf, ServeError> {
+        let Some(root) = &self.config.adapter_dir else {
+            return Err(ServeError::NoAdapterDir(requested.to_owned()));
+        };
+        let outside = || ServeError::AdapterOutside {
+            path: requested.to_owned(),
+            root: root.clone(),
+        };
+        let root = root.canonicalize().map_err(|_| outside())?;
+        let path = root.join(requested).canonicalize().map_err(|e| {
+            if Path::new(requested).is_absolute() && !Path::new(requested).starts_with(&root) {
+                outside()
+            } else {
+                ServeError::AdapterLoad {
+                    id: id.to_owned(),
+                    path: requested.to_owned(),
+                    reason: e.to_string(),
+                }
+            }
+        })?;
+        if path.starts_with(&root) && path != root {
+            Ok(path)
+        } else {
+            Err(outside())
+        }
     }
 
     /// Installs an in-memory adapter (e.g. a trainer's snapshot).

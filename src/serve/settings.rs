@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::{Deserialize, Serialize};
 
 use super::{ServeConfig, ServeError, Server, default_model};
+use crate::access::ApiKey;
 use crate::model::Base;
 use crate::model::KvPrecision;
 
@@ -81,15 +82,30 @@ impl ServeSettings {
     }
 }
 
+/// The only folder the API loads adapters from (`POST /v1/adapters`): `DATA_DIR/adapters`.
+pub fn adapter_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("adapters")
+}
+
 /// Where the bound API address is written, so scripts and tests find a server started on port 0.
 pub fn addr_file(data_dir: &Path, node_id: &str) -> PathBuf {
     data_dir.join(format!("{node_id}.addr"))
 }
 
 impl ServeSettings {
+    /// The API key of a server in `data_dir` ([`ApiKey::resolve`]), once `listen` is allowed with it or
+    /// without one: cheap, so it is checked before the model loads.
+    pub fn api_key(&self, data_dir: &Path) -> Result<Option<ApiKey>, ServeError> {
+        let key = ApiKey::resolve(data_dir)?;
+        crate::access::check_listen(&self.listen, key.as_ref())?;
+        Ok(key)
+    }
+
     /// Serves `base` with these settings: loads the listed adapters, starts the API and writes its bound
     /// address to [`addr_file`]. With `commit_timeout`, answers wait until the graph stored the item
-    /// ([`ServeConfig::commit_timeout`]).
+    /// ([`ServeConfig::commit_timeout`]). The API key comes from the environment or `data_dir`
+    /// ([`ApiKey::resolve`]), never from these settings; the API loads adapters only from
+    /// [`adapter_dir`].
     pub fn start(
         &self,
         base: &Base,
@@ -97,8 +113,15 @@ impl ServeSettings {
         node_id: &str,
         commit_timeout: Option<std::time::Duration>,
     ) -> Result<(Server, SocketAddr), ServeError> {
+        let adapters = adapter_dir(data_dir);
+        std::fs::create_dir_all(&adapters).map_err(|source| ServeError::CreateDir {
+            path: adapters.clone(),
+            source,
+        })?;
         let config = ServeConfig {
             commit_timeout,
+            api_key: self.api_key(data_dir)?,
+            adapter_dir: Some(adapters),
             ..self.config()
         };
         let server = Server::from_base(base, config)?;

@@ -315,7 +315,7 @@ pub(crate) fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) 
     let mut stream = std::net::TcpStream::connect(addr).expect("connect");
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();

@@ -1,4 +1,5 @@
-//! Plain HTTP/1.1 calls for tests that talk to a running serve node, and finding its address.
+//! Plain HTTP/1.1 calls for tests that talk to a running serve node or control port, and finding its
+//! address. Requests name the server in `Host` and send JSON, as the access rules require.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -8,19 +9,74 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, Value) {
+/// A whole answer: status, head (status line and headers) and body.
+pub struct Raw {
+    pub code: u16,
+    pub head: String,
+    pub body: String,
+}
+
+impl Raw {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// `method path` with `body`, and headers: `Host: addr` and `Content-Type: application/json` unless
+/// `headers` names them (an empty value leaves that header out), then the rest of `headers`.
+pub fn raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Raw {
+    let host = addr.to_string();
+    let defaults = [
+        ("Host", host.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    let mut lines = String::new();
+    for (k, v) in defaults
+        .iter()
+        .filter(|(k, _)| !headers.iter().any(|(h, _)| h.eq_ignore_ascii_case(k)))
+        .chain(headers)
+        .filter(|(_, v)| !v.is_empty())
+    {
+        lines.push_str(&format!("{k}: {v}\r\n"));
+    }
     let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\n{lines}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let code = text[9..12].parse().unwrap();
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    let mut bytes = Vec::new();
+    let _ = s.read_to_end(&mut bytes);
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let code = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Raw {
+        code,
+        head: head.to_owned(),
+        body: body.to_owned(),
+    }
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, Value) {
+    post_with(addr, path, body, &[])
+}
+
+pub fn post_with(
+    addr: SocketAddr,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
+    let r = raw(addr, "POST", path, headers, body);
+    (r.code, r.json())
 }
 
 pub fn wait_for_addr(dir: &Path, node: &str) -> SocketAddr {
@@ -38,13 +94,6 @@ pub fn wait_for_addr(dir: &Path, node: &str) -> SocketAddr {
 }
 
 pub fn get(addr: SocketAddr, path: &str) -> Value {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    serde_json::from_str(text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("")).unwrap()
+    let r = raw(addr, "GET", path, &[("Content-Type", "")], "");
+    serde_json::from_str(&r.body).unwrap()
 }

@@ -33,8 +33,13 @@ fn config(queue: usize) -> ServeConfig {
     }
 }
 
+/// A server on a tiny model in `dir`, which is also the folder the API may load adapters from.
 fn serve(dir: &Path, queue: usize) -> (Server, SocketAddr) {
-    let server = Server::load(&tiny(dir), config(queue)).unwrap();
+    let config = ServeConfig {
+        adapter_dir: Some(dir.to_path_buf()),
+        ..config(queue)
+    };
+    let server = Server::load(&tiny(dir), config).unwrap();
     let addr = server.listen("127.0.0.1:0").unwrap();
     (server, addr)
 }
@@ -50,7 +55,7 @@ fn send(addr: SocketAddr, method: &str, path: &str, body: &str) -> TcpStream {
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -645,6 +650,16 @@ fn every_client_error_is_an_openai_error_naming_its_cause() {
     );
     assert_eq!(
         (r.code, error_of(&r)["param"].clone()),
+        (403, json!("path"))
+    );
+    let r = call(
+        addr,
+        "POST",
+        "/v1/adapters",
+        &json!({"id": "bad", "path": "no-such-adapter"}).to_string(),
+    );
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
         (400, json!("path"))
     );
 
@@ -706,4 +721,72 @@ fn feedback_on_a_served_response_is_emitted() {
         other => panic!("unexpected events {other:?}"),
     }
     server.shutdown();
+}
+
+/// `POST /v1/adapters` loads only from the configured folder (a serve node's `DATA_DIR/adapters`): a path
+/// outside it, a `..` or a symlink out of it is refused naming the rule and the folder; without a folder,
+/// the API loads nothing.
+#[test]
+fn adapters_load_only_from_the_adapter_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("adapters");
+    std::fs::create_dir_all(&root).unwrap();
+    let config = ServeConfig {
+        adapter_dir: Some(root.clone()),
+        ..config(4)
+    };
+    let model_path = tiny(dir.path());
+    let server = Server::load(&model_path, config.clone()).unwrap();
+    let addr = server.listen("127.0.0.1:0").unwrap();
+    let model = server.engine().model().clone();
+    let inside = adapter(&model, &root, "inside", None);
+    let outside = adapter(&model, dir.path(), "outside", None);
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let load = |addr, path: &str| {
+        call(
+            addr,
+            "POST",
+            "/v1/adapters",
+            &json!({"id": "a", "path": path}).to_string(),
+        )
+    };
+    let shown_root = root.display().to_string();
+    for path in [outside.as_str(), "../outside", "link", "/etc", "."] {
+        let r = load(addr, path);
+        assert_eq!(r.code, 403, "{path}: {}", r.body);
+        let e = error_of(&r);
+        assert_eq!(
+            (e["param"].as_str(), e["code"].as_str()),
+            (Some("path"), Some("adapter_path_not_allowed"))
+        );
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.contains("adapters folder") && message.contains(&shown_root),
+            "{message}"
+        );
+    }
+    assert_eq!(load(addr, "inside").code, 200);
+    assert_eq!(load(addr, &inside).code, 200);
+    assert_eq!(server.engine().adapters(), ["a"]);
+    server.shutdown();
+
+    // A server with no folder configured loads no adapter through the API.
+    let bare = Server::load(
+        &model_path,
+        ServeConfig {
+            adapter_dir: None,
+            ..config
+        },
+    )
+    .unwrap();
+    let addr = bare.listen("127.0.0.1:0").unwrap();
+    let r = load(addr, &inside);
+    assert_eq!(r.code, 403, "{}", r.body);
+    assert!(
+        error_of(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("no adapters folder")
+    );
+    bare.shutdown();
 }

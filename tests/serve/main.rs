@@ -5,3 +5,4 @@ mod http_util;
 
 mod api;
 mod graph;
+mod security;
