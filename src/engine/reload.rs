@@ -187,6 +187,14 @@ impl<M: Payload> Shared<M> {
                 new: settings.data_dir.clone(),
             });
         }
+        let rotation = |s: &super::schema::GraphSettings| format!("{:?}", s.dead_letters);
+        if rotation(settings) != rotation(&self.settings) {
+            return Err(ReloadError::Settings {
+                field: "dead_letters",
+                running: rotation(&self.settings),
+                new: rotation(settings),
+            });
+        }
         if settings.control != self.settings.control {
             let show = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".to_owned());
             return Err(ReloadError::Settings {

@@ -255,6 +255,23 @@ fn a_node_that_fails_to_start_or_build_leaves_the_running_graph_as_it_was() {
         ),
         "{err}"
     );
+    let rotated = pipeline(COUNT, nodes, edges).replace(
+        "data_dir: \"unused\"",
+        "data_dir: \"unused\", dead_letters: (max_bytes: 1024, keep: 1)",
+    );
+    let err = running
+        .reload(ActorKind::graph(&rotated).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ReloadError::Settings {
+                field: "dead_letters",
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let snapshot = running.status().snapshot();
     assert_eq!(snapshot.nodes.len(), 3);
