@@ -219,6 +219,165 @@ fn stop_list(o: &Obj) -> Result<Vec<String>, ApiError> {
     }
 }
 
+/// What both completion endpoints read, besides `messages` or `prompt`.
+const SAMPLING_PARAMS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "user",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+];
+
+/// OpenAI parameters that leave the answer as it is: accepted and not used.
+const NO_EFFECT_PARAMS: &[&str] = &[
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// Whether a parameter's value asks for nothing hearth would ignore.
+type Inert = fn(&Value) -> bool;
+
+/// OpenAI parameters hearth does not implement, each with the one value (besides `null`) that asks for
+/// nothing it would ignore. `store` is here because hearth always keeps what it serves.
+const INERT_ONLY: &[(&str, &str, Inert)] = &[
+    ("n", "1", |v| v.as_u64() == Some(1)),
+    ("best_of", "1", |v| v.as_u64() == Some(1)),
+    ("logprobs", "false", |v| *v == Value::Bool(false)),
+    ("top_logprobs", "0", |v| v.as_u64() == Some(0)),
+    ("presence_penalty", "0", |v| v.as_f64() == Some(0.0)),
+    ("frequency_penalty", "0", |v| v.as_f64() == Some(0.0)),
+    ("logit_bias", "{}", |v| {
+        v.as_object().is_some_and(|m| m.is_empty())
+    }),
+    ("response_format", r#"{"type": "text"}"#, |v| {
+        *v == json!({"type": "text"})
+    }),
+    ("tools", "[]", |v| {
+        v.as_array().is_some_and(|a| a.is_empty())
+    }),
+    ("functions", "[]", |v| {
+        v.as_array().is_some_and(|a| a.is_empty())
+    }),
+    ("tool_choice", r#""none""#, |v| v == "none"),
+    ("function_call", r#""none""#, |v| v == "none"),
+    (
+        "parallel_tool_calls",
+        "a boolean, without tools",
+        Value::is_boolean,
+    ),
+    ("echo", "false", |v| *v == Value::Bool(false)),
+    ("suffix", r#""""#, |v| v == ""),
+    ("modalities", r#"["text"]"#, |v| *v == json!(["text"])),
+    ("store", "true", |v| *v == Value::Bool(true)),
+    ("audio", "null", |_| false),
+    ("prediction", "null", |_| false),
+    ("reasoning_effort", "null", |_| false),
+    ("verbosity", "null", |_| false),
+    ("web_search_options", "null", |_| false),
+];
+
+/// Refuses, naming every one, the parameters the endpoint would not honour: one OpenAI defines that
+/// hearth does not implement (unless at its inert value), and one nobody defines: a misspelt
+/// `temprature` must not be silently ignored (OpenAI refuses both kinds too).
+fn check_params(o: &Obj, endpoint: Endpoint) -> Result<(), ApiError> {
+    let own = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Text => "prompt",
+    };
+    let mut unsupported = Vec::new();
+    let mut unknown = Vec::new();
+    for (k, v) in o {
+        let k = k.as_str();
+        if k == own || SAMPLING_PARAMS.contains(&k) || NO_EFFECT_PARAMS.contains(&k) || v.is_null()
+        {
+            continue;
+        }
+        match INERT_ONLY.iter().find(|(name, ..)| *name == k) {
+            Some((_, _, inert)) if inert(v) => {}
+            Some((_, only, _)) => unsupported.push(format!("`{k}` (hearth accepts only {only})")),
+            None => unknown.push(format!("`{k}`")),
+        }
+    }
+    stream_options(o)?;
+    refuse_params(unsupported, unknown)
+}
+
+/// The 400 for [`check_params`] and the other endpoints' unknown fields; `param` is the first one named.
+fn refuse_params(unsupported: Vec<String>, unknown: Vec<String>) -> Result<(), ApiError> {
+    let first = unsupported.first().or(unknown.first());
+    let Some(first) = first else { return Ok(()) };
+    let param = first.split('`').nth(1).unwrap_or_default().to_owned();
+    let mut parts = Vec::new();
+    if !unsupported.is_empty() {
+        parts.push(format!(
+            "unsupported parameter(s): {}",
+            unsupported.join(", ")
+        ));
+    }
+    if !unknown.is_empty() {
+        parts.push(format!("unrecognized parameter(s): {}", unknown.join(", ")));
+    }
+    Err(ApiError {
+        status: StatusCode::BAD_REQUEST,
+        message: format!("{}; hearth does not implement them", parts.join("; ")),
+        kind: "invalid_request_error",
+        param: Some(param),
+        code: Some(if unsupported.is_empty() {
+            "unknown_parameter"
+        } else {
+            "unsupported_parameter"
+        }),
+    })
+}
+
+/// Refuses any field of a hearth endpoint's body other than `known`.
+fn only_fields(o: &Obj, known: &[&str]) -> Result<(), ApiError> {
+    let unknown = o
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .map(|k| format!("`{k}`"))
+        .collect();
+    refuse_params(Vec::new(), unknown)
+}
+
+/// `stream_options.include_usage`: whether a stream ends with a usage chunk. Other options are refused.
+fn stream_options(o: &Obj) -> Result<bool, ApiError> {
+    let opts = match o.get("stream_options") {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ));
+        }
+    };
+    for (k, v) in opts {
+        match k.as_str() {
+            // Padding against length side channels: nothing to pad here, so any value is honoured.
+            "include_usage" | "include_obfuscation" if v.is_boolean() || v.is_null() => {}
+            _ => {
+                return Err(ApiError::invalid(
+                    &format!("stream_options.{k}"),
+                    format!(
+                        "`stream_options.{k}` is not supported: hearth implements `include_usage` (a boolean)"
+                    ),
+                ));
+            }
+        }
+    }
+    opt_bool(opts, "include_usage")
+}
+
 fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(Value::Array(items)) = o.get("messages") else {
         return Err(ApiError::invalid(
@@ -236,6 +395,23 @@ fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
         .iter()
         .enumerate()
         .map(|(i, m)| {
+            let Some(fields) = m.as_object() else {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}]"),
+                    "each message must be an object",
+                ));
+            };
+            // A message's other fields (`name`, `tool_calls`, ...) would shape the answer; empty, as a client
+            // echoing an answer back sends them, they ask for nothing.
+            let unsupported: Vec<String> = fields
+                .iter()
+                .filter(|(k, v)| {
+                    let asks_nothing = v.is_null() || v.as_array().is_some_and(|a| a.is_empty());
+                    !(matches!(k.as_str(), "role" | "content") || asks_nothing)
+                })
+                .map(|(k, _)| format!("`messages[{i}].{k}` (hearth accepts only null)"))
+                .collect();
+            refuse_params(unsupported, Vec::new())?;
             let role = match m.get("role").and_then(Value::as_str) {
                 Some("system") | Some("developer") => Role::System,
                 Some("user") => Role::User,
@@ -249,11 +425,19 @@ fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
             };
             let content = match m.get("content") {
                 Some(Value::String(s)) => s.clone(),
-                // The array form: concatenated text parts.
+                // The array form: its text parts, concatenated; an image or audio part is refused, not
+                // dropped.
                 Some(Value::Array(parts)) => parts
                     .iter()
-                    .map(|p| p.get("text").and_then(Value::as_str).unwrap_or_default())
-                    .collect(),
+                    .enumerate()
+                    .map(|(j, p)| match (p.get("type"), p.get("text")) {
+                        (Some(t), Some(Value::String(text))) if t == "text" => Ok(text.as_str()),
+                        _ => Err(ApiError::invalid(
+                            &format!("messages[{i}].content[{j}]"),
+                            "hearth implements only text content parts: {\"type\": \"text\", \"text\": ...}",
+                        )),
+                    })
+                    .collect::<Result<String, _>>()?,
                 _ => {
                     return Err(ApiError::invalid(
                         &format!("messages[{i}].content"),
@@ -306,6 +490,7 @@ async fn complete_inner(
     endpoint: Endpoint,
 ) -> Result<HttpResponse, ApiError> {
     let o = json_body(&engine, payload).await?;
+    check_params(&o, endpoint)?;
     let prompt = match endpoint {
         Endpoint::Chat => PromptInput::Chat(messages(&o)?),
         Endpoint::Text => match o.get("prompt") {
@@ -322,6 +507,7 @@ async fn complete_inner(
         },
     };
     let stream = opt_bool(&o, "stream")?;
+    let include_usage = stream_options(&o)?;
     let req = request(&o, prompt)?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -334,6 +520,7 @@ async fn complete_inner(
         model: admitted.model,
         created: admitted.created_unix,
         endpoint,
+        include_usage,
     };
     if stream {
         return Ok(HttpResponse::Ok()
@@ -353,12 +540,7 @@ async fn complete_inner(
         .map_err(|e| ApiError::from(ServeError::Http(e.to_string())))?;
     drop(guard);
     let c = done?;
-    let usage = json!({
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
-        "total_tokens": c.prompt_tokens + c.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": c.cached_prompt_tokens},
-    });
+    let usage = usage(&c);
     let body = match endpoint {
         Endpoint::Chat => json!({
             "id": shape.id, "object": "chat.completion", "created": shape.created, "model": shape.model,
@@ -375,6 +557,15 @@ async fn complete_inner(
     Ok(HttpResponse::Ok().json(body))
 }
 
+fn usage(c: &super::Completion) -> Value {
+    json!({
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": c.cached_prompt_tokens},
+    })
+}
+
 /// Cancels generation when a waiting client goes away (actix drops the handler's future).
 struct CancelOnDrop(Arc<Pipe>);
 
@@ -389,11 +580,14 @@ struct Shape {
     model: String,
     created: u64,
     endpoint: Endpoint,
+    /// `stream_options.include_usage`: every chunk has `usage` (null), and a last one, without choices,
+    /// carries it.
+    include_usage: bool,
 }
 
 impl Shape {
     fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>) -> Bytes {
-        let v = match self.endpoint {
+        let mut v = match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
                 if role {
@@ -413,6 +607,20 @@ impl Shape {
                              "finish_reason": finish}]})
             }
         };
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        Bytes::from(format!("data: {v}\n\n"))
+    }
+
+    /// The closing chunk of `stream_options.include_usage`.
+    fn usage_chunk(&self, c: &super::Completion) -> Bytes {
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Text => "text_completion",
+        };
+        let v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+                       "choices": [], "usage": usage(c)});
         Bytes::from(format!("data: {v}\n\n"))
     }
 }
@@ -457,6 +665,9 @@ impl MessageBody for SseBody {
                     .shape
                     .chunk(None, false, Some(c.finish_reason))
                     .to_vec();
+                if this.shape.include_usage {
+                    out.extend_from_slice(&this.shape.usage_chunk(&c));
+                }
                 out.extend_from_slice(b"data: [DONE]\n\n");
                 Poll::Ready(Some(Ok(Bytes::from(out))))
             }
@@ -511,6 +722,7 @@ async fn models(engine: Data) -> HttpResponse {
 async fn load_adapter(engine: Data, payload: web::Payload) -> HttpResponse {
     let run = async {
         let o = json_body(&engine, payload).await?;
+        only_fields(&o, &["id", "path", "default"])?;
         let id = opt_str(&o, "id")?.ok_or_else(|| ApiError::invalid("id", "`id` is required"))?;
         let path =
             opt_str(&o, "path")?.ok_or_else(|| ApiError::invalid("path", "`path` is required"))?;
@@ -547,9 +759,30 @@ async fn unload_adapter(engine: Data, id: web::Path<String>) -> HttpResponse {
 async fn feedback(engine: Data, payload: web::Payload) -> HttpResponse {
     let run = async {
         let o = json_body(&engine, payload).await?;
+        only_fields(&o, &["response_id", "kind", "text", "value", "user"])?;
         let response_id = opt_str(&o, "response_id")?
             .ok_or_else(|| ApiError::invalid("response_id", "`response_id` is required"))?;
-        let kind = match opt_str(&o, "kind")?.as_deref() {
+        // Feedback counts for the user the response went to; a client naming someone else is mistaken.
+        if let Some(user) = opt_str(&o, "user")?
+            && engine
+                .response_user(&response_id)
+                .is_some_and(|u| u != user)
+        {
+            return Err(ApiError::invalid(
+                "user",
+                format!("response `{response_id}` was given to another user than `{user}`"),
+            ));
+        }
+        let kind_name = opt_str(&o, "kind")?;
+        for (field, kind) in [("text", "edit"), ("value", "score")] {
+            if o.get(field).is_some_and(|v| !v.is_null()) && kind_name.as_deref() != Some(kind) {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` goes only with kind `{kind}`"),
+                ));
+            }
+        }
+        let kind = match kind_name.as_deref() {
             Some("thumbs_up") => FeedbackKind::Thumbs { up: true },
             Some("thumbs_down") => FeedbackKind::Thumbs { up: false },
             Some("accepted") => FeedbackKind::Accepted,

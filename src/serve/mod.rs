@@ -665,6 +665,12 @@ impl Engine {
         }
     }
 
+    /// The user a recent response went to.
+    pub fn response_user(&self, response_id: &str) -> Option<String> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.users.get(response_id).cloned()
+    }
+
     /// Requests admitted and not yet started.
     pub fn queued(&self) -> usize {
         self.queue_rx.len()

@@ -723,6 +723,205 @@ fn feedback_on_a_served_response_is_emitted() {
     server.shutdown();
 }
 
+/// A parameter the server does not implement is a 400 naming it (all of them, when several), never silently
+/// ignored; at the value that asks for nothing (`n: 1`, `tools: []`, null), it is accepted.
+#[test]
+fn unimplemented_parameters_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 4);
+    let ask = |extra: Value| {
+        let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        call(addr, "POST", "/v1/chat/completions", &body.to_string())
+    };
+    let refused = |r: &Reply, param: &str, code: &str| {
+        assert_eq!(r.code, 400, "{}", r.body);
+        let e = error_of(r);
+        assert_eq!(
+            (e["param"].as_str(), e["code"].as_str()),
+            (Some(param), Some(code))
+        );
+        e["message"].as_str().unwrap().to_owned()
+    };
+    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    for (extra, param) in [
+        (json!({"n": 3}), "n"),
+        (json!({"logprobs": true}), "logprobs"),
+        (json!({"top_logprobs": 2}), "top_logprobs"),
+        (json!({"tools": tool}), "tools"),
+        (json!({"tool_choice": "auto"}), "tool_choice"),
+        (json!({"presence_penalty": 0.5}), "presence_penalty"),
+        (json!({"logit_bias": {"42": 5}}), "logit_bias"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"store": false}), "store"),
+    ] {
+        let message = refused(&ask(extra.clone()), param, "unsupported_parameter");
+        assert!(
+            message.contains(&format!("`{param}`")),
+            "{extra}: {message}"
+        );
+    }
+    let message = refused(
+        &ask(json!({"n": 2, "logprobs": true, "tools": tool})),
+        "logprobs",
+        "unsupported_parameter",
+    );
+    for p in ["`n`", "`logprobs`", "`tools`"] {
+        assert!(message.contains(p), "{message}");
+    }
+    // A misspelt parameter is not silently ignored either.
+    let message = refused(
+        &ask(json!({"temprature": 0})),
+        "temprature",
+        "unknown_parameter",
+    );
+    assert!(message.contains("`temprature`"), "{message}");
+    let r = ask(json!({"stream_options": {"chunk_size": 4}}));
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("stream_options.chunk_size"))
+    );
+    // The inert values, null, and what leaves the answer as it is.
+    let r = ask(
+        json!({"n": 1, "logprobs": false, "tools": [], "tool_choice": "none",
+                       "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+                       "response_format": {"type": "text"}, "top_logprobs": null, "seed": null,
+                       "metadata": {"k": "v"}, "service_tier": "auto", "store": true}),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+
+    // Messages: fields and content parts hearth does not implement.
+    let msg = |m: Value| json!({"messages": [m], "max_tokens": 2}).to_string();
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &msg(json!({"role": "user", "content": "hi", "name": "bob"})),
+    );
+    refused(&r, "messages[0].name", "unsupported_parameter");
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &msg(json!({"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]})),
+    );
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("messages[0].content[1]"))
+    );
+    let echoed = json!({"role": "assistant", "content": "a", "tool_calls": [], "refusal": null});
+    let r = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &json!({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]}, echoed,
+        {"role": "user", "content": "again"}], "max_tokens": 2})
+        .to_string(),
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+
+    // Text completions have their own.
+    let text = |extra: Value| {
+        let mut body = json!({"prompt": "a b", "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        call(addr, "POST", "/v1/completions", &body.to_string())
+    };
+    for (extra, param) in [
+        (json!({"echo": true}), "echo"),
+        (json!({"best_of": 2}), "best_of"),
+        (json!({"suffix": "end"}), "suffix"),
+        (json!({"logprobs": 3}), "logprobs"),
+        (json!({"messages": []}), "messages"),
+    ] {
+        let code = if param == "messages" {
+            "unknown_parameter"
+        } else {
+            "unsupported_parameter"
+        };
+        refused(&text(extra), param, code);
+    }
+    assert_eq!(
+        text(json!({"echo": false, "best_of": 1, "suffix": ""})).code,
+        200
+    );
+
+    // hearth's own endpoints refuse fields they do not read.
+    let id = json_of(&chat(addr, "tiny", "rate me", 2))["id"].clone();
+    let fb = |body: Value| call(addr, "POST", "/v1/feedback", &body.to_string());
+    let r = fb(json!({"response_id": id, "kind": "thumbs_up", "comment": "nice"}));
+    refused(&r, "comment", "unknown_parameter");
+    let r = fb(json!({"response_id": id, "kind": "thumbs_up", "text": "nice"}));
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("text"))
+    );
+    // The response went to `ana` (chat_body's user): feedback naming someone else is refused.
+    let r = fb(json!({"response_id": id, "kind": "thumbs_up", "user": "bob"}));
+    assert_eq!(
+        (r.code, error_of(&r)["param"].clone()),
+        (400, json!("user"))
+    );
+    assert_eq!(
+        fb(json!({"response_id": id, "kind": "thumbs_up", "user": "ana"})).code,
+        200
+    );
+    let r = call(
+        addr,
+        "POST",
+        "/v1/adapters",
+        &json!({"id": "a", "path": "a", "merge": true}).to_string(),
+    );
+    refused(&r, "merge", "unknown_parameter");
+    server.shutdown();
+}
+
+/// `stream_options.include_usage`: each chunk carries `usage: null` and a last chunk without choices carries
+/// the usage a JSON answer reports.
+#[test]
+fn a_stream_with_include_usage_ends_with_the_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = serve(dir.path(), 4);
+    let plain = json_of(&chat(addr, "tiny", "count", 6));
+    let mut body: Value = serde_json::from_str(&chat_body("tiny", "count", 6, true)).unwrap();
+    let without = call(addr, "POST", "/v1/chat/completions", &body.to_string());
+    assert!(!without.body.contains("usage"), "{}", without.body);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = call(addr, "POST", "/v1/chat/completions", &body.to_string());
+    assert_eq!(r.code, 200, "{}", r.body);
+    let events = sse_events(&r.body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let (last, rest) = chunks.split_last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    // The same prompt again: the prompt cache makes `cached_tokens` differ, not the counts.
+    for count in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(last["usage"][count], plain["usage"][count], "{count}");
+    }
+    assert!(
+        rest.iter()
+            .all(|c| c["usage"].is_null() && c.get("usage").is_some())
+    );
+    assert_eq!(
+        sse_text(&events).0,
+        plain["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    server.shutdown();
+}
+
 /// `POST /v1/adapters` loads only from the configured folder (a serve node's `DATA_DIR/adapters`): a path
 /// outside it, a `..` or a symlink out of it is refused naming the rule and the folder; without a folder,
 /// the API loads nothing.

@@ -153,8 +153,9 @@ fn the_serve_graph_is_valid() {
     }
 }
 
-/// The official client against the API: JSON and streaming chat, the model list. Skips (with a notice)
-/// where `python3 -c "import openai"` fails.
+/// The official client against the API, with an API key (`api_key=`): JSON and streaming chat (with
+/// `stream_options`), the model list; a wrong key is `AuthenticationError`, an unimplemented parameter a
+/// `BadRequestError` naming it. Skips (with a notice) where `python3 -c "import openai"` fails.
 #[test]
 fn the_official_openai_python_client_works() {
     let has = std::process::Command::new("python3")
@@ -168,15 +169,17 @@ fn the_official_openai_python_client_works() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
     write_tiny_model(&model, &TinySpec::new(Arch::Llama)).unwrap();
+    let key = "hk-client-test-5f0c2a";
     let config = hearth::serve::ServeConfig {
         model_name: "tiny".to_owned(),
+        api_key: Some(hearth::access::ApiKey::new(key)),
         ..Default::default()
     };
     let server = hearth::serve::Server::load(&model, config).unwrap();
     let addr = server.listen("127.0.0.1:0").unwrap();
     let script = r#"
 import sys, openai
-c = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+c = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
 ids = [m.id for m in c.models.list().data]
 assert ids == ["tiny"], ids
 r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0)
@@ -187,6 +190,21 @@ for chunk in c.chat.completions.create(model="tiny", messages=[{"role": "user", 
     if chunk.choices and chunk.choices[0].delta.content:
         parts.append(chunk.choices[0].delta.content)
 assert "".join(parts) == text, ("".join(parts), text)
+last = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}))[-1]
+assert last.usage.total_tokens == r.usage.total_tokens, (last.usage, r.usage)
+for wrong in ["wrong", sys.argv[2] + "x"]:
+    try:
+        openai.OpenAI(base_url=sys.argv[1], api_key=wrong, max_retries=0).models.list()
+        raise SystemExit("expected AuthenticationError")
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401 and e.code == "invalid_api_key", e
+for extra in [{"n": 2}, {"logprobs": True}, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}]:
+    try:
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, **extra)
+        raise SystemExit(f"expected BadRequestError for {extra}")
+    except openai.BadRequestError as e:
+        name = next(iter(extra))
+        assert e.param == name and f"`{name}`" in e.message, e
 try:
     c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     raise SystemExit("expected NotFoundError")
@@ -195,7 +213,7 @@ except openai.NotFoundError as e:
 print("openai client ok", r.usage.total_tokens)
 "#;
     let out = std::process::Command::new("python3")
-        .args(["-c", script, &format!("http://{addr}/v1")])
+        .args(["-c", script, &format!("http://{addr}/v1"), key])
         .output()
         .unwrap();
     server.shutdown();

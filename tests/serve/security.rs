@@ -350,8 +350,8 @@ fn a_serve_node_takes_its_key_and_adapters_from_the_data_dir() {
         "the serve node creates {}",
         folder.display()
     );
-    set.save_peft(&folder.join("mine"), m.config()).unwrap();
-    set.save_peft(&dir.path().join("elsewhere"), m.config())
+    set.save_peft(folder.join("mine"), m.config()).unwrap();
+    set.save_peft(dir.path().join("elsewhere"), m.config())
         .unwrap();
     let load = |path: &str| {
         let body = json!({"id": "mine", "path": path}).to_string();
