@@ -108,6 +108,15 @@ fn edge_key(spec: &EdgeSpec) -> String {
     )
 }
 
+/// Commands for one worker of a node (named for errors).
+type Batch<M> = (String, Sender<Commands<M>>, Vec<Command<M>>);
+/// Commands for one worker.
+type WorkerBatch<M> = (Sender<Commands<M>>, Vec<Command<M>>);
+/// A changed node's old plan and counters, and the channel ends its old workers handed back.
+type Handed<M> = (PlanNode<M>, Arc<NodeStats>, Ends<M>);
+/// The ends of a kept edge that a changed node's new workers take over (sender, receiver).
+type TakenOver<M> = (Option<EdgeSender<M>>, Option<EdgeReceiver<M>>);
+
 /// A node of the new graph that gets new workers, with the channel ends they start on.
 struct Starting<M: Payload> {
     plan: PlanNode<M>,
@@ -115,7 +124,7 @@ struct Starting<M: Payload> {
     outputs: OutPorts<M>,
     /// For a changed node: its old plan and the ends its old workers handed back, to restart it if the reload
     /// is abandoned.
-    old: Option<(PlanNode<M>, Arc<NodeStats>, Ends<M>)>,
+    old: Option<Handed<M>>,
 }
 
 impl<M: Payload> RunningGraph<M> {
@@ -154,9 +163,7 @@ impl<M: Payload> Reloader<M> {
 
 /// Sends each batch and waits until every worker applied its own. A worker that has exited has nothing left
 /// to rewire.
-fn apply<M>(
-    batches: Vec<(String, Sender<Commands<M>>, Vec<Command<M>>)>,
-) -> Result<(), ReloadError> {
+fn apply<M>(batches: Vec<Batch<M>>) -> Result<(), ReloadError> {
     let mut waiting = Vec::new();
     for (node, worker, list) in batches {
         let (applied, done) = crossbeam_channel::bounded(1);
@@ -279,7 +286,7 @@ impl<M: Payload> Shared<M> {
 
         // Changed nodes' old workers flush and hand back their ends (a replacement may need the port or the
         // file the old one holds).
-        let mut handed: HashMap<String, (PlanNode<M>, Arc<NodeStats>, Ends<M>)> = HashMap::new();
+        let mut handed: HashMap<String, Handed<M>> = HashMap::new();
         for id in &summary.nodes_changed {
             let handle = &wiring.nodes[old_index[id]];
             let ends = self.retire(handle)?;
@@ -293,8 +300,7 @@ impl<M: Payload> Shared<M> {
         // had exited handed nothing back); every other edge gets a new one.
         let mut edges: Vec<RunningEdge> = Vec::new();
         let mut fresh: Vec<(RunningEdge, EdgeSender<M>, EdgeReceiver<M>)> = Vec::new();
-        let mut kept_ends: HashMap<String, (Option<EdgeSender<M>>, Option<EdgeReceiver<M>>)> =
-            HashMap::new();
+        let mut kept_ends: HashMap<String, TakenOver<M>> = HashMap::new();
         for edge in &new.edges {
             let key = edge_key(&edge.spec);
             let from = &new.plan.nodes[edge.from_node];
@@ -476,8 +482,7 @@ impl<M: Payload> Shared<M> {
         }
         apply(add)?;
         // A kept node's outputs change in one batch, so it never lacks a destination in between.
-        let mut outputs: HashMap<String, Vec<(Sender<Commands<M>>, Vec<Command<M>>)>> =
-            HashMap::new();
+        let mut outputs: HashMap<String, Vec<WorkerBatch<M>>> = HashMap::new();
         for (id, w, cmds) in remove {
             outputs.entry(id).or_default().push((w, cmds));
         }
@@ -491,7 +496,7 @@ impl<M: Payload> Shared<M> {
         }
         let mut batches = Vec::new();
         for (id, list) in outputs {
-            let mut by_worker: Vec<(Sender<Commands<M>>, Vec<Command<M>>)> = Vec::new();
+            let mut by_worker: Vec<WorkerBatch<M>> = Vec::new();
             for (w, mut cmds) in list {
                 match by_worker.iter_mut().find(|(s, _)| s.same_channel(&w)) {
                     Some((_, all)) => all.append(&mut cmds),

@@ -500,6 +500,9 @@ pub(super) struct Ends<M> {
     pub(super) outputs: OutPorts<M>,
 }
 
+/// A reload's side of a worker's [`Gate`]: whether it started, and where to send the word.
+pub(super) type GateEnds = (Receiver<Result<(), String>>, Sender<bool>);
+
 /// For a worker started by a reload: it reports whether its actor built and started, then waits for the
 /// word to run (`true`) or to stand down (`false`: another new node failed, the old graph stays).
 pub(super) struct Gate {
@@ -649,13 +652,7 @@ impl<M: Payload> Shared<M> {
         inputs: &[(EdgeReceiver<M>, bool)],
         outputs: &OutPorts<M>,
         gated: bool,
-    ) -> Result<
-        (
-            NodeHandle<M>,
-            Vec<(Receiver<Result<(), String>>, Sender<bool>)>,
-        ),
-        RuntimeError,
-    > {
+    ) -> Result<(NodeHandle<M>, Vec<GateEnds>), RuntimeError> {
         let node_id: Arc<str> = Arc::from(node.id.as_str());
         let node_stop = Arc::new(AtomicBool::new(false));
         let mut commands = Vec::new();
