@@ -48,7 +48,39 @@ async fn metrics() -> HttpResponse {
         .body(crate::engine::metrics::render())
 }
 
-/// The control server: `/healthz`, `/status`, `/metrics`.
+/// Applies a new graph, given as graph-file text, to the running one (`POST /reload`): the summary of what
+/// changed, or why nothing did.
+pub type ReloadHook = Arc<dyn Fn(&str) -> Result<String, ReloadRefused> + Send + Sync>;
+
+/// Why a reload changed nothing.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReloadRefused {
+    /// The new graph failed validation: every error, each with its `line:col`.
+    Invalid(Vec<String>),
+    /// It validated, but could not be applied (a setting that cannot change, a node that failed to start).
+    Failed(String),
+}
+
+#[derive(serde::Deserialize)]
+struct ReloadRequest {
+    graph: String,
+}
+
+/// `POST /reload` with `{"graph": TEXT}`: 200 with the summary, 400 with the validation errors, 409 when it
+/// could not be applied. Runs off the server's worker: a reload waits for nodes to reach a safe point.
+async fn reload(hook: web::Data<ReloadHook>, body: web::Json<ReloadRequest>) -> HttpResponse {
+    let hook = hook.get_ref().clone();
+    let text = body.into_inner().graph;
+    match web::block(move || hook(&text)).await {
+        Ok(Ok(summary)) => HttpResponse::Ok().json(serde_json::json!({ "reloaded": summary })),
+        Ok(Err(refused @ ReloadRefused::Invalid(_))) => HttpResponse::BadRequest().json(refused),
+        Ok(Err(refused)) => HttpResponse::Conflict().json(refused),
+        Err(e) => HttpResponse::InternalServerError().body(e.to_string()),
+    }
+}
+
+/// The control server: `/healthz`, `/status`, `/metrics`, and `/reload` when given a [`ReloadHook`].
 pub struct ControlServer {
     pub addr: SocketAddr,
     server: ServerThread,
@@ -67,6 +99,16 @@ impl ControlServer {
         run_status: Arc<RunStatus>,
         key: Option<ApiKey>,
     ) -> Result<ControlServer, HttpError> {
+        Self::start_with(addr, run_status, key, None)
+    }
+
+    /// [`ControlServer::start_with_key`], serving `POST /reload` through `reload` when given.
+    pub fn start_with(
+        addr: &str,
+        run_status: Arc<RunStatus>,
+        key: Option<ApiKey>,
+        reload_hook: Option<ReloadHook>,
+    ) -> Result<ControlServer, HttpError> {
         let access = Access::new(key);
         access.check_listen(addr)?;
         let data = web::Data::new(run_status);
@@ -74,12 +116,18 @@ impl ControlServer {
         let server = ServerThread::spawn("control-http", move || {
             let server = HttpServer::new(move || {
                 let access = access.clone();
-                App::new()
+                let app = App::new()
                     .wrap(from_fn(move |req, next| access.clone().guard(req, next)))
                     .app_data(data.clone())
                     .route("/healthz", web::get().to(healthz))
                     .route("/status", web::get().to(status))
-                    .route("/metrics", web::get().to(metrics))
+                    .route("/metrics", web::get().to(metrics));
+                match reload_hook.clone() {
+                    Some(hook) => app
+                        .app_data(web::Data::new(hook))
+                        .route("/reload", web::post().to(reload)),
+                    None => app,
+                }
             })
             .workers(1)
             .disable_signals()

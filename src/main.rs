@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use hearth::actors::{ActorKind, Graph};
-use hearth::control::ControlServer;
+use hearth::control::{ControlServer, ReloadHook, ReloadRefused};
 use hearth::engine::draw::{DrawFormat, draw};
 use hearth::engine::runtime;
 use hearth::engine::schema::GraphError;
@@ -38,6 +38,18 @@ enum Command {
         /// Stop the sources after this many seconds.
         #[arg(long)]
         duration: Option<f64>,
+    },
+    /// Rewire a running graph from GRAPH through its control port: validated here first (exit 2 with every
+    /// error), then applied there, keeping what both graphs share running. SIGHUP reloads the graph file a
+    /// run started with.
+    Reload {
+        graph: PathBuf,
+        /// The running graph's control address (default: GRAPH's `settings.control`).
+        #[arg(long)]
+        control: Option<String>,
+        /// Where the API key file is (default: GRAPH's `settings.data_dir`); HEARTH_API_KEY wins.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
     /// Validate graph files, reporting every error with file:line:col; exit 2 if any is invalid.
     Check {
@@ -213,6 +225,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             control,
             duration,
         } => run_graph(&graph, data_dir, control, duration),
+        Command::Reload {
+            graph,
+            control,
+            data_dir,
+        } => reload_graph(&graph, control, data_dir),
         Command::Check { graphs } => check(&graphs),
         Command::Graph { graph, format } => draw_graph(&graph, format),
         Command::Actors => list_actors(),
@@ -460,11 +477,13 @@ fn run_graph(
     }
     eprintln!("{}", g.summary());
     let running = runtime::start(g, data_dir.as_deref()).context("starting graph")?;
+    let hook = reload_hook(running.reloader());
     let server = match control {
         Some(addr) => {
-            let server = ControlServer::start_with_key(&addr, running.status(), api_key)?;
+            let server =
+                ControlServer::start_with(&addr, running.status(), api_key, Some(hook.clone()))?;
             eprintln!(
-                "control endpoints on http://{}/{{healthz,status,metrics}}",
+                "control endpoints on http://{}/{{healthz,status,metrics,reload}}",
                 server.addr
             );
             Some(server)
@@ -472,6 +491,7 @@ fn run_graph(
         None => None,
     };
     install_signal_handler(running.stop_flag())?;
+    reload_on_sighup(graph.to_path_buf(), hook)?;
     if let Some(secs) = duration {
         let stop = running.stop_flag();
         std::thread::spawn(move || {
@@ -609,6 +629,149 @@ fn write_run_report(
     } else {
         eprintln!("report written to {}", data_dir.join("report.md").display());
     }
+}
+
+/// Validates graph text and applies it to the running graph.
+fn reload_hook(reloader: hearth::engine::Reloader<hearth::message::Message>) -> ReloadHook {
+    std::sync::Arc::new(move |text: &str| match ActorKind::graph(text) {
+        Err(errors) => Err(ReloadRefused::Invalid(errors.iter().map(located).collect())),
+        Ok(g) => reloader
+            .reload(g)
+            .map(|summary| summary.to_string())
+            .map_err(|e| ReloadRefused::Failed(e.to_string())),
+    })
+}
+
+/// `line:col: error: message`, as a graph file's errors are printed after the file's name.
+fn located(e: &GraphError) -> String {
+    match e.at {
+        Some(at) => format!("{at}: error: {}", e.message),
+        None => format!("error: {}", e.message),
+    }
+}
+
+/// Prints an error from [`located`] after the graph file's name.
+fn print_located(path: &Path, located: &str) {
+    if located.starts_with("error") {
+        eprintln!("{}: {located}", path.display());
+    } else {
+        eprintln!("{}:{located}", path.display());
+    }
+}
+
+/// SIGHUP re-reads the graph file the run started with and reloads it; the outcome goes to stderr.
+fn reload_on_sighup(graph: PathBuf, hook: ReloadHook) -> anyhow::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])?;
+    std::thread::Builder::new()
+        .name("sighup".to_owned())
+        .spawn(move || {
+            for _ in signals.forever() {
+                let outcome = std::fs::read_to_string(&graph)
+                    .map_err(|e| ReloadRefused::Failed(format!("reading the graph file: {e}")))
+                    .and_then(|text| hook(&text));
+                let path = graph.display();
+                match outcome {
+                    Ok(summary) => eprintln!("SIGHUP: {path}: {summary}"),
+                    Err(ReloadRefused::Invalid(errors)) => {
+                        for e in &errors {
+                            print_located(&graph, e);
+                        }
+                        eprintln!(
+                            "SIGHUP: {path}: {} error(s); still running the old graph",
+                            errors.len()
+                        );
+                    }
+                    Err(ReloadRefused::Failed(why)) => eprintln!("SIGHUP: {path}: {why}"),
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// `hearth reload`: validates GRAPH here, then posts it to the running graph's control port.
+fn reload_graph(
+    graph: &Path,
+    control: Option<String>,
+    data_dir: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(graph).with_context(|| format!("reading {}", graph.display()))?;
+    let settings = match ActorKind::graph(&text) {
+        Ok(g) => g.plan.settings,
+        Err(errors) => {
+            print_errors(graph, &errors);
+            return Ok(ExitCode::from(INVALID));
+        }
+    };
+    let Some(addr) = control.or(settings.control) else {
+        anyhow::bail!(
+            "{}: no `settings.control` address to reach the running graph; pass --control",
+            graph.display()
+        );
+    };
+    let data_dir = data_dir.unwrap_or_else(|| PathBuf::from(&settings.data_dir));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut request = agent
+        .post(format!("http://{addr}/reload"))
+        .content_type("application/json");
+    if let Some(key) = client_key(&data_dir)? {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    let body = serde_json::json!({ "graph": text }).to_string();
+    let mut response = request
+        .send(&body)
+        .with_context(|| format!("posting the graph to http://{addr}/reload"))?;
+    let status = response.status().as_u16();
+    let answer = response.body_mut().read_to_string().unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(&answer).unwrap_or_default();
+    match (status, &json) {
+        (200, _) => {
+            eprintln!("{}", json["reloaded"].as_str().unwrap_or(&answer));
+            Ok(ExitCode::SUCCESS)
+        }
+        (400, serde_json::Value::Object(o)) if o.contains_key("invalid") => {
+            let errors = o["invalid"].as_array().cloned().unwrap_or_default();
+            for e in &errors {
+                print_located(graph, e.as_str().unwrap_or_default());
+            }
+            eprintln!(
+                "{}: {} error(s); the running graph is unchanged",
+                graph.display(),
+                errors.len()
+            );
+            Ok(ExitCode::from(INVALID))
+        }
+        (401, _) => anyhow::bail!(
+            "http://{addr}/reload wants the API key: set {} or keep it in {} (mode 600)",
+            hearth::access::KEY_ENV,
+            data_dir.join(hearth::access::KEY_FILE).display()
+        ),
+        (409, _) => {
+            eprintln!(
+                "reload refused: {}",
+                json["failed"].as_str().unwrap_or(&answer)
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        _ => anyhow::bail!("http://{addr}/reload answered {status}: {answer}"),
+    }
+}
+
+/// The API key a client sends: HEARTH_API_KEY, else the data directory's key file, as the server reads them.
+fn client_key(data_dir: &Path) -> anyhow::Result<Option<String>> {
+    if let Ok(key) = std::env::var(hearth::access::KEY_ENV) {
+        return Ok(Some(key.trim().to_owned()));
+    }
+    let file = data_dir.join(hearth::access::KEY_FILE);
+    if !file.exists() {
+        return Ok(None);
+    }
+    Ok(Some(
+        hearth::files::read_private_file(&file)?.trim().to_owned(),
+    ))
 }
 
 /// First SIGINT/SIGTERM stops the sources and drains; a second one exits at once.

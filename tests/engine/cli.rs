@@ -1,5 +1,6 @@
 //! The binary: `check` exit codes and messages, `graph`, `actors`, and SIGTERM draining a running graph.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -140,4 +141,195 @@ fn sigterm_stops_sources_drains_and_exits_0() {
         .count() as u64;
     assert!(pushed > 10, "{err}");
     assert_eq!(lines, pushed, "count in != count out\n{err}");
+}
+
+/// A child process that a failing test does not leave running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A running graph's stderr, collected as it comes.
+fn collect_stderr(child: &mut std::process::Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::BufRead;
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = text.clone();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let mut all = sink.lock().unwrap();
+            all.push_str(&line);
+            all.push('\n');
+        }
+    });
+    text
+}
+
+fn wait_for_text(text: &std::sync::Mutex<String>, needle: &str) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        let all = text.lock().unwrap().clone();
+        if all.contains(needle) {
+            return all;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no `{needle}` in:\n{all}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn pipeline_graph(sink_file: &str, broken: bool) -> String {
+    let to = if broken { "nowhere.in" } else { "sink.in" };
+    format!(
+        r#"Graph(name: "live", nodes: [
+            (id: "gen", kind: Generate(count: None, interval_us: 200)),
+            (id: "slow", kind: Throttle(delay_us: 100)),
+            (id: "sink", kind: JsonlSink(path: "{sink_file}")),
+        ], edges: [
+            (from: "gen.out", to: "slow.in", capacity: 16),
+            (from: "slow.out", to: "{to}", capacity: 16),
+        ])"#
+    )
+}
+
+#[test]
+fn reload_and_sighup_rewire_a_running_graph_and_refuse_a_broken_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = dir.path().join("live.ron");
+    std::fs::write(&graph, pipeline_graph("a.jsonl", false)).unwrap();
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .arg("run")
+            .arg(&graph)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .arg("--control")
+            .arg("127.0.0.1:0")
+            .env_remove("HEARTH_API_KEY")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = collect_stderr(&mut child.0);
+    let text = wait_for_text(&stderr, "control endpoints on http://");
+    let addr = text
+        .split("control endpoints on http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap()
+        .to_owned();
+    let lines =
+        |f: &str| std::fs::read_to_string(dir.path().join(f)).map_or(0, |s| s.lines().count());
+    let reload = |file: &Path| {
+        Command::new(BIN)
+            .arg("reload")
+            .arg(file)
+            .arg("--control")
+            .arg(&addr)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env_remove("HEARTH_API_KEY")
+            .output()
+            .unwrap()
+    };
+
+    // A broken graph: refused with its errors, located; the old one keeps running.
+    let broken = dir.path().join("broken.ron");
+    std::fs::write(&broken, pipeline_graph("b.jsonl", true)).unwrap();
+    let out = reload(&broken);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}:7:13: error: edge `slow.out->nowhere.in`: unknown node `nowhere`",
+            broken.display()
+        )),
+        "{err}"
+    );
+    let before = lines("a.jsonl");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(lines("a.jsonl") > before, "the old graph stopped");
+
+    // A good one: the sink changes, the rest keeps running.
+    let next = dir.path().join("next.ron");
+    std::fs::write(&next, pipeline_graph("b.jsonl", false)).unwrap();
+    let out = reload(&next);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("graph `live` reloaded: nodes changed: sink;"),
+        "{err}"
+    );
+    let started = std::time::Instant::now();
+    while lines("b.jsonl") < 10 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing reached b.jsonl"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // SIGHUP rereads the file the run started with: broken, then fixed (the sink back to a.jsonl).
+    let hup = |expect: &str| {
+        let kill = Command::new("kill")
+            .args(["-HUP", &child.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        wait_for_text(&stderr, expect)
+    };
+    std::fs::write(&graph, pipeline_graph("a.jsonl", true)).unwrap();
+    let text = hup("still running the old graph");
+    assert!(
+        text.contains(&format!(
+            "{}:7:13: error: edge `slow.out->nowhere.in`",
+            graph.display()
+        )),
+        "{text}"
+    );
+    std::fs::write(&graph, pipeline_graph("a.jsonl", false)).unwrap();
+    hup(&format!(
+        "SIGHUP: {}: graph `live` reloaded: nodes changed: sink;",
+        graph.display()
+    ));
+    let at_a = lines("a.jsonl");
+    let started = std::time::Instant::now();
+    while lines("a.jsonl") < at_a + 10 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing reached a.jsonl again"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Count in equals count out across all three sinks' lifetimes.
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = child.0.wait().unwrap();
+    let text = wait_for_text(&stderr, "edge slow.out->sink.in");
+    assert_eq!(status.code(), Some(0), "{text}");
+    let pushed: u64 = text
+        .lines()
+        .find(|l| l.contains("edge gen.out->slow.in"))
+        .and_then(|l| l.split("pushed=").nth(1))
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no edge line in {text}"));
+    assert_eq!(
+        (lines("a.jsonl") + lines("b.jsonl")) as u64,
+        pushed,
+        "count in != count out"
+    );
 }
