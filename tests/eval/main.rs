@@ -3,5 +3,6 @@
 #[path = "../train_util/mod.rs"]
 mod train_util;
 
+mod base_text;
 mod gate;
 mod retention;
