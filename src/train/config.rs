@@ -77,7 +77,14 @@ pub struct TrainConfig {
     pub kto_desirable_weight: f64,
     /// KTO weight of undesirable (thumbs-down) examples.
     pub kto_undesirable_weight: f64,
-    /// Completions sampled per prompt for GRPO; 0 disables GRPO (Scored samples are then unused).
+    /// The score that counts as neutral in score feedback trained without GRPO: each scored answer is made
+    /// likelier in proportion to how far its score is above this (in units of the cycle's spread of scores
+    /// around it), less likely below it. `None`: the mean score of the cycle's scored answers.
+    pub score_baseline: Option<f64>,
+    /// Weight of the k3 KL estimate to the reference in that objective.
+    pub score_kl_coef: f64,
+    /// Completions sampled per prompt for GRPO; 0 disables GRPO, and score feedback then trains the scored
+    /// answer itself (see `score_baseline`).
     pub grpo_group_size: usize,
     pub grpo_max_new_tokens: usize,
     pub grpo_temperature: f32,
@@ -127,6 +134,8 @@ impl Default for TrainConfig {
             kto_beta: 0.1,
             kto_desirable_weight: 1.0,
             kto_undesirable_weight: 1.0,
+            score_baseline: None,
+            score_kl_coef: 0.04,
             grpo_group_size: 0,
             grpo_max_new_tokens: 32,
             grpo_temperature: 1.0,

@@ -29,6 +29,13 @@ pub enum Example {
     Preference { chosen: Seq, rejected: Seq },
     /// KTO judgement.
     Unpaired { seq: Seq, desirable: bool },
+    /// A served answer and the user's score of it: likelihood weighted by the score's advantage over the
+    /// baseline ([`super::TrainConfig::score_baseline`]), which the trainer sets across the cycle.
+    Rated {
+        seq: Seq,
+        score: f64,
+        advantage: f64,
+    },
     /// GRPO prompt (ends with the generation prompt) with the accepted answer, if any.
     Prompt {
         ids: Vec<u32>,
@@ -72,7 +79,7 @@ pub fn encode_text(tok: &Tokenizer, text: &str, max_len: usize) -> Option<Seq> {
 }
 
 /// The example a sample trains, or `None` when it cannot (unknown role, nothing left to score
-/// after truncation, or a Scored sample while GRPO is off).
+/// after truncation). A scored answer becomes a GRPO prompt when `grpo`, else a rated answer.
 pub fn encode_sample(
     tok: &Tokenizer,
     sample: &Sample,
@@ -112,7 +119,15 @@ pub fn encode_sample(
                 answer: (*score > 0.0).then(|| response.clone()),
             })
         }
-        SampleContent::Scored { .. } => None,
+        SampleContent::Scored {
+            prompt,
+            response,
+            score,
+        } => Some(Example::Rated {
+            seq: encode_turns(tok, prompt, response, max_len)?,
+            score: *score,
+            advantage: 0.0,
+        }),
     }
 }
 

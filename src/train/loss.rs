@@ -183,6 +183,29 @@ pub fn dpo_loss(
     Ok(neg_log_sigmoid(&(margin * beta)?)?.mean_all()?)
 }
 
+/// Advantage-weighted log-likelihood with a KL penalty to the reference, per token, averaged per
+/// sequence then over `rows` (index, advantage): GRPO's objective, and that of rated answers.
+pub fn advantage_loss(
+    policy: &TokenLogps,
+    reference: &TokenLogps,
+    rows: &[(u32, f64)],
+    kl_coef: f64,
+) -> Result<Tensor> {
+    let i: Vec<u32> = rows.iter().map(|g| g.0).collect();
+    let adv: Vec<f32> = rows.iter().map(|g| g.1 as f32).collect();
+    let adv = Tensor::from_vec(adv, (i.len(), 1), &Device::Cpu)?;
+    let index = Tensor::new(i.as_slice(), &Device::Cpu)?;
+    let lp = policy.lp.index_select(&index, 0)?;
+    let rl = reference.lp.index_select(&index, 0)?;
+    let mask = policy.mask.index_select(&index, 0)?;
+    // k3 = e^{ref−π} − (ref−π) − 1: unbiased, always ≥ 0.
+    let d = (rl - &lp)?;
+    let k3 = ((d.exp()? - &d)? - 1.0)?;
+    let per_tok = ((lp.broadcast_mul(&adv)?.neg()?) + (k3 * kl_coef)?)?;
+    let per_seq = ((per_tok * &mask)?.sum(1)? / mask.sum(1)?.clamp(1f32, f32::MAX)?)?;
+    Ok(per_seq.mean_all()?)
+}
+
 /// KTO, mean over items: desirable `w_d·(1 − σ(β(r − z)))`, undesirable `w_u·(1 − σ(β(z − r)))`
 /// with `r = π − ref` and the reference point `z = max(0, mean r)` held constant (the batch
 /// estimate of the KL term, as TRL detaches it).

@@ -1,9 +1,9 @@
 //! Training LoRA deltas over the frozen (possibly quantized) base: SFT on assistant tokens, DPO on
-//! preference pairs, KTO on thumbs, GRPO on prompts with a reward, with replay text mixed into
-//! every batch against forgetting.
+//! preference pairs, KTO on thumbs, scored answers by their score's advantage (or GRPO on their prompts
+//! with a reward), with replay text mixed into every batch against forgetting.
 //!
 //! The base is never written: gradients reach the adapter through `forward_train` (see
-//! `model::transformer`), and reference log-probs for DPO/KTO/GRPO come from the same model with
+//! `model::transformer`), and reference log-probs for DPO/KTO/scores/GRPO come from the same model with
 //! the adapter disabled, so no second copy of the model is held. A finished cycle is saved as a
 //! PEFT adapter plus `provenance.json` binding it to its base, recipe, data and parent.
 

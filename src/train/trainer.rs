@@ -15,7 +15,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::data::{Example, Seq, encode_sample, encode_text};
-use super::loss::{SequenceLogps, TokenLogps, dpo_loss, kto_loss, masked_nll, sequence_logps};
+use super::loss::{
+    SequenceLogps, TokenLogps, advantage_loss, dpo_loss, kto_loss, masked_nll, sequence_logps,
+};
 use super::reward::{Reward, builtin};
 use super::{Result, TrainConfig, TrainError, io_err};
 use crate::message::Sample;
@@ -94,6 +96,8 @@ struct Batch {
     replay: Vec<u32>,
     pairs: Vec<(u32, u32)>,
     kto: Vec<(u32, bool)>,
+    /// Rated answers with their advantage.
+    rated: Vec<(u32, f64)>,
     /// GRPO rows with their advantage, and the number of prompts they came from.
     grpo: Vec<(u32, f64)>,
     grpo_prompts: usize,
@@ -330,13 +334,42 @@ impl<'m> LoraTrainer<'m> {
         Ok(self.set.snapshot()?)
     }
 
-    /// Encodes samples into examples; returns them and how many samples yielded none.
+    /// Encodes samples into examples; returns them and how many samples yielded none. Rated answers get
+    /// their advantage: `(score − baseline) / spread`, the spread being the root mean square of the scores
+    /// around the baseline (so a lone score above a fixed baseline counts as +1), clamped to ±3.
     pub fn encode(&self, samples: &[Sample]) -> (Vec<Example>, usize) {
         let grpo = self.cfg.grpo_group_size > 0;
-        let ex: Vec<Example> = samples
+        let mut ex: Vec<Example> = samples
             .iter()
             .filter_map(|s| encode_sample(self.tok, s, self.max_len, grpo))
             .collect();
+        let scores: Vec<f64> = ex
+            .iter()
+            .filter_map(|e| match e {
+                Example::Rated { score, .. } => Some(*score),
+                _ => None,
+            })
+            .collect();
+        if !scores.is_empty() {
+            let n = scores.len() as f64;
+            let baseline = self
+                .cfg
+                .score_baseline
+                .unwrap_or_else(|| scores.iter().sum::<f64>() / n);
+            let spread = (scores.iter().map(|s| (s - baseline).powi(2)).sum::<f64>() / n).sqrt();
+            for e in &mut ex {
+                if let Example::Rated {
+                    score, advantage, ..
+                } = e
+                {
+                    *advantage = if spread > 0.0 {
+                        ((*score - baseline) / spread).clamp(-3.0, 3.0)
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
         let unused = samples.len() - ex.len();
         (ex, unused)
     }
@@ -659,6 +692,10 @@ impl<'m> LoraTrainer<'m> {
                     let i = b.push(seq.clone());
                     b.kto.push((i, *desirable));
                 }
+                Example::Rated { seq, advantage, .. } => {
+                    let i = b.push(seq.clone());
+                    b.rated.push((i, *advantage));
+                }
                 Example::Prompt {
                     ids,
                     messages,
@@ -683,7 +720,8 @@ impl<'m> LoraTrainer<'m> {
         let refs: Vec<&Seq> = b.seqs.iter().collect();
         let policy = sequence_logps(self.model, Some(&lora), &refs, self.pad)?;
         let tl = &policy.logps;
-        let needs_ref = !(b.pairs.is_empty() && b.kto.is_empty() && b.grpo.is_empty());
+        let needs_ref =
+            !(b.pairs.is_empty() && b.kto.is_empty() && b.grpo.is_empty() && b.rated.is_empty());
         let reference = if needs_ref {
             let r = sequence_logps(self.model, None, &refs, self.pad)?.logps;
             Some(TokenLogps {
@@ -731,19 +769,13 @@ impl<'m> LoraTrainer<'m> {
                 )?;
                 parts.push((l, b.kto.len() as f64));
             }
+            if !b.rated.is_empty() {
+                let l = advantage_loss(tl, r, &b.rated, self.cfg.score_kl_coef)?;
+                parts.push((l, b.rated.len() as f64));
+            }
             if !b.grpo.is_empty() {
-                let i: Vec<u32> = b.grpo.iter().map(|g| g.0).collect();
-                let adv: Vec<f32> = b.grpo.iter().map(|g| g.1 as f32).collect();
-                let adv = Tensor::from_vec(adv, (i.len(), 1), &Device::Cpu)?;
-                let lp = rows(&tl.lp, &i)?;
-                let rl = rows(&r.lp, &i)?;
-                let mask = rows(&tl.mask, &i)?;
-                // k3 = e^{ref−π} − (ref−π) − 1: unbiased, always ≥ 0.
-                let d = (rl - &lp)?;
-                let k3 = ((d.exp()? - &d)? - 1.0)?;
-                let per_tok = ((lp.broadcast_mul(&adv)?.neg()?) + (k3 * self.cfg.grpo_kl_coef)?)?;
-                let per_seq = ((per_tok * &mask)?.sum(1)? / mask.sum(1)?.clamp(1f32, f32::MAX)?)?;
-                parts.push((per_seq.mean_all()?, b.grpo_prompts as f64));
+                let l = advantage_loss(tl, r, &b.grpo, self.cfg.grpo_kl_coef)?;
+                parts.push((l, b.grpo_prompts as f64));
             }
         }
         let total_w: f64 = parts.iter().map(|p| p.1).sum();

@@ -10,3 +10,4 @@ mod dora;
 mod lora;
 mod options;
 mod peft;
+mod scores;
