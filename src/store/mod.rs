@@ -13,8 +13,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 mod deltas;
+mod timeline;
 
 pub use deltas::{DeltaRecord, DeltaRetention, DeltaStatus, LegRecord, PrunedDeltas, ServedState};
+pub use timeline::CurationTimeline;
 
 use crate::clock::now_unix_ms;
 use crate::message::{
