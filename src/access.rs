@@ -173,11 +173,23 @@ impl Refusal {
 #[derive(Debug, Clone, Default)]
 pub struct Access {
     key: Option<ApiKey>,
+    /// Paths whose `GET` needs no key (every other rule still applies): the status page's shell, which a
+    /// browser must load before it can ask its user for the key. It carries no data.
+    keyless_get: &'static [&'static str],
 }
 
 impl Access {
     pub fn new(key: Option<ApiKey>) -> Self {
-        Access { key }
+        Access {
+            key,
+            keyless_get: &[],
+        }
+    }
+
+    /// [`Access::new`], letting a `GET` of one of `paths` through without the key.
+    pub fn with_keyless_get(mut self, paths: &'static [&'static str]) -> Self {
+        self.keyless_get = paths;
+        self
     }
 
     pub fn key(&self) -> Option<&ApiKey> {
@@ -195,7 +207,10 @@ impl Access {
         req: ServiceRequest,
         next: Next<B>,
     ) -> Result<ServiceResponse<EitherBody<B>>, Error> {
-        match self.verdict(req.headers(), req.app_config().local_addr()) {
+        let keyless =
+            req.method() == actix_web::http::Method::GET && self.keyless_get.contains(&req.path());
+        let access = if keyless { Access::new(None) } else { self };
+        match access.verdict(req.headers(), req.app_config().local_addr()) {
             Ok(()) => next
                 .call(req)
                 .await
