@@ -1,5 +1,6 @@
-//! The control port, on actix-web: `/healthz`, `/status` (JSON) and `/metrics` (Prometheus text), under the
-//! API's access rules ([`crate::access`]): it names every node and its errors, so a key guards it too.
+//! The control port, on actix-web: the status page at `/` ([`crate::page`]), `/healthz`, `/status` (JSON) and
+//! `/metrics` (Prometheus text), under the API's access rules ([`crate::access`]): it names every node and its
+//! errors, so a key guards it too.
 //!
 //! The server runs on its own thread with its own actix system, so CPU-heavy actors on their worker threads
 //! cannot starve it.
@@ -12,7 +13,9 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 
 use crate::access::{Access, ApiKey};
 use crate::engine::runtime::RunStatus;
+use crate::page::{PageSource, render_page, render_view};
 use crate::server_thread::{ServerThread, no_address};
+use crate::store::{ServedState, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
@@ -47,6 +50,108 @@ async fn metrics() -> HttpResponse {
         .content_type("text/plain; version=0.0.4")
         .body(crate::engine::metrics::render())
 }
+
+/// Whether the control port has an API key: the page at `/` then carries no data.
+#[derive(Clone, Copy)]
+struct Keyed(bool);
+
+/// The page's headers: it may load nothing from elsewhere (scripts, styles, images, connections), and no other
+/// site may frame it.
+fn page_response(body: String) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header((
+            "Content-Security-Policy",
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; \
+             connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        ))
+        .insert_header(("Cache-Control", "no-store"))
+        .insert_header(("X-Content-Type-Options", "nosniff"))
+        .body(body)
+}
+
+async fn render(
+    status: web::Data<Arc<RunStatus>>,
+    page: web::Data<Option<PageSource>>,
+) -> Result<String, HttpResponse> {
+    let snapshot = status.snapshot();
+    // SQLite reads and chart drawing block: off the server's worker.
+    match web::block(move || render_view(&snapshot, page.get_ref().as_ref())).await {
+        Ok(Ok(view)) => Ok(view),
+        Ok(Err(e)) => Err(HttpResponse::InternalServerError().body(e.to_string())),
+        Err(e) => Err(HttpResponse::InternalServerError().body(e.to_string())),
+    }
+}
+
+/// `GET /`: the status page, with its data when no key is set; with one, the shell that asks for it.
+async fn index(
+    status: web::Data<Arc<RunStatus>>,
+    page: web::Data<Option<PageSource>>,
+    keyed: web::Data<Keyed>,
+) -> HttpResponse {
+    if keyed.0 {
+        return page_response(render_page(None));
+    }
+    match render(status, page).await {
+        Ok(view) => page_response(render_page(Some(&view))),
+        Err(e) => e,
+    }
+}
+
+/// `GET /page/view`: the page's data alone, which its script fetches every few seconds.
+async fn view(
+    status: web::Data<Arc<RunStatus>>,
+    page: web::Data<Option<PageSource>>,
+) -> HttpResponse {
+    match render(status, page).await {
+        Ok(view) => page_response(view),
+        Err(e) => e,
+    }
+}
+
+/// `POST /deltas/rollback` with a JSON body (`{}`): what `hearth deltas rollback` does, through the same
+/// [`Store::rollback`]. A JSON body, so the access rules' content-type and Origin checks keep other sites out.
+async fn rollback(
+    page: web::Data<Option<PageSource>>,
+    _body: web::Json<serde_json::Value>,
+) -> HttpResponse {
+    let Some(dir) = page.get_ref().as_ref().map(|p| p.data_dir.clone()) else {
+        return HttpResponse::NotFound().json(
+            serde_json::json!({"error": {"message": "this control port has no data directory"}}),
+        );
+    };
+    let result = web::block(move || -> Result<Option<ServedState>, StoreError> {
+        if !dir.join(Store::FILE_NAME).exists() {
+            return Err(StoreError::Refused(format!(
+                "no store in {}",
+                dir.display()
+            )));
+        }
+        Store::open(&dir)?.rollback(ROLLBACK_REASON)
+    })
+    .await;
+    match result {
+        Ok(Ok(Some(s))) => HttpResponse::Ok().json(serde_json::json!({
+            "rolled_back": true,
+            "served": s,
+            "message": format!(
+                "serving {} (the serve node follows within a second)",
+                s.delta_id.as_deref().unwrap_or("the base alone")
+            ),
+        })),
+        Ok(Ok(None)) => HttpResponse::Ok().json(serde_json::json!({
+            "rolled_back": false,
+            "message": "nothing to roll back: serving the base alone",
+        })),
+        Ok(Err(e)) => {
+            HttpResponse::Conflict().json(serde_json::json!({"error": {"message": e.to_string()}}))
+        }
+        Err(e) => HttpResponse::InternalServerError().body(e.to_string()),
+    }
+}
+
+/// The `serving_log` reason of a rollback from the page (the CLI's says "by a person" too).
+pub const ROLLBACK_REASON: &str = "rolled back by a person (status page)";
 
 /// Applies a new graph, given as graph-file text, to the running one (`POST /reload`): the summary of what
 /// changed, or why nothing did.
@@ -109,9 +214,26 @@ impl ControlServer {
         key: Option<ApiKey>,
         reload_hook: Option<ReloadHook>,
     ) -> Result<ControlServer, HttpError> {
-        let access = Access::new(key);
+        Self::start_with_page(addr, run_status, key, reload_hook, None)
+    }
+
+    /// [`ControlServer::start_with`], the status page reading the store in `page`'s data directory (curation,
+    /// training, the gate, the privacy check) and serving `POST /deltas/rollback`; without it the page shows
+    /// the live graph alone.
+    pub fn start_with_page(
+        addr: &str,
+        run_status: Arc<RunStatus>,
+        key: Option<ApiKey>,
+        reload_hook: Option<ReloadHook>,
+        page: Option<PageSource>,
+    ) -> Result<ControlServer, HttpError> {
+        let keyed = Keyed(key.is_some());
+        // The page's shell needs no key (a browser cannot send one before the user types it); it carries
+        // no data then, and everything it fetches does need the key.
+        let access = Access::new(key).with_keyless_get(&["/"]);
         access.check_listen(addr)?;
         let data = web::Data::new(run_status);
+        let page = web::Data::new(page);
         let bind = addr.to_owned();
         let server = ServerThread::spawn("control-http", move || {
             let server = HttpServer::new(move || {
@@ -119,6 +241,11 @@ impl ControlServer {
                 let app = App::new()
                     .wrap(from_fn(move |req, next| access.clone().guard(req, next)))
                     .app_data(data.clone())
+                    .app_data(page.clone())
+                    .app_data(web::Data::new(keyed))
+                    .route("/", web::get().to(index))
+                    .route("/page/view", web::get().to(view))
+                    .route("/deltas/rollback", web::post().to(rollback))
                     .route("/healthz", web::get().to(healthz))
                     .route("/status", web::get().to(status))
                     .route("/metrics", web::get().to(metrics));

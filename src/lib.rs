@@ -17,6 +17,7 @@ pub mod files;
 pub mod malloc;
 pub mod message;
 pub mod model;
+pub mod page;
 pub mod report;
 pub mod serve;
 pub mod server_thread;

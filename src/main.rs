@@ -480,11 +480,22 @@ fn run_graph(
     let hook = reload_hook(running.reloader());
     let server = match control {
         Some(addr) => {
-            let server =
-                ControlServer::start_with(&addr, running.status(), api_key, Some(hook.clone()))?;
+            let page = hearth::page::PageSource {
+                data_dir: data_dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(&g_data_dir)),
+                planted: planted_values.clone(),
+            };
+            let server = ControlServer::start_with_page(
+                &addr,
+                running.status(),
+                api_key,
+                Some(hook.clone()),
+                Some(page),
+            )?;
             eprintln!(
-                "control endpoints on http://{}/{{healthz,status,metrics,reload}}",
-                server.addr
+                "control endpoints on http://{}/{{healthz,status,metrics,reload}}; status page at http://{}/",
+                server.addr, server.addr
             );
             Some(server)
         }
