@@ -21,6 +21,10 @@ use crate::store::Store;
 pub struct CaptureParams {
     /// Erase raw captured text this many seconds after its curation finished (`None`: keep it).
     pub retention_secs: Option<u64>,
+    /// Delete an item's record (its rows in `interactions`/`feedback` and `curation`) this many seconds after
+    /// its curation finished, once its raw text is erased (`None`: keep records). See
+    /// [`Store::prune_records`].
+    pub record_retention_secs: Option<u64>,
     /// Seconds between two retention sweeps: raw text outlives `retention_secs` by at most this much.
     pub sweep_every_secs: u64,
 }
@@ -29,6 +33,7 @@ impl Default for CaptureParams {
     fn default() -> Self {
         CaptureParams {
             retention_secs: None,
+            record_retention_secs: None,
             sweep_every_secs: 60,
         }
     }
@@ -56,6 +61,7 @@ impl ActorFactory<Message> for CaptureParams {
         Ok(Box::new(Capture {
             store,
             retention: self.retention_secs.map(Duration::from_secs),
+            record_retention: self.record_retention_secs.map(Duration::from_secs),
             sweep_every: Duration::from_secs(self.sweep_every_secs),
             replay_pending: ctx.worker == 0,
             last_retention: None,
@@ -67,6 +73,7 @@ impl KindParams<Message> for CaptureParams {
     fn example() -> Self {
         CaptureParams {
             retention_secs: Some(7 * 24 * 3600),
+            record_retention_secs: Some(90 * 24 * 3600),
             sweep_every_secs: 60,
         }
     }
@@ -75,6 +82,7 @@ impl KindParams<Message> for CaptureParams {
 struct Capture {
     store: Store,
     retention: Option<Duration>,
+    record_retention: Option<Duration>,
     sweep_every: Duration,
     replay_pending: bool,
     /// `None` until the first sweep, which runs at once: a restart must not postpone retention.
@@ -82,11 +90,11 @@ struct Capture {
 }
 
 impl Capture {
-    /// Applies retention if a sweep is due.
+    /// Applies retention if a sweep is due: raw text first, then the records whose text is gone.
     fn sweep(&mut self) -> Result<(), ActorError> {
-        let Some(retention) = self.retention else {
+        if self.retention.is_none() && self.record_retention.is_none() {
             return Ok(());
-        };
+        }
         if self
             .last_retention
             .is_some_and(|t| t.elapsed() < self.sweep_every)
@@ -94,11 +102,20 @@ impl Capture {
             return Ok(());
         }
         self.last_retention = Some(Instant::now());
-        let erased = self
-            .store
-            .apply_retention(retention)
-            .map_err(|e| ActorError::background("apply retention", e))?;
-        metrics::counter!("hearth_capture_raw_erased_total").increment(erased as u64);
+        if let Some(retention) = self.retention {
+            let erased = self
+                .store
+                .apply_retention(retention)
+                .map_err(|e| ActorError::background("apply retention", e))?;
+            metrics::counter!("hearth_capture_raw_erased_total").increment(erased as u64);
+        }
+        if let Some(retention) = self.record_retention {
+            let pruned = self
+                .store
+                .prune_records(retention)
+                .map_err(|e| ActorError::background("prune records", e))?;
+            metrics::counter!("hearth_capture_records_pruned_total").increment(pruned as u64);
+        }
         Ok(())
     }
 }

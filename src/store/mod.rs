@@ -602,6 +602,52 @@ impl Store {
             .map_err(self.sq())
     }
 
+    /// Deletes the records of items decided (admitted or dropped) more than `older_than` ago whose raw text is
+    /// already erased: the item rows, and their curation rows once the training window no longer holds their
+    /// samples, so a long run's store stays bounded. Kept: an
+    /// interaction that feedback still waits on, and quarantined items (a person decides those). Feedback
+    /// still pending after `older_than` whose interaction is gone (a reaction to a pruned response) is deleted
+    /// too, as it can never be paired. What training needs is in the training set, under its own window.
+    pub fn prune_records(&mut self, older_than: Duration) -> Result<usize, StoreError> {
+        let cutoff = now_unix_ms().saturating_sub(older_than.as_millis() as u64) as i64;
+        let sq = sq_err(&self.path);
+        let tx = self.conn.transaction().map_err(&sq)?;
+        let decided = "SELECT sample_id FROM curation
+                       WHERE state IN ('admitted', 'dropped') AND updated_at_unix_ms <= ?1";
+        let interactions = tx
+            .execute(
+                &format!(
+                    "DELETE FROM interactions WHERE raw_purged_at_unix_ms IS NOT NULL AND id IN ({decided})
+                     AND NOT EXISTS (SELECT 1 FROM curation c JOIN feedback f ON f.id = c.sample_id
+                       WHERE f.response_id = interactions.id AND c.state = 'pending')"
+                ),
+                [cutoff],
+            )
+            .map_err(&sq)?;
+        let feedback = tx
+            .execute(
+                &format!(
+                    "DELETE FROM feedback WHERE (raw_purged_at_unix_ms IS NOT NULL AND id IN ({decided}))
+                     OR (id IN (SELECT sample_id FROM curation
+                                WHERE state = 'pending' AND updated_at_unix_ms <= ?1)
+                         AND response_id NOT IN (SELECT id FROM interactions))"
+                ),
+                [cutoff],
+            )
+            .map_err(&sq)?;
+        // A curation row goes with its item, except while the training window still holds the sample.
+        tx.execute(
+            "DELETE FROM curation WHERE state != 'quarantined'
+             AND sample_id NOT IN (SELECT id FROM interactions)
+             AND sample_id NOT IN (SELECT id FROM feedback)
+             AND sample_id NOT IN (SELECT sample_id FROM training_set)",
+            [],
+        )
+        .map_err(&sq)?;
+        tx.commit().map_err(&sq)?;
+        Ok(interactions + feedback)
+    }
+
     /// Erases the raw captured text of items whose curation finished more than `older_than` ago. Raw text is the
     /// most sensitive thing held; what training needs is already in the training set, redacted.
     pub fn apply_retention(&mut self, older_than: Duration) -> Result<usize, StoreError> {
