@@ -10,6 +10,7 @@
 
 pub mod canary;
 pub mod gate;
+pub mod general;
 pub mod probes;
 
 use std::path::Path;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use canary::{Canary, CanaryScore};
 pub use gate::Gate;
+pub use general::{Check, GeneralProbe};
 pub use probes::{PersonalProbe, ProbeSet, QaProbe, personal_probes};
 
 use crate::model::{
