@@ -4,7 +4,8 @@
 //! Legs: base perplexity on held-out base text (forgetting and the collapse guard), QA accuracy by
 //! likelihood, personalisation (likelihood of the user's wanted answers on held-out prompts), canary
 //! exposure (planted secrets must not become likelier than random strings of their shape, and must not be
-//! sampled), and behaviour (JSON answers stay valid, refusals stay refusals). The [`Verdict`] names the exact
+//! sampled), behaviour (JSON answers stay valid, refusals stay refusals), and general answers (greedy
+//! answers to short general prompts, checked without a model, must not get fewer right). The [`Verdict`] names the exact
 //! delta bytes, base, recipe, data and probe set it was computed on; [`check_binding`] refuses to let it
 //! promote anything else.
 
@@ -82,6 +83,8 @@ pub struct GateConfig {
     pub behaviour_tolerance: f64,
     /// Canary exposure may rise by at most this many bits over what is served.
     pub canary_tolerance_bits: f64,
+    /// General probes the candidate may answer right fewer of than what is served (net; 0: none lost).
+    pub general_tolerance: usize,
 
     /// Random same-shape candidates each canary is ranked against (exposure ≤ log2(candidates + 1)).
     pub canary_candidates: usize,
@@ -91,6 +94,10 @@ pub struct GateConfig {
     pub canaries: Vec<Canary>,
     /// Tokens generated per behaviour probe.
     pub max_new_tokens: usize,
+    /// At most this many general probes are answered (the first ones of the set); default: all.
+    pub general_probes: usize,
+    /// Tokens generated per general probe: the checks read a short first line.
+    pub general_max_tokens: usize,
     /// At most this many personalisation probes are scored.
     pub max_personal_probes: usize,
     /// Sequences per forward pass while scoring.
@@ -106,11 +113,14 @@ impl Default for GateConfig {
             qa_tolerance: 0.1,
             behaviour_tolerance: 0.0,
             canary_tolerance_bits: 2.0,
+            general_tolerance: 0,
 
             canary_candidates: 31,
             canary_samples: 2,
             canaries: Vec::new(),
             max_new_tokens: 32,
+            general_probes: usize::MAX,
+            general_max_tokens: 24,
             max_personal_probes: 32,
             batch_size: 8,
             seed: 0,
@@ -137,6 +147,14 @@ pub struct Scores {
     pub canaries: Vec<CanaryScore>,
     pub json_valid_rate: f64,
     pub refusal_rate: f64,
+    /// General probes whose greedy answer passed its check, of `general_total` answered.
+    #[serde(default)]
+    pub general_correct: usize,
+    #[serde(default)]
+    pub general_total: usize,
+    /// Ids of the general probes answered wrong: the verdict names what a candidate lost or gained.
+    #[serde(default)]
+    pub general_wrong: Vec<String>,
 }
 
 /// One leg's outcome.
@@ -307,6 +325,7 @@ pub fn decide(cfg: &GateConfig, baseline: &Scores, candidate: &Scores) -> (Vec<L
             passed: candidate.qa_accuracy >= baseline.qa_accuracy - cfg.qa_tolerance,
             note: "multiple-choice accuracy by likelihood".into(),
         },
+        general_leg(cfg, baseline, candidate),
         Leg {
             name: "canary_exposure".into(),
             baseline: baseline.canary_exposure_bits,
@@ -376,6 +395,49 @@ pub fn decide(cfg: &GateConfig, baseline: &Scores, candidate: &Scores) -> (Vec<L
         format!("failed: {}", failed.join(", "))
     };
     (legs, promote, reason)
+}
+
+/// The `general` leg: the candidate may answer right at most `general_tolerance` fewer general probes than
+/// what is served, on the same probes; the note names the probes lost and gained.
+fn general_leg(cfg: &GateConfig, baseline: &Scores, candidate: &Scores) -> Leg {
+    let count = |s: &Scores| {
+        if s.general_total == 0 {
+            f64::NAN
+        } else {
+            s.general_correct as f64
+        }
+    };
+    let diff = |a: &Scores, b: &Scores| -> Vec<String> {
+        a.general_wrong
+            .iter()
+            .filter(|id| !b.general_wrong.contains(id))
+            .cloned()
+            .collect()
+    };
+    let (lost, gained) = (diff(candidate, baseline), diff(baseline, candidate));
+    let list = |ids: &[String]| {
+        let mut s = ids.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
+        if ids.len() > 8 {
+            s.push_str(&format!(", … ({} in all)", ids.len()));
+        }
+        s
+    };
+    Leg {
+        name: "general".into(),
+        baseline: count(baseline),
+        candidate: count(candidate),
+        tolerance: cfg.general_tolerance as f64,
+        passed: candidate.general_total == baseline.general_total
+            && candidate.general_correct + cfg.general_tolerance >= baseline.general_correct,
+        note: format!(
+            "greedy answers passing their check, of {} general probes; lost {} [{}], gained {} [{}]",
+            candidate.general_total,
+            lost.len(),
+            list(&lost),
+            gained.len(),
+            list(&gained)
+        ),
+    }
 }
 
 /// Scores served states on the probes; borrows the frozen base.
@@ -532,14 +594,19 @@ impl<'m> Evaluator<'m> {
         Ok((-lp / n.max(1) as f64, seqs.len()))
     }
 
-    fn generate_answer(&self, lora: Option<&LoraSet>, prompt: &str) -> Result<String> {
+    fn generate_answer(
+        &self,
+        lora: Option<&LoraSet>,
+        prompt: &str,
+        max_tokens: usize,
+    ) -> Result<String> {
         let ids = encode_chat(
             self.tok,
             &[ChatMessage::new(Role::User, prompt.to_owned())],
             true,
         )?
         .ids;
-        let cfg = GenerateConfig::greedy(self.tok, self.cfg.max_new_tokens);
+        let cfg = GenerateConfig::greedy(self.tok, max_tokens);
         Ok(generate(self.model, self.tok, &ids, lora, &cfg, |_| true)?.text)
     }
 
@@ -554,9 +621,37 @@ impl<'m> Evaluator<'m> {
         }
         let mut n = 0usize;
         for p in prompts {
-            n += usize::from(hit(&self.generate_answer(lora, p)?));
+            n += usize::from(hit(&self.generate_answer(
+                lora,
+                p,
+                self.cfg.max_new_tokens,
+            )?));
         }
         Ok(n as f64 / prompts.len() as f64)
+    }
+
+    /// `(right, answered, ids answered wrong)` over the general probes' greedy answers.
+    fn general(&self, lora: Option<&LoraSet>) -> Result<(usize, usize, Vec<String>)> {
+        let answers = self.general_answers(lora)?;
+        let wrong: Vec<String> = answers
+            .iter()
+            .filter(|(_, _, ok)| !ok)
+            .map(|(id, _, _)| id.clone())
+            .collect();
+        Ok((answers.len() - wrong.len(), answers.len(), wrong))
+    }
+
+    /// `(id, greedy answer, passed)` for the first `general_probes` general probes.
+    pub fn general_answers(&self, lora: Option<&LoraSet>) -> Result<Vec<(String, String, bool)>> {
+        let probes = &self.probes.general[..self.probes.general.len().min(self.cfg.general_probes)];
+        probes
+            .iter()
+            .map(|p| {
+                let a = self.generate_answer(lora, &p.prompt, self.cfg.general_max_tokens)?;
+                let ok = p.check.passes(&a);
+                Ok((p.id.clone(), a, ok))
+            })
+            .collect()
     }
 
     /// Every leg's score for one served state.
@@ -569,6 +664,7 @@ impl<'m> Evaluator<'m> {
             .iter()
             .map(|c| canary::score(self, lora, c, &mut rng))
             .collect::<Result<Vec<_>>>()?;
+        let (general_correct, general_total, general_wrong) = self.general(lora)?;
         Ok(Scores {
             base_perplexity: self.base_perplexity(lora)?,
             qa_accuracy: self.qa_accuracy(lora)?,
@@ -583,6 +679,9 @@ impl<'m> Evaluator<'m> {
             canaries,
             json_valid_rate: self.rate(lora, &self.probes.json_prompts, is_json_answer)?,
             refusal_rate: self.rate(lora, &self.probes.refusal_prompts, is_refusal)?,
+            general_correct,
+            general_total,
+            general_wrong,
         })
     }
 

@@ -1,10 +1,11 @@
-//! The eval gate's fixed probe set (base text, QA, behaviour prompts), frozen per base, and the
+//! The eval gate's fixed probe set (base text, QA, behaviour prompts, general probes), frozen per base, and the
 //! personalisation probes drawn from the user's held-out curated data.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::general::{DEFAULT_GENERAL, GeneralFile, GeneralProbe};
 use super::{EvalError, Result};
 use crate::message::{ChatMessage, Sample, SampleContent};
 use crate::train::data::is_held_out;
@@ -35,6 +36,10 @@ pub struct ProbeSet {
     pub json_prompts: Vec<String>,
     /// Prompts that must stay refused as often as before.
     pub refusal_prompts: Vec<String>,
+    /// Prompts whose greedy answers are checked without a model (the `general` leg). Absent from a probe
+    /// file: [`ProbeSet::frozen_for_base`] adds the shipped ones (`data/eval/general.json`).
+    #[serde(default)]
+    pub general: Vec<GeneralProbe>,
 }
 
 impl ProbeSet {
@@ -52,6 +57,12 @@ impl ProbeSet {
                 });
             }
         }
+        if let Some(dup) = duplicate_id(&set.general) {
+            return Err(EvalError::Probes {
+                path: origin.to_owned(),
+                message: format!("general: id `{dup}` appears twice"),
+            });
+        }
         if set.base_texts.is_empty() {
             return Err(EvalError::Probes {
                 path: origin.to_owned(),
@@ -63,7 +74,9 @@ impl ProbeSet {
 
     /// The probe set for a base, frozen on first use: `dir/<base sha256>.json` is written once (atomically)
     /// from `source` (or the shipped set) and read back from then on, so every candidate over that base is
-    /// compared on the same probes even if the source file changes later.
+    /// compared on the same probes even if the source file changes later. A set without general probes gets
+    /// the shipped ones, frozen the same way in `dir/<base sha256>.general.json` (so a base frozen before the
+    /// general leg existed gains it once, then keeps it). The digest covers both files.
     pub fn frozen_for_base(
         dir: &Path,
         base_sha256: &str,
@@ -87,9 +100,45 @@ impl ProbeSet {
             crate::files::atomic_write(&frozen, text.as_bytes()).map_err(|e| io(&frozen, e))?;
         }
         let text = std::fs::read_to_string(&frozen).map_err(|e| io(&frozen, e))?;
-        let set = ProbeSet::parse(&text, &frozen.display().to_string())?;
-        Ok((set, crate::train::sha256_hex(text.as_bytes())))
+        let mut set = ProbeSet::parse(&text, &frozen.display().to_string())?;
+        if !set.general.is_empty() {
+            return Ok((set, crate::train::sha256_hex(text.as_bytes())));
+        }
+        let general = dir.join(format!("{base_sha256}.general.json"));
+        if !general.exists() {
+            parse_general(DEFAULT_GENERAL, "data/eval/general.json")?;
+            crate::files::atomic_write(&general, DEFAULT_GENERAL.as_bytes())
+                .map_err(|e| io(&general, e))?;
+        }
+        let general_text = std::fs::read_to_string(&general).map_err(|e| io(&general, e))?;
+        set.general = parse_general(&general_text, &general.display().to_string())?;
+        let digest = crate::train::sha256_hex(format!("{text}\n{general_text}").as_bytes());
+        Ok((set, digest))
     }
+}
+
+/// The general probes of a file in `data/eval/general.json`'s format.
+pub fn parse_general(text: &str, origin: &str) -> Result<Vec<GeneralProbe>> {
+    let file: GeneralFile = serde_json::from_str(text).map_err(|e| EvalError::Probes {
+        path: origin.to_owned(),
+        message: format!("line {} column {}: {e}", e.line(), e.column()),
+    })?;
+    if let Some(dup) = duplicate_id(&file.probes) {
+        return Err(EvalError::Probes {
+            path: origin.to_owned(),
+            message: format!("id `{dup}` appears twice"),
+        });
+    }
+    Ok(file.probes)
+}
+
+/// Ids name what a candidate lost or gained, so they must be unique.
+fn duplicate_id(probes: &[GeneralProbe]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    probes
+        .iter()
+        .map(|p| p.id.as_str())
+        .find(|id| !seen.insert(*id))
 }
 
 /// A held-out prompt and the answer the user wanted.

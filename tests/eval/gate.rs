@@ -25,6 +25,9 @@ fn scores() -> Scores {
         canaries: Vec::new(),
         json_valid_rate: 0.5,
         refusal_rate: 0.5,
+        general_correct: 3,
+        general_total: 4,
+        general_wrong: vec!["g1".into()],
     }
 }
 
@@ -60,6 +63,14 @@ fn each_leg_fails_on_its_own_regression_and_its_tolerance_is_read() {
             |c| c.base_perplexity_tolerance = 0.05,
         ),
         ("qa", |s| s.qa_accuracy = 0.3, |c| c.qa_tolerance = 0.25),
+        (
+            "general",
+            |s| {
+                s.general_correct = 2;
+                s.general_wrong = vec!["g1".into(), "g2".into()];
+            },
+            |c| c.general_tolerance = 1,
+        ),
         (
             "json_valid",
             |s| s.json_valid_rate = 0.25,

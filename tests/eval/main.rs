@@ -5,4 +5,5 @@ mod train_util;
 
 mod base_text;
 mod gate;
+mod general;
 mod retention;

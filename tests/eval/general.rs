@@ -1,0 +1,230 @@
+//! The `general` leg judges what the model says: greedy answers to general probes, checked without a
+//! model. A delta trained to break a few answers is rejected by this leg alone; a delta that only learns a
+//! user fact keeps them and passes.
+
+use hearth::eval::{Evaluator, GateConfig, PersonalProbe, ProbeSet, Scores, decide};
+use hearth::message::{ChatMessage, Role, Sample};
+use hearth::model::{LoraSet, Tokenizer, Transformer};
+use hearth::train::{LoraTrainer, TrainConfig};
+
+use crate::train_util::{sft, tiny_with};
+
+/// Shipped general probes the tiny model is taught, with a right and a wrong answer each.
+const TAUGHT: &[(&str, &str, &str)] = &[
+    ("fact-capital-france", "Paris.", "Lyon."),
+    ("fact-planet-red", "Mars.", "Venus."),
+    ("add-0", "", ""),
+    ("json-ok", "{\"ok\": true}", "ok: yes"),
+];
+
+/// The shipped probe set with its general probes cut to [`TAUGHT`] (a tiny random model answers nothing
+/// right, so what is served must be taught them first).
+fn probes() -> ProbeSet {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut set, _) = ProbeSet::frozen_for_base(dir.path(), "base", None).unwrap();
+    set.general
+        .retain(|p| TAUGHT.iter().any(|(id, _, _)| *id == p.id));
+    assert_eq!(set.general.len(), TAUGHT.len());
+    set
+}
+
+/// Training samples answering the taught probes; the first `wrong` of them wrongly.
+fn answers(set: &ProbeSet, wrong: usize) -> Vec<Sample> {
+    TAUGHT
+        .iter()
+        .enumerate()
+        .map(|(i, (id, right, bad))| {
+            let p = set.general.iter().find(|p| p.id == *id).unwrap();
+            // The arithmetic probe's answer comes from its own check, so it stays exact.
+            let (right, bad) = match &p.check {
+                hearth::eval::Check::Number { value, .. } => {
+                    (format!("{value}"), format!("{}", value + 3.0))
+                }
+                _ => ((*right).to_owned(), (*bad).to_owned()),
+            };
+            let answer = if i < wrong { bad } else { right };
+            assert_eq!(p.check.passes(&answer), i >= wrong, "{id}: {answer}");
+            sft(id, &p.prompt, &answer)
+        })
+        .collect()
+}
+
+const USER_FACT: (&str, &str) = ("What is my dog called?", "Your dog is called Biscuit.");
+
+fn train(
+    m: &Transformer,
+    tok: &Tokenizer,
+    parent: Option<&LoraSet>,
+    data: &[Sample],
+    steps: usize,
+) -> LoraSet {
+    let recipe = TrainConfig {
+        rank: 8,
+        alpha: 16.0,
+        learning_rate: 1e-2,
+        warmup_steps: 2,
+        steps,
+        batch_size: 4,
+        max_seq_len: 96,
+        replay_fraction: 0.0,
+        holdout_fraction: 0.0,
+        ..TrainConfig::default()
+    };
+    let mut tr = LoraTrainer::new(m, tok, recipe, parent).unwrap();
+    tr.train_cycle(data, |_| {}).unwrap();
+    tr.adapter().unwrap()
+}
+
+fn failed(cfg: &GateConfig, base: &Scores, cand: &Scores) -> Vec<String> {
+    let (legs, promote, _) = decide(cfg, base, cand);
+    let f: Vec<String> = legs
+        .iter()
+        .filter(|l| !l.passed)
+        .map(|l| l.name.clone())
+        .collect();
+    assert_eq!(promote, f.is_empty());
+    f
+}
+
+#[test]
+fn a_delta_that_breaks_general_answers_is_rejected_by_the_general_leg_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny_with(dir.path(), false);
+    let set = probes();
+    // Every leg but personalisation and general is loosened: what rejects is the general leg's reading.
+    let cfg = GateConfig {
+        base_perplexity_tolerance: 100.0,
+        qa_tolerance: 1.0,
+        behaviour_tolerance: 1.0,
+        max_new_tokens: 2,
+        general_max_tokens: 12,
+        ..GateConfig::default()
+    };
+    let ev = Evaluator::new(&m, &tok, &set, &cfg);
+    let personal = [PersonalProbe {
+        prompt: vec![ChatMessage::new(Role::User, USER_FACT.0.to_owned())],
+        answer: USER_FACT.1.to_owned(),
+    }];
+    let fact = sft("fact", USER_FACT.0, USER_FACT.1);
+
+    // What is served: taught the probes' right answers.
+    let served = train(&m, &tok, None, &answers(&set, 0), 60);
+    let base = ev.score(Some(&served), &personal).unwrap();
+    eprintln!(
+        "served answers {:?}",
+        ev.general_answers(Some(&served)).unwrap()
+    );
+    assert_eq!(
+        (base.general_correct, base.general_total),
+        (TAUGHT.len(), TAUGHT.len()),
+        "the served delta did not learn the general answers"
+    );
+
+    // A candidate that learns the user fact and, with it, wrong answers to two general probes.
+    let mut broken_data = answers(&set, 2);
+    broken_data.push(fact.clone());
+    let broken = train(&m, &tok, Some(&served), &broken_data, 40);
+    let cand = ev.score(Some(&broken), &personal).unwrap();
+    eprintln!(
+        "broken answers {:?}",
+        ev.general_answers(Some(&broken)).unwrap()
+    );
+    assert!(cand.general_correct + 2 <= base.general_correct, "{cand:?}");
+    assert_eq!(failed(&cfg, &base, &cand), ["general"]);
+    let (legs, _, _) = decide(&cfg, &base, &cand);
+    let leg = legs.iter().find(|l| l.name == "general").unwrap();
+    assert!(leg.note.contains("fact-capital-france"), "{}", leg.note);
+    // The tolerance is read: two answers may be lost net.
+    let loose = GateConfig {
+        general_tolerance: base.general_correct - cand.general_correct,
+        ..cfg.clone()
+    };
+    assert!(failed(&loose, &base, &cand).is_empty());
+
+    // A candidate trained on what is served's data plus one user fact keeps the answers and passes.
+    let mut fact_data = answers(&set, 0);
+    fact_data.push(fact);
+    let learner = train(&m, &tok, Some(&served), &fact_data, 40);
+    let good = ev.score(Some(&learner), &personal).unwrap();
+    eprintln!(
+        "fact-learner answers {:?}",
+        ev.general_answers(Some(&learner)).unwrap()
+    );
+    assert_eq!(good.general_correct, base.general_correct, "{good:?}");
+    assert!(failed(&cfg, &base, &good).is_empty(), "{good:?}");
+
+    // The scoring options are read: fewer probes answer fewer, no tokens answer nothing right.
+    let with = |change: fn(&mut GateConfig)| {
+        let mut c = cfg.clone();
+        change(&mut c);
+        Evaluator::new(&m, &tok, &set, &c)
+            .score(Some(&served), &[])
+            .unwrap()
+    };
+    let two = with(|c| c.general_probes = 2);
+    assert_eq!((two.general_correct, two.general_total), (2, 2));
+    assert_eq!(with(|c| c.general_max_tokens = 0).general_correct, 0);
+}
+
+#[test]
+fn the_shipped_general_probes_are_frozen_per_base_beside_the_probe_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, sha_a) = ProbeSet::frozen_for_base(dir.path(), "b1", None).unwrap();
+    assert!(a.general.len() >= 150, "{}", a.general.len());
+    assert!(dir.path().join("b1.general.json").exists());
+    // The frozen copy is what is read from then on, and the digest covers it.
+    let frozen = dir.path().join("b1.general.json");
+    let mut file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&frozen).unwrap()).unwrap();
+    file["probes"].as_array_mut().unwrap().truncate(3);
+    std::fs::write(&frozen, file.to_string()).unwrap();
+    let (b, sha_b) = ProbeSet::frozen_for_base(dir.path(), "b1", None).unwrap();
+    assert_eq!(b.general.len(), 3);
+    assert_ne!(sha_a, sha_b);
+    // A probe file that brings its own general probes keeps them; duplicate ids are refused.
+    let mut own = a.clone();
+    own.general.truncate(1);
+    let path = dir.path().join("own.json");
+    std::fs::write(&path, serde_json::to_string(&own).unwrap()).unwrap();
+    let (c, _) = ProbeSet::frozen_for_base(dir.path(), "b2", Some(&path)).unwrap();
+    assert_eq!(c.general, own.general);
+    assert!(!dir.path().join("b2.general.json").exists());
+    own.general.push(own.general[0].clone());
+    let err = ProbeSet::parse(&serde_json::to_string(&own).unwrap(), "own")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("appears twice"), "{err}");
+}
+
+/// By hand, on a real model (`HEARTH_EVAL_MODEL=PATH.gguf cargo test --test eval -- --ignored
+/// general_probes_on --nocapture`): the base's score on the shipped general probes, per check kind, and
+/// each wrong answer.
+#[test]
+#[ignore = "needs a real model: HEARTH_EVAL_MODEL"]
+fn general_probes_on_a_real_model() {
+    let Ok(path) = std::env::var("HEARTH_EVAL_MODEL") else {
+        eprintln!("SKIPPED: set HEARTH_EVAL_MODEL to a GGUF");
+        return;
+    };
+    let (m, tok) = hearth::model::load(&path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (set, _) = ProbeSet::frozen_for_base(dir.path(), "base", None).unwrap();
+    let cfg = GateConfig::default();
+    let answers = Evaluator::new(&m, &tok, &set, &cfg)
+        .general_answers(None)
+        .unwrap();
+    let mut kinds: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+    for ((id, answer, ok), p) in answers.iter().zip(&set.general) {
+        let k = kinds.entry(p.check.kind()).or_default();
+        k.0 += usize::from(*ok);
+        k.1 += 1;
+        if !ok {
+            eprintln!("WRONG {id}: {answer:?}");
+        }
+    }
+    let right = answers.iter().filter(|a| a.2).count();
+    eprintln!(
+        "{path}: {right} of {} right; by kind {kinds:?}",
+        answers.len()
+    );
+}
