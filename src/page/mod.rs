@@ -552,6 +552,30 @@ fn fill_colour(fill: f64) -> &'static str {
     }
 }
 
+/// How an edge is drawn (see [`graph_svg`]); a lane's number counts away from the boxes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Route {
+    Direct,
+    Over(usize),
+    Under(usize),
+}
+
+const LANE: f64 = 24.0;
+
+/// From `(x1, y1)` straight to the lane at `y`, along it, and to `(x2, y2)`, with rounded corners.
+fn lane_path(x1: f64, y1: f64, x2: f64, y2: f64, y: f64) -> String {
+    let dx = if x2 >= x1 { 6.0 } else { -6.0 };
+    let dy1 = if y < y1 { 6.0 } else { -6.0 };
+    let dy2 = if y < y2 { 6.0 } else { -6.0 };
+    format!(
+        "M{x1},{y1} L{x1},{} Q{x1},{y} {},{y} L{},{y} Q{x2},{y} {x2},{} L{x2},{y2}",
+        y + dy1,
+        x1 + dx,
+        x2 - dx,
+        y + dy2
+    )
+}
+
 /// The live graph as SVG: a box per node coloured by state, an arrow per edge with its queue fill and drops.
 pub fn graph_svg(status: &StatusSnapshot) -> String {
     let index: HashMap<&str, usize> = status
@@ -572,16 +596,34 @@ pub fn graph_svg(status: &StatusSnapshot) -> String {
     let pos = layout(&status.nodes, &pairs);
     let cols = pos.iter().map(|p| p.0).max().map_or(0, |c| c + 1);
     let rows = pos.iter().map(|p| p.1).max().map_or(0, |r| r + 1);
-    let xy = |i: usize| {
-        (
-            MARGIN + pos[i].0 as f64 * COL,
-            MARGIN + 14.0 + pos[i].1 as f64 * ROW,
-        )
-    };
-    let back_lane = MARGIN + 14.0 + rows as f64 * ROW;
-    let has_back = pairs.iter().any(|&(f, t)| pos[t].0 <= pos[f].0);
+    // Routes: an edge to the next column in the same row is a short curve between the boxes; a feedback edge
+    // (to the same or an earlier column) runs under the boxes, dashed; any other (skipping columns, changing
+    // rows, or a second edge between the same two nodes) runs over them. Each of those gets its own lane.
+    let mut seen: Vec<(usize, usize)> = Vec::new();
+    let (mut over, mut under) = (0usize, 0usize);
+    let routes: Vec<Route> = pairs
+        .iter()
+        .map(|&(f, t)| {
+            let route = if pos[t].0 <= pos[f].0 {
+                under += 1;
+                Route::Under(under - 1)
+            } else if pos[t].0 == pos[f].0 + 1 && pos[t].1 == pos[f].1 && !seen.contains(&(f, t)) {
+                Route::Direct
+            } else {
+                over += 1;
+                Route::Over(over - 1)
+            };
+            seen.push((f, t));
+            route
+        })
+        .collect();
+    let top = MARGIN + 14.0 + over as f64 * LANE;
+    let xy = |i: usize| (MARGIN + pos[i].0 as f64 * COL, top + pos[i].1 as f64 * ROW);
+    let under_lane =
+        |k: usize| top + (rows.max(1) - 1) as f64 * ROW + BOX_H + 22.0 + k as f64 * LANE;
+    let over_lane = |k: usize| top - 10.0 - k as f64 * LANE;
     let width = 2.0 * MARGIN + (cols.max(1) - 1) as f64 * COL + BOX_W;
-    let height = back_lane + if has_back { 40.0 } else { 0.0 } + MARGIN;
+    let height = under_lane(under) - LANE + 14.0 + MARGIN;
     let mut s = String::new();
     let _ = write!(
         s,
@@ -590,47 +632,77 @@ pub fn graph_svg(status: &StatusSnapshot) -> String {
          <defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" \
          orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"#555\"/></marker></defs>"
     );
-    for &(f, t, e) in &resolved {
+    for (&(f, t, e), route) in resolved.iter().zip(&routes) {
         let (fx, fy) = xy(f);
         let (tx, ty) = xy(t);
-        let back = pos[t].0 <= pos[f].0;
-        let (path, lx, ly) = if back {
-            let (x1, x2) = (fx + BOX_W / 2.0, tx + BOX_W / 2.0);
-            (
-                format!(
-                    "M{x1},{} C{x1},{back_lane} {x1},{back_lane} {},{back_lane} L{},{back_lane} C{x2},{back_lane} \
-                     {x2},{back_lane} {x2},{}",
-                    fy + BOX_H,
-                    x1 - 20.0,
-                    x2 + 20.0,
-                    ty + BOX_H + 2.0
-                ),
-                (x1 + x2) / 2.0,
-                back_lane - 6.0,
-            )
-        } else {
-            let (x1, y1, x2, y2) = (fx + BOX_W, fy + BOX_H / 2.0, tx - 2.0, ty + BOX_H / 2.0);
-            let mid = (x1 + x2) / 2.0;
-            (
-                format!("M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"),
-                mid,
-                (y1 + y2) / 2.0 - 8.0,
-            )
-        };
         let fill = if e.capacity == 0 {
             0.0
         } else {
             (e.depth as f64 / e.capacity as f64).min(1.0)
+        };
+        let (path, lx, ly) = match *route {
+            Route::Direct => {
+                let (x1, y1, x2, y2) = (fx + BOX_W, fy + BOX_H / 2.0, tx - 2.0, ty + BOX_H / 2.0);
+                let mid = (x1 + x2) / 2.0;
+                (
+                    format!("M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"),
+                    mid,
+                    (y1 + y2) / 2.0 - 8.0,
+                )
+            }
+            Route::Over(k) => {
+                let (x1, x2, y) = (
+                    fx + BOX_W / 2.0 + 12.0,
+                    tx + BOX_W / 2.0 - 12.0,
+                    over_lane(k),
+                );
+                (lane_path(x1, fy, x2, ty - 2.0, y), (x1 + x2) / 2.0, y)
+            }
+            Route::Under(k) => {
+                let (x1, x2, y) = (
+                    fx + BOX_W / 2.0 - 12.0,
+                    tx + BOX_W / 2.0 + 12.0,
+                    under_lane(k),
+                );
+                (
+                    lane_path(x1, fy + BOX_H, x2, ty + BOX_H + 2.0, y),
+                    (x1 + x2) / 2.0,
+                    y,
+                )
+            }
+        };
+        let dropped = if e.dropped > 0 {
+            format!("{} dropped", e.dropped)
+        } else {
+            String::new()
+        };
+        // Between boxes: the count over the fill bar, drops under the line. On a lane: the count and drops on
+        // the line's top, the bar under it.
+        let (count_y, bar_y, drops) = match route {
+            Route::Direct => (
+                ly - 6.0,
+                ly - 3.0,
+                format!(
+                    "<text x=\"{lx}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" fill=\"#c62828\">{dropped}</text>",
+                    ly + 24.0
+                ),
+            ),
+            _ => (ly - 4.0, ly + 3.0, String::new()),
+        };
+        let inline_drops = if *route != Route::Direct && e.dropped > 0 {
+            format!("<tspan fill=\"#c62828\"> · {dropped}</tspan>")
+        } else {
+            String::new()
         };
         let _ = write!(
             s,
             "<g class=\"edge\" data-edge=\"{}\" data-depth=\"{}\" data-capacity=\"{}\" data-dropped=\"{}\"><title>{} \
              · {}/{} queued · {} passed · {} dropped</title><path d=\"{path}\" fill=\"none\" stroke=\"#555\" \
              stroke-width=\"1.5\"{} marker-end=\"url(#arrow)\"/>\
-             <rect x=\"{}\" y=\"{}\" width=\"36\" height=\"6\" fill=\"#ddd\" rx=\"2\"/>\
-             <rect class=\"fill\" x=\"{}\" y=\"{}\" width=\"{:.1}\" height=\"6\" fill=\"{}\" rx=\"2\"/>\
-             <text x=\"{lx}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" fill=\"#333\">{}/{}</text>\
-             <text x=\"{lx}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" fill=\"#c62828\">{}</text></g>",
+             <rect x=\"{}\" y=\"{bar_y}\" width=\"36\" height=\"6\" fill=\"#ddd\" rx=\"2\"/>\
+             <rect class=\"fill\" x=\"{}\" y=\"{bar_y}\" width=\"{:.1}\" height=\"6\" fill=\"{}\" rx=\"2\"/>\
+             <text x=\"{lx}\" y=\"{count_y}\" font-size=\"10\" text-anchor=\"middle\" fill=\"#333\">{}/{}{inline_drops}</text>\
+             {drops}</g>",
             esc(&e.name),
             e.depth,
             e.capacity,
@@ -640,26 +712,17 @@ pub fn graph_svg(status: &StatusSnapshot) -> String {
             e.capacity,
             e.popped,
             e.dropped,
-            if back {
+            if matches!(route, Route::Under(_)) {
                 " stroke-dasharray=\"5 3\""
             } else {
                 ""
             },
             lx - 18.0,
-            ly - 3.0,
             lx - 18.0,
-            ly - 3.0,
             36.0 * fill,
             fill_colour(fill),
-            ly - 6.0,
             e.depth,
             e.capacity,
-            ly + 24.0,
-            if e.dropped > 0 {
-                format!("{} dropped", e.dropped)
-            } else {
-                String::new()
-            },
         );
     }
     for (i, n) in status.nodes.iter().enumerate() {

@@ -55,6 +55,7 @@ impl Store {
             .map_err(self.sq())?;
         let mut series: Vec<(String, Vec<u64>)> = Vec::new();
         for (bucket, label, count) in rows {
+            let label = kind(&label);
             let i = match series.iter().position(|(l, _)| *l == label) {
                 Some(i) => i,
                 None => {
@@ -78,5 +79,28 @@ impl Store {
             bucket_ms,
             series,
         })
+    }
+}
+
+/// A decision's series: `node: reason` without a reason's own `node: ` prefix or its ` of #N` (which item it
+/// duplicates), as the run report groups them.
+fn kind(label: &str) -> String {
+    let label = label.split(" of #").next().unwrap_or(label);
+    match label.split_once(": ") {
+        Some((node, reason)) if reason.starts_with(&format!("{node}: ")) => reason.to_owned(),
+        _ => label.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn series_are_named_as_the_report_groups_them() {
+        assert_eq!(super::kind("admitted"), "admitted");
+        assert_eq!(
+            super::kind("dedup: dedup: exact duplicate of #11"),
+            "dedup: exact duplicate"
+        );
+        assert_eq!(super::kind("guard: unsafe"), "guard: unsafe");
     }
 }
