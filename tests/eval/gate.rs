@@ -114,6 +114,17 @@ fn each_leg_fails_on_its_own_regression_and_its_tolerance_is_read() {
         failed(&cfg, &base, &no_qa),
         vec!["qa".to_owned(), "json_valid".to_owned()]
     );
+    // No general probes on either side: not measured; answered on one side only, or on fewer probes, fails.
+    let (mut no_gen_base, mut no_gen) = (base.clone(), good.clone());
+    no_gen_base.general_total = 0;
+    no_gen_base.general_correct = 0;
+    no_gen.general_total = 0;
+    no_gen.general_correct = 0;
+    assert!(failed(&cfg, &no_gen_base, &no_gen).is_empty());
+    assert_eq!(failed(&cfg, &base, &no_gen), vec!["general".to_owned()]);
+    let mut fewer = good.clone();
+    fewer.general_total = 3;
+    assert_eq!(failed(&cfg, &base, &fewer), vec!["general".to_owned()]);
     // No held-out probes: no measured gain, no promotion.
     let mut blind = good.clone();
     blind.personal_probes = 0;
