@@ -1,8 +1,14 @@
 //! `dedup`: keeps exact and near-duplicate samples (and over-full near-duplicate clusters) out of training.
 //!
-//! Thin over [`crate::curate::dedup`]. The state lives in `DATA_DIR/dedup/<node>.state`, loaded at start and
-//! saved atomically every [`SAVE_EVERY`] checks and when the node drains, so a restart does not readmit what
-//! was seen (a crash may forget at most the last `SAVE_EVERY` checks). One worker only: the state is the node's.
+//! Thin over [`crate::curate::dedup`]. Samples are compared with samples of the same origin: the model's own
+//! answers among themselves, what the user gave (feedback, edits, grounded data) among themselves. A user's
+//! thumbs on an answer carries the answer's text but is a judgement of it, not a second copy: compared with
+//! the answer, it would always be dropped as its exact duplicate and feedback would never reach training.
+//!
+//! The two states live in `DATA_DIR/dedup/<node>.state` (grounded) and `<node>.self_generated.state`, loaded
+//! at start and saved atomically every [`SAVE_EVERY`] checks and when the node drains, so a restart does not
+//! readmit what was seen (a crash may forget at most the last `SAVE_EVERY` checks). One worker only: the
+//! state is the node's.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,7 +16,7 @@ use std::sync::Arc;
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::curate::dedup::{DedupDecision, Deduper};
 use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams};
-use crate::message::{Decision, Outcome};
+use crate::message::{Decision, Origin, Outcome};
 use crate::message::{Message, MessageType};
 
 pub use crate::curate::dedup::DedupConfig;
@@ -41,22 +47,21 @@ impl ActorFactory<Message> for DedupConfig {
                 ctx.node_id
             )));
         }
-        let path = ctx
-            .data_dir
-            .join("dedup")
-            .join(format!("{}.state", ctx.node_id));
-        let deduper = if path.exists() {
-            Deduper::load(&path, self.clone())
-        } else {
-            Deduper::new(self.clone())
-        }
-        .map_err(|e| ActorError::build_from(path.display().to_string(), e))?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
+        let dir = ctx.data_dir.join("dedup");
+        std::fs::create_dir_all(&dir)?;
+        let state = |name: String| {
+            let path = dir.join(name);
+            let deduper = if path.exists() {
+                Deduper::load(&path, self.clone())
+            } else {
+                Deduper::new(self.clone())
+            }
+            .map_err(|e| ActorError::build_from(path.display().to_string(), e))?;
+            Ok::<_, ActorError>((deduper, path))
+        };
         Ok(Box::new(Dedup {
-            deduper,
-            path,
+            grounded: state(format!("{}.state", ctx.node_id))?,
+            own: state(format!("{}.self_generated.state", ctx.node_id))?,
             node: ctx.node_id.clone(),
             unsaved: 0,
         }))
@@ -70,8 +75,9 @@ impl KindParams<Message> for DedupConfig {
 }
 
 struct Dedup {
-    deduper: Deduper,
-    path: PathBuf,
+    /// Grounded samples (what the user gave), and the model's own answers, each with its state file.
+    grounded: (Deduper, PathBuf),
+    own: (Deduper, PathBuf),
     node: String,
     unsaved: u64,
 }
@@ -79,9 +85,10 @@ struct Dedup {
 impl Dedup {
     fn save(&mut self) -> Result<(), ActorError> {
         self.unsaved = 0;
-        self.deduper
-            .save(&self.path)
-            .context(self.path.display().to_string())
+        for (deduper, path) in [&self.grounded, &self.own] {
+            deduper.save(path).context(path.display().to_string())?;
+        }
+        Ok(())
     }
 }
 
@@ -98,9 +105,11 @@ impl Actor<Message> for Dedup {
         let key =
             crate::curate::dedup::minhash::hash_bytes(sample.id.as_bytes(), 0x5a3d_1e00_0000_0001)
                 .max(1);
-        let decision = self
-            .deduper
-            .check_and_insert_keyed(&text, sample.origin, key);
+        let deduper = match sample.origin {
+            Origin::Grounded => &mut self.grounded.0,
+            Origin::SelfGenerated => &mut self.own.0,
+        };
+        let decision = deduper.check_and_insert_keyed(&text, sample.origin, key);
         self.unsaved += 1;
         if self.unsaved >= SAVE_EVERY {
             self.save()?;

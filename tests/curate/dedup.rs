@@ -736,10 +736,16 @@ mod node_restart {
             let Some((id, text)) = self.0.next() else {
                 return Ok(Produce::Exhausted);
             };
+            let own = id.starts_with("own");
             let sample = Sample {
                 id,
                 user: "u".to_owned(),
-                origin: Origin::Grounded,
+                // Ids starting with `own` stand for the model's own answers.
+                origin: if own {
+                    Origin::SelfGenerated
+                } else {
+                    Origin::Grounded
+                },
                 content: SampleContent::Sft {
                     prompt: vec![],
                     response: text,
@@ -799,6 +805,43 @@ mod node_restart {
             }
         }
         out
+    }
+
+    /// The user's judgement of an answer (grounded) is not a duplicate of the model's answer itself
+    /// (self-generated), though its text is the same; within each origin duplicates still go, and both
+    /// states survive a restart.
+    #[test]
+    fn samples_are_compared_within_their_origin() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = base_text("").join(" ");
+        let config = DedupConfig::default();
+        let first = run_node(
+            dir.path(),
+            "1",
+            &config,
+            &[
+                ("own-1", &text),
+                ("fb-1", &text),
+                ("fb-2", &text),
+                ("own-2", &text),
+            ],
+        );
+        assert_eq!(first.admitted, ["own-1", "fb-1"]);
+        let dropped: Vec<&str> = first.dropped.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(dropped, ["fb-2", "own-2"]);
+        assert!(
+            dir.path()
+                .join("dedup")
+                .join("dedup.self_generated.state")
+                .exists()
+        );
+        let second = run_node(
+            dir.path(),
+            "2",
+            &config,
+            &[("own-3", &text), ("fb-3", &text)],
+        );
+        assert!(second.admitted.is_empty(), "{:?}", second.admitted);
     }
 
     /// A restarted `dedup` node (a new instance over the same data directory) still caps a cluster that
