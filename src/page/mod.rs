@@ -635,10 +635,17 @@ pub fn graph_svg(status: &StatusSnapshot) -> String {
     for (&(f, t, e), route) in resolved.iter().zip(&routes) {
         let (fx, fy) = xy(f);
         let (tx, ty) = xy(t);
+        // The engine counts sends and receives in batches, so the depth it derives from them can run past the
+        // capacity for a moment; a bounded queue never holds more.
+        let depth = if e.capacity == 0 {
+            e.depth
+        } else {
+            e.depth.min(e.capacity)
+        };
         let fill = if e.capacity == 0 {
             0.0
         } else {
-            (e.depth as f64 / e.capacity as f64).min(1.0)
+            depth as f64 / e.capacity as f64
         };
         let (path, lx, ly) = match *route {
             Route::Direct => {
@@ -704,11 +711,11 @@ pub fn graph_svg(status: &StatusSnapshot) -> String {
              <text x=\"{lx}\" y=\"{count_y}\" font-size=\"10\" text-anchor=\"middle\" fill=\"#333\">{}/{}{inline_drops}</text>\
              {drops}</g>",
             esc(&e.name),
-            e.depth,
+            depth,
             e.capacity,
             e.dropped,
             esc(&e.name),
-            e.depth,
+            depth,
             e.capacity,
             e.popped,
             e.dropped,
@@ -721,7 +728,7 @@ pub fn graph_svg(status: &StatusSnapshot) -> String {
             lx - 18.0,
             36.0 * fill,
             fill_colour(fill),
-            e.depth,
+            depth,
             e.capacity,
         );
     }

@@ -426,6 +426,31 @@ fn a_real_browser_renders_the_graph_and_a_loss_curve() {
         "no screenshot: {}",
         String::from_utf8_lossy(&shot_run.stderr)
     );
+    // With a key, the browser gets the form and no data (the form's round trip is the plain key test's).
+    let keyed = ControlServer::start_with_page(
+        "127.0.0.1:0",
+        page.running.status(),
+        Some(ApiKey::new("s3cret")),
+        None,
+        Some(PageSource {
+            data_dir: page.dir.path().to_owned(),
+            planted: Vec::new(),
+        }),
+    )
+    .unwrap();
+    let dom = headless(
+        &browser,
+        profile.path(),
+        &["--dump-dom".into(), format!("http://{}/", keyed.addr)],
+    );
+    let dom_text = String::from_utf8_lossy(&dom.stdout).into_owned();
+    assert!(
+        dom_text.contains("<form id=\"login\" class=\"login\" autocomplete=\"off\">"),
+        "the key form, shown: {dom_text}"
+    );
+    assert!(!dom_text.contains("data-node="), "no data without the key");
+    keyed.stop();
+
     let (dark, colour, (w, h)) = ink(&shot);
     eprintln!(
         "screenshot {} ({w}x{h}): {dark} non-white pixels, {colour} coloured, in {:.1} s",
