@@ -465,7 +465,7 @@ impl<M: Payload> Shared<M> {
                 .find(|n| n.plan.id == id && kept.contains(id))
         };
         let mut add = Vec::new();
-        let mut remove = Vec::new();
+        let mut new_outputs = Vec::new();
         for (running, tx, rx) in &fresh {
             if let Some(h) = kept_handle(&running.to_node) {
                 for w in &h.commands {
@@ -476,14 +476,14 @@ impl<M: Payload> Shared<M> {
             if let Some(h) = kept_handle(&running.from_node) {
                 for w in &h.commands {
                     let cmd = Command::AddOutput(running.from_port, tx.clone());
-                    remove.push((h.plan.id.clone(), w.clone(), vec![cmd]));
+                    new_outputs.push((h.plan.id.clone(), w.clone(), vec![cmd]));
                 }
             }
         }
         apply(add)?;
         // A kept node's outputs change in one batch, so it never lacks a destination in between.
         let mut outputs: HashMap<String, Vec<WorkerBatch<M>>> = HashMap::new();
-        for (id, w, cmds) in remove {
+        for (id, w, cmds) in new_outputs {
             outputs.entry(id).or_default().push((w, cmds));
         }
         for edge in &removed_edges {
