@@ -383,7 +383,7 @@ fn gate_html(deltas: &[DeltaRecord], served: Option<&ServedState>) -> String {
         out,
         "<p>Serving <b>{}</b>. <button type=\"button\" id=\"rollback\" data-action=\"rollback\"{}>Roll back</button> \
          restores the state served before this one, as <code>hearth deltas rollback</code> does; the serve node \
-         follows within a second. <span id=\"rollback-result\" role=\"status\"></span></p>",
+         follows within a second.</p>",
         esc(&served_name(served)),
         if served.is_some_and(|s| s.seq.is_some()) {
             ""

@@ -70,10 +70,10 @@
     })
       .then(function (r) { return r.json().then(function (j) { return [r, j]; }); })
       .then(function (rj) {
-        var out = document.getElementById("rollback-result");
-        if (out) {
-          out.textContent = rj[0].ok ? rj[1].message : "refused: " + (rj[1].error && rj[1].error.message || rj[0].status);
-        }
+        // Outside the view, so the next refresh does not wipe it.
+        document.getElementById("notice").textContent = rj[0].ok
+          ? "Rollback: " + rj[1].message
+          : "Rollback refused: " + (rj[1].error && rj[1].error.message || rj[0].status);
         setTimeout(refresh, 1500);
       })
       .catch(function (e) { button.disabled = false; refreshed.textContent = "rollback failed: " + e; });
