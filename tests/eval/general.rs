@@ -228,3 +228,65 @@ fn general_probes_on_a_real_model() {
         answers.len()
     );
 }
+
+/// By hand, on a real model (`HEARTH_EVAL_MODEL=PATH.gguf cargo test --test eval -- --ignored
+/// a_user_fact_delta_on --nocapture`): a delta trained with the default graph's recipe on a few user
+/// facts, and what it loses and gains on the general probes against the base: how noisy the leg is at
+/// its default tolerance (none lost net).
+#[test]
+#[ignore = "needs a real model: HEARTH_EVAL_MODEL"]
+fn a_user_fact_delta_on_a_real_model() {
+    let Ok(path) = std::env::var("HEARTH_EVAL_MODEL") else {
+        eprintln!("SKIPPED: set HEARTH_EVAL_MODEL to a GGUF");
+        return;
+    };
+    let (m, tok) = hearth::model::load(&path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (set, _) = ProbeSet::frozen_for_base(dir.path(), "base", None).unwrap();
+    let facts = [
+        ("What is my dog called?", "Your dog is called Biscuit."),
+        ("Where do I work?", "You work at the Lindenhof bakery."),
+        (
+            "When is my birthday?",
+            "Your birthday is on the 3rd of May.",
+        ),
+        (
+            "What is my favourite colour?",
+            "Your favourite colour is teal.",
+        ),
+    ];
+    let data: Vec<Sample> = facts
+        .iter()
+        .enumerate()
+        .map(|(i, (q, a))| sft(&format!("f{i}"), q, a))
+        .collect();
+    // graphs/default.ron's recipe.
+    let recipe = TrainConfig {
+        seed: 1,
+        rank: 8,
+        alpha: 16.0,
+        learning_rate: 5e-4,
+        warmup_steps: 4,
+        steps: 20,
+        batch_size: 4,
+        max_seq_len: 96,
+        dpo_sft_weight: 1.0,
+        replay_fraction: 0.25,
+        replay_builtin: true,
+        holdout_fraction: 0.0,
+        ..TrainConfig::default()
+    };
+    let mut tr = LoraTrainer::new(&m, &tok, recipe, None).unwrap();
+    tr.train_cycle(&data, |_| {}).unwrap();
+    let delta = tr.adapter().unwrap();
+    let cfg = GateConfig::default();
+    let ev = Evaluator::new(&m, &tok, &set, &cfg);
+    let base = ev.score(None, &[]).unwrap();
+    let cand = ev.score(Some(&delta), &[]).unwrap();
+    let (legs, _, _) = decide(&cfg, &base, &cand);
+    let leg = legs.iter().find(|l| l.name == "general").unwrap();
+    eprintln!(
+        "{path}: general {} -> {} of {}, passed {}: {}",
+        base.general_correct, cand.general_correct, cand.general_total, leg.passed, leg.note
+    );
+}
