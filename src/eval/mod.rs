@@ -85,6 +85,9 @@ pub struct GateConfig {
     pub canary_tolerance_bits: f64,
     /// General probes the candidate may answer right fewer of than what is served (net; 0: none lost).
     pub general_tolerance: usize,
+    /// Widens the allowed net loss by this many standard deviations of answer flips that are noise
+    /// (√(lost + gained), as a sign test reads them): a delta's greedy answers churn both ways. 0: off.
+    pub general_churn_z: f64,
 
     /// Random same-shape candidates each canary is ranked against (exposure ≤ log2(candidates + 1)).
     pub canary_candidates: usize,
@@ -114,6 +117,7 @@ impl Default for GateConfig {
             behaviour_tolerance: 0.0,
             canary_tolerance_bits: 2.0,
             general_tolerance: 0,
+            general_churn_z: 0.0,
 
             canary_candidates: 31,
             canary_samples: 2,
@@ -397,8 +401,9 @@ pub fn decide(cfg: &GateConfig, baseline: &Scores, candidate: &Scores) -> (Vec<L
     (legs, promote, reason)
 }
 
-/// The `general` leg: the candidate may answer right at most `general_tolerance` fewer general probes than
-/// what is served, on the same probes; the note names the probes lost and gained.
+/// The `general` leg: the candidate may answer right at most `general_tolerance` (plus `general_churn_z`
+/// × √flips) fewer general probes than what is served, on the same probes; the note names the probes lost
+/// and gained.
 fn general_leg(cfg: &GateConfig, baseline: &Scores, candidate: &Scores) -> Leg {
     let count = |s: &Scores| {
         if s.general_total == 0 {
@@ -422,13 +427,15 @@ fn general_leg(cfg: &GateConfig, baseline: &Scores, candidate: &Scores) -> Leg {
         }
         s
     };
+    let flips = (lost.len() + gained.len()) as f64;
+    let allowed = cfg.general_tolerance as f64 + cfg.general_churn_z * flips.sqrt();
+    let net_loss = baseline.general_correct as f64 - candidate.general_correct as f64;
     Leg {
         name: "general".into(),
         baseline: count(baseline),
         candidate: count(candidate),
-        tolerance: cfg.general_tolerance as f64,
-        passed: candidate.general_total == baseline.general_total
-            && candidate.general_correct + cfg.general_tolerance >= baseline.general_correct,
+        tolerance: allowed,
+        passed: candidate.general_total == baseline.general_total && net_loss <= allowed,
         note: format!(
             "greedy answers passing their check, of {} general probes; lost {} [{}], gained {} [{}]",
             candidate.general_total,

@@ -125,6 +125,26 @@ fn each_leg_fails_on_its_own_regression_and_its_tolerance_is_read() {
     let mut fewer = good.clone();
     fewer.general_total = 3;
     assert_eq!(failed(&cfg, &base, &fewer), vec!["general".to_owned()]);
+    // general_churn_z widens the allowed net loss by √(lost + gained): one lost net among 5 + 4 flips
+    // (√9 = 3) passes at z = 1/3, not below.
+    let mut churned = good.clone();
+    churned.general_correct = 2;
+    churned.general_wrong = ["g2", "g3", "g4", "g5", "g6"].map(String::from).to_vec();
+    let mut churned_base = base.clone();
+    churned_base.general_wrong = ["g1", "h1", "h2", "h3"].map(String::from).to_vec();
+    assert_eq!(
+        failed(&cfg, &churned_base, &churned),
+        vec!["general".to_owned()]
+    );
+    let z = |z: f64| GateConfig {
+        general_churn_z: z,
+        ..cfg.clone()
+    };
+    assert!(failed(&z(1.0 / 3.0 + 1e-9), &churned_base, &churned).is_empty());
+    assert_eq!(
+        failed(&z(0.3), &churned_base, &churned),
+        vec!["general".to_owned()]
+    );
     // No held-out probes: no measured gain, no promotion.
     let mut blind = good.clone();
     blind.personal_probes = 0;
