@@ -402,3 +402,61 @@ mod delta_feedback {
         assert!(report.failed_nodes.is_empty());
     }
 }
+
+/// A reload that changes the serve node's parameters replaces it: the old server stops, the new one answers
+/// under the new settings, and what it serves still reaches capture, which kept running.
+#[test]
+fn a_reload_replaces_a_changed_serve_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    write_tiny_model(&model, &TinySpec::new(Arch::Llama)).unwrap();
+    let graph = |max_tokens: usize| {
+        format!(
+            r#"Graph(name: "serve-reload", nodes: [
+                (id: "serve", kind: Serve(model: "{}", model_name: "tiny", listen: "127.0.0.1:0",
+                    max_tokens: {max_tokens})),
+                (id: "capture", kind: Capture()),
+            ], edges: [
+                (from: "serve.interactions", to: "capture.interactions", capacity: 8),
+                (from: "serve.feedback", to: "capture.feedback", capacity: 8),
+            ])"#,
+            model.display()
+        )
+    };
+    let chat = |max_tokens: usize| {
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
+            .to_string()
+    };
+    let running = start(
+        hearth::actors::ActorKind::graph(&graph(64)).unwrap(),
+        Some(dir.path()),
+    )
+    .unwrap();
+    let first = wait_for_addr(dir.path(), "serve");
+    assert_eq!(post(first, "/v1/chat/completions", &chat(32)).0, 200);
+    let addr_file = hearth::actors::serve::addr_file(dir.path(), "serve");
+    std::fs::remove_file(&addr_file).unwrap();
+    let summary = running
+        .reload(hearth::actors::ActorKind::graph(&graph(16)).unwrap())
+        .unwrap();
+    assert_eq!(summary.nodes_changed, ["serve"], "{summary}");
+    let second = wait_for_addr(dir.path(), "serve");
+    // The new node's limit holds: 32 tokens is now over it.
+    let (code, v) = post(second, "/v1/chat/completions", &chat(32));
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(post(second, "/v1/chat/completions", &chat(8)).0, 200);
+    if second != first {
+        assert!(
+            std::net::TcpStream::connect(first).is_err(),
+            "the old server still listens"
+        );
+    }
+    let report = running.shutdown();
+    assert!(
+        report.status.nodes.iter().all(|n| n.errors == 0),
+        "{:?}",
+        report.status.nodes
+    );
+    let store = hearth::store::Store::open(dir.path()).unwrap();
+    assert_eq!(store.counts().unwrap().interactions, 2);
+}
