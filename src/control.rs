@@ -185,7 +185,21 @@ async fn reload(hook: web::Data<ReloadHook>, body: web::Json<ReloadRequest>) -> 
     }
 }
 
-/// The control server: `/healthz`, `/status`, `/metrics`, and `/reload` when given a [`ReloadHook`].
+/// What the control server serves beyond the live graph's status.
+#[derive(Default, Clone)]
+pub struct ControlOptions {
+    /// With a key, every endpoint requires it (the page's shell aside), and only with one may the address be
+    /// off loopback.
+    pub key: Option<ApiKey>,
+    /// Serves `POST /reload`.
+    pub reload: Option<ReloadHook>,
+    /// The status page reads the store in its data directory (curation, training, the gate, the privacy
+    /// check) and serves `POST /deltas/rollback`; without it the page shows the live graph alone.
+    pub page: Option<PageSource>,
+}
+
+/// The control server: the status page, `/healthz`, `/status`, `/metrics`, and `/reload` when given a
+/// [`ReloadHook`].
 pub struct ControlServer {
     pub addr: SocketAddr,
     server: ServerThread,
@@ -194,39 +208,20 @@ pub struct ControlServer {
 impl ControlServer {
     /// Binds `addr` (port 0 picks a free port) and serves until stopped, without an API key: loopback only.
     pub fn start(addr: &str, run_status: Arc<RunStatus>) -> Result<ControlServer, HttpError> {
-        Self::start_with_key(addr, run_status, None)
+        Self::start_with(addr, run_status, ControlOptions::default())
     }
 
-    /// [`ControlServer::start`] under the same rules as the API ([`Access`]): with `key`, every endpoint
-    /// requires it, and only with one may `addr` be off loopback.
-    pub fn start_with_key(
-        addr: &str,
-        run_status: Arc<RunStatus>,
-        key: Option<ApiKey>,
-    ) -> Result<ControlServer, HttpError> {
-        Self::start_with(addr, run_status, key, None)
-    }
-
-    /// [`ControlServer::start_with_key`], serving `POST /reload` through `reload` when given.
+    /// [`ControlServer::start`] with `options`, under the same access rules as the API ([`Access`]).
     pub fn start_with(
         addr: &str,
         run_status: Arc<RunStatus>,
-        key: Option<ApiKey>,
-        reload_hook: Option<ReloadHook>,
+        options: ControlOptions,
     ) -> Result<ControlServer, HttpError> {
-        Self::start_with_page(addr, run_status, key, reload_hook, None)
-    }
-
-    /// [`ControlServer::start_with`], the status page reading the store in `page`'s data directory (curation,
-    /// training, the gate, the privacy check) and serving `POST /deltas/rollback`; without it the page shows
-    /// the live graph alone.
-    pub fn start_with_page(
-        addr: &str,
-        run_status: Arc<RunStatus>,
-        key: Option<ApiKey>,
-        reload_hook: Option<ReloadHook>,
-        page: Option<PageSource>,
-    ) -> Result<ControlServer, HttpError> {
+        let ControlOptions {
+            key,
+            reload: reload_hook,
+            page,
+        } = options;
         let keyed = Keyed(key.is_some());
         // The page's shell needs no key (a browser cannot send one before the user types it); it carries
         // no data then, and everything it fetches does need the key.

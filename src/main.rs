@@ -486,13 +486,12 @@ fn run_graph(
                     .unwrap_or_else(|| PathBuf::from(&g_data_dir)),
                 planted: planted_values.clone(),
             };
-            let server = ControlServer::start_with_page(
-                &addr,
-                running.status(),
-                api_key,
-                Some(hook.clone()),
-                Some(page),
-            )?;
+            let options = hearth::control::ControlOptions {
+                key: api_key,
+                reload: Some(hook.clone()),
+                page: Some(page),
+            };
+            let server = ControlServer::start_with(&addr, running.status(), options)?;
             eprintln!(
                 "control endpoints on http://{}/{{healthz,status,metrics,reload}}; status page at http://{}/",
                 server.addr, server.addr

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hearth::access::ApiKey;
-use hearth::control::ControlServer;
+use hearth::control::{ControlOptions, ControlServer};
 use hearth::engine::runtime::RunStatus;
 use hearth::engine::start;
 use hearth::message::{ChatMessage, Decision, Delta, Interaction, Outcome};
@@ -146,14 +146,12 @@ fn serve_page(key: Option<&str>) -> Page {
         data_dir: dir.path().to_owned(),
         planted: vec!["4111 1111 1111 1111".to_owned()],
     };
-    let server = ControlServer::start_with_page(
-        "127.0.0.1:0",
-        status,
-        key.map(ApiKey::new),
-        None,
-        Some(source),
-    )
-    .unwrap();
+    let options = ControlOptions {
+        key: key.map(ApiKey::new),
+        reload: None,
+        page: Some(source),
+    };
+    let server = ControlServer::start_with("127.0.0.1:0", status, options).unwrap();
     // Let the generator fill the slow node's queue, so the page has fill and drops to show.
     std::thread::sleep(Duration::from_millis(300));
     Page {
@@ -427,17 +425,15 @@ fn a_real_browser_renders_the_graph_and_a_loss_curve() {
         String::from_utf8_lossy(&shot_run.stderr)
     );
     // With a key, the browser gets the form and no data (the form's round trip is the plain key test's).
-    let keyed = ControlServer::start_with_page(
-        "127.0.0.1:0",
-        page.running.status(),
-        Some(ApiKey::new("s3cret")),
-        None,
-        Some(PageSource {
+    let options = ControlOptions {
+        key: Some(ApiKey::new("s3cret")),
+        reload: None,
+        page: Some(PageSource {
             data_dir: page.dir.path().to_owned(),
             planted: Vec::new(),
         }),
-    )
-    .unwrap();
+    };
+    let keyed = ControlServer::start_with("127.0.0.1:0", page.running.status(), options).unwrap();
     let dom = headless(
         &browser,
         profile.path(),

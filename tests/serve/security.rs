@@ -254,9 +254,15 @@ fn the_control_port_follows_the_same_rules() {
     )
     .unwrap();
     let running = hearth::engine::start(g, Some(dir.path())).unwrap();
-    let keyed =
-        ControlServer::start_with_key("127.0.0.1:0", running.status(), Some(ApiKey::new(KEY)))
-            .unwrap();
+    let keyed = ControlServer::start_with(
+        "127.0.0.1:0",
+        running.status(),
+        hearth::control::ControlOptions {
+            key: Some(ApiKey::new(KEY)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let addr = keyed.addr;
     let auth = format!("Bearer {KEY}");
     for path in ["/healthz", "/status", "/metrics"] {
