@@ -19,12 +19,16 @@ use rand::{Rng, SeedableRng};
 
 use super::{ModelError, Result, io_err};
 
-/// Architectures with an owned forward. They differ in RoPE layout and Qwen3's per-head q/k norms.
+/// Architectures with an owned forward. They differ in RoPE layout, Qwen2's q/k/v biases and Qwen3's per-head
+/// q/k norms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Arch {
     /// Llama family (SmolLM2 and friends). llama.cpp's converter permutes q/k rows so that RoPE on
     /// GGUF weights is the *interleaved* form (pairs `2i, 2i+1`; candle's `rope_i`).
     Llama,
+    /// Qwen2 (Qwen2.5): NEOX RoPE like Qwen3, no q/k norms, and a bias on each of the q/k/v projections
+    /// (`blk.N.attn_{q,k,v}.bias`).
+    Qwen2,
     /// Qwen3: NEOX RoPE (pairs `i, i + d/2`; candle's `rope`) and RMSNorm on each q/k head.
     Qwen3,
 }
@@ -34,6 +38,7 @@ impl Arch {
     pub fn as_str(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
         }
     }
@@ -41,6 +46,7 @@ impl Arch {
     fn parse(s: &str) -> Result<Self> {
         match s {
             "llama" => Ok(Arch::Llama),
+            "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
@@ -493,6 +499,15 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
             wscale(ff),
             spec.dtype,
         ));
+    }
+    // Qwen2's q/k/v biases, large enough that dropping one (or adding it after RoPE) moves the logits.
+    if spec.arch == Arch::Qwen2 {
+        for l in 0..spec.num_layers {
+            for (name, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                let data: Vec<f32> = (0..n).map(|_| rng.random_range(-0.5f32..0.5)).collect();
+                raw.push((format!("blk.{l}.{name}.bias"), data, 1, n, GgmlDType::F32));
+            }
+        }
     }
     // Norm weights near 1 but not 1, so a missing norm multiply shows up in the exactness tests.
     let mut norm = |name: String, n: usize| {

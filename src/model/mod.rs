@@ -1,4 +1,4 @@
-//! Model code shared by serving and training: GGUF loading, an owned Llama/Qwen3 forward with
+//! Model code shared by serving and training: GGUF loading, an owned Llama/Qwen2/Qwen3 forward with
 //! unmerged LoRA adapters, PEFT adapter I/O, a byte-level BPE tokenizer, the ChatML template and
 //! sampling.
 //!
@@ -76,7 +76,7 @@ pub enum ModelError {
     MissingTensor { name: String },
     #[error("tensor `{name}`: {reason}")]
     BadTensor { name: String, reason: String },
-    #[error("unsupported architecture `{0}` (supported: llama, qwen3)")]
+    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3)")]
     UnsupportedArch(String),
     #[error("adapter: {0}")]
     Adapter(String),

@@ -100,7 +100,7 @@ fn rounded_to_bf16(set: &LoraSet) -> LoraSet {
 #[test]
 fn random_adapter_matches_merged_f32_reference() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in [Arch::Llama, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
         let (m, _) = tiny(dir.path(), arch, GgmlDType::F32);
         for (rslora, bf16) in [(false, false), (true, false), (false, true)] {
             let mut cfg = LoraConfig::new(4, 8.0, &LoraTarget::ALL);
@@ -185,7 +185,7 @@ impl Reference {
             let theta =
                 (pos as f64) * (self.cfg.rope_theta as f64).powf(-2.0 * i as f64 / d as f64);
             let (c, s) = (theta.cos() as f32, theta.sin() as f32);
-            // Llama GGUF: interleaved pairs; Qwen3: halves (NEOX).
+            // Llama GGUF: interleaved pairs; Qwen2/Qwen3: halves (NEOX).
             let (a, b) = if self.cfg.arch == Arch::Llama {
                 (2 * i, 2 * i + 1)
             } else {
@@ -215,7 +215,13 @@ impl Reference {
                 let xn = Self::rms(x, self.t(&p("attn_norm")), c.rms_eps);
                 let mut q = Self::matvec(self.t(&p("attn_q")), &xn);
                 let mut k = Self::matvec(self.t(&p("attn_k")), &xn);
-                let v = Self::matvec(self.t(&p("attn_v")), &xn);
+                let mut v = Self::matvec(self.t(&p("attn_v")), &xn);
+                // Qwen2: q/k/v biases, added to the projections before RoPE.
+                for (buf, name) in [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")] {
+                    if let Some(b) = self.w.get(&format!("blk.{l}.{name}.bias")) {
+                        buf.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                    }
+                }
                 for (buf, heads, norm) in
                     [(&mut q, nh, "attn_q_norm"), (&mut k, nkv, "attn_k_norm")]
                 {
@@ -297,7 +303,7 @@ impl Reference {
 #[test]
 fn forward_matches_independent_f32_reference() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in [Arch::Llama, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
         for (dtype, tol) in [
             (GgmlDType::F32, 1e-4f32),
             (GgmlDType::Q8_0, 3e-2),
@@ -308,8 +314,21 @@ fn forward_matches_independent_f32_reference() {
             let want: Vec<f32> = r.forward(&PROMPT).concat();
             let got = logits(&m, &PROMPT, None);
             let e = rel_err(&got, &want);
-            eprintln!("{arch:?} {dtype:?}: logits rel err vs reference {e:.2e}");
+            let abs = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            eprintln!(
+                "{arch:?} {dtype:?}: logits rel err vs reference {e:.2e}, max |Δlogit| {abs:.2e}"
+            );
             assert!(e < tol, "{arch:?} {dtype:?}: logits rel err {e}");
+            if arch == Arch::Qwen2 && dtype == GgmlDType::F32 {
+                // The biases matter: the reference without them is far off, so the match above tests them.
+                let mut unbiased = Reference::load(&path);
+                unbiased.w.retain(|k, _| !k.ends_with(".bias"));
+                let e = rel_err(&got, &unbiased.forward(&PROMPT).concat());
+                assert!(e > 1e-2, "Qwen2 biases had no effect: {e}");
+            }
             if dtype != GgmlDType::Q4_0 {
                 // Greedy decode through generate() (KV cache) vs the reference.
                 let tok = Tokenizer::from_gguf_metadata(GgufFile::open(&path).unwrap().metadata())
@@ -354,6 +373,8 @@ fn kv_cache_decode_equals_full_recompute() {
         (Arch::Llama, GgmlDType::F32, 1e-5f32),
         (Arch::Qwen3, GgmlDType::F32, 1e-5),
         (Arch::Qwen3, GgmlDType::Q8_0, 8e-2),
+        (Arch::Qwen2, GgmlDType::F32, 1e-5),
+        (Arch::Qwen2, GgmlDType::Q8_0, 8e-2),
     ] {
         let (m, _) = tiny(dir.path(), arch, dtype);
         let set = random_adapter(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 5);

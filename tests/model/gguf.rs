@@ -9,7 +9,7 @@ use hearth::model::{Arch, ModelConfig, ModelError, TinySpec, Transformer, write_
 #[test]
 fn config_from_metadata() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in [Arch::Llama, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
         let path = dir.path().join("m.gguf");
         let want = write_tiny_model(&path, &TinySpec::new(arch)).unwrap();
         let g = GgufFile::open(&path).unwrap();

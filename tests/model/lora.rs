@@ -252,7 +252,12 @@ fn max_abs(t: &Tensor) -> f32 {
 fn lora_gets_gradients_through_quantized_layers() {
     let dir = tempfile::tempdir().unwrap();
     // 5 tokens take the few-row quantized kernel, 20 the many-row one (the panel kernel on AVX-512 VNNI).
-    for (arch, len) in [(Arch::Llama, 5), (Arch::Qwen3, 5), (Arch::Qwen3, 20)] {
+    for (arch, len) in [
+        (Arch::Llama, 5),
+        (Arch::Qwen2, 5),
+        (Arch::Qwen3, 5),
+        (Arch::Qwen3, 20),
+    ] {
         let m = model(dir.path(), arch, GgmlDType::Q8_0);
         let fresh = LoraSet::fresh(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 1).unwrap();
         let (set, vars) = fresh.to_vars().unwrap();

@@ -77,6 +77,15 @@ impl Transformer {
                 (&blk.k, pair(LoraTarget::K), &mut s.k),
                 (&blk.v, pair(LoraTarget::V), &mut s.v),
             ])?;
+            if let Some(bias) = &blk.bias {
+                for (x, b) in [
+                    (&mut s.q, &bias.q),
+                    (&mut s.k, &bias.k),
+                    (&mut s.v, &bias.v),
+                ] {
+                    with_norm(b, |b| add_into(x, b))?;
+                }
+            }
             if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
                 for (x, norm) in [(&mut s.q, qn), (&mut s.k, kn)] {
                     with_norm(norm, |w| {
@@ -217,8 +226,8 @@ impl<'a> QuantizedInput<'a> {
     }
 }
 
-/// Runs `f` on a norm weight's values where they lie (norm weights load as contiguous f32), not on a copy made
-/// every step.
+/// Runs `f` on a norm weight's (or bias's) values where they lie (both load as contiguous f32), not on a copy
+/// made every step.
 fn with_norm<R>(w: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     with_f32_slice(w, f)
         .ok_or_else(|| ModelError::Input("decode: a norm weight is not contiguous f32".into()))

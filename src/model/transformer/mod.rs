@@ -1,4 +1,4 @@
-//! The owned Llama/Qwen3 forward.
+//! The owned Llama/Qwen2/Qwen3 forward.
 //!
 //! Weights are immutable after load and shared (`Arc<QTensor>`, `Arc<PanelWeights>`, cheap `Tensor` clones),
 //! so one [`Transformer`] serves many requests at once; each request owns its [`KvCache`] and passes the
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use super::gguf::{GgufFile, ModelConfig};
+use super::gguf::{Arch, GgufFile, ModelConfig};
 use super::huge_pages::HugePageReport;
 use super::lora::{LoraPair, LoraSet, LoraTarget};
 use super::{ModelError, Result};
@@ -75,6 +75,9 @@ pub struct Block {
     ffn_norm: Tensor,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
+    /// Qwen2's biases on the q/k/v projections (f32 vectors), added outside any LoRA delta: an adapter changes
+    /// the weight, not the bias, as in PEFT.
+    bias: Option<QkvBias>,
     q: QLinear,
     k: QLinear,
     v: QLinear,
@@ -111,6 +114,14 @@ impl Block {
     }
 }
 
+/// The q/k/v projection biases of one block.
+#[derive(Clone, Debug)]
+struct QkvBias {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+}
+
 /// Which positions get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Logits {
@@ -140,7 +151,7 @@ fn norm_tensor(g: &mut GgufFile, name: &str, n: usize) -> Result<Tensor> {
 }
 
 impl Transformer {
-    /// Loads a llama or qwen3 GGUF, checking every tensor's shape against the metadata.
+    /// Loads a llama, qwen2 or qwen3 GGUF, checking every tensor's shape against the metadata.
     pub fn from_gguf(path: impl AsRef<std::path::Path>) -> Result<Self> {
         let mut g = GgufFile::open(path)?;
         Self::from_gguf_file(&mut g)
@@ -202,7 +213,23 @@ impl Transformer {
             } else {
                 (None, None)
             };
+            // Biases are loaded wherever the file has them (Qwen2 always does; some Llama-family files too), and
+            // then all three must be there.
+            let bias = if g.has_tensor(&format!("{p}.attn_q.bias")) {
+                Some(QkvBias {
+                    q: norm_tensor(g, &format!("{p}.attn_q.bias"), q)?,
+                    k: norm_tensor(g, &format!("{p}.attn_k.bias"), kv)?,
+                    v: norm_tensor(g, &format!("{p}.attn_v.bias"), kv)?,
+                })
+            } else if cfg.arch == Arch::Qwen2 {
+                return Err(ModelError::MissingTensor {
+                    name: format!("{p}.attn_q.bias"),
+                });
+            } else {
+                None
+            };
             blocks.push(Block {
+                bias,
                 attn_norm: norm_tensor(g, &format!("{p}.attn_norm.weight"), h)?,
                 ffn_norm: norm_tensor(g, &format!("{p}.ffn_norm.weight"), h)?,
                 q_norm,
@@ -547,9 +574,16 @@ impl Transformer {
             || blk.q.forward(x, pq),
             || (blk.k.forward(x, pk), blk.v.forward(x, pv)),
         );
-        let mut q = q?.reshape((b, l, nh, hd))?;
-        let mut k = k?.reshape((b, l, nkv, hd))?;
-        let v = v?.reshape((b, l, nkv, hd))?;
+        let (mut q, mut k, mut v) = (q?, k?, v?);
+        // Before RoPE and the q/k norms, as llama.cpp's qwen2 graph adds them.
+        if let Some(bias) = &blk.bias {
+            q = q.broadcast_add(&bias.q)?;
+            k = k.broadcast_add(&bias.k)?;
+            v = v.broadcast_add(&bias.v)?;
+        }
+        let mut q = q.reshape((b, l, nh, hd))?;
+        let mut k = k.reshape((b, l, nkv, hd))?;
+        let v = v.reshape((b, l, nkv, hd))?;
         if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
             q = rms_norm(&q, qn, cfg.rms_eps, train)?;
             k = rms_norm(&k, kn, cfg.rms_eps, train)?;
