@@ -71,6 +71,14 @@ pub struct ModelConfig {
     pub tied_embeddings: bool,
     /// Qwen3's RMSNorm on each query/key head before RoPE.
     pub qk_norm: bool,
+    /// Linear RoPE scaling (`{arch}.rope.scaling.type = linear`): positions are divided by this factor. 1 when
+    /// the file has none. Llama 3.x's per-frequency scaling is the `rope_freqs.weight` tensor instead.
+    #[serde(default = "one")]
+    pub rope_linear_factor: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 impl ModelConfig {
@@ -124,6 +132,7 @@ impl ModelConfig {
                 reason: format!("partial RoPE ({rd} of {head_dim}) is not supported"),
             });
         }
+        let rope_linear_factor = rope_linear_factor(md, &key)?;
         let embd = tensor_shape(content, "token_embd.weight")?;
         let [vocab_size, embd_hidden] = embd[..] else {
             return Err(bad_shape("token_embd.weight", &embd, "rank 2"));
@@ -169,7 +178,28 @@ impl ModelConfig {
             context_length,
             tied_embeddings: !content.tensor_infos.contains_key("output.weight"),
             qk_norm: arch == Arch::Qwen3,
+            rope_linear_factor,
         })
+    }
+}
+
+/// The linear RoPE factor from `{arch}.rope.scaling.*`. Other scaling types (YaRN, LongRoPE) are refused rather
+/// than ignored: ignoring one serves a model that decodes other tokens than llama.cpp without saying so.
+fn rope_linear_factor(md: &HashMap<String, Value>, key: &dyn Fn(&str) -> String) -> Result<f32> {
+    let ty = opt(md_str(md, &key("rope.scaling.type")))?;
+    let factor = opt(md_f32(md, &key("rope.scaling.factor")))?;
+    match (ty, factor) {
+        (None | Some("none"), _) => Ok(1.0),
+        (Some("linear"), None) => Ok(1.0),
+        (Some("linear"), Some(f)) if f.is_finite() && f > 0.0 => Ok(f),
+        (Some("linear"), Some(f)) => Err(ModelError::BadKey {
+            key: key("rope.scaling.factor"),
+            reason: format!("{f} is not a positive factor"),
+        }),
+        (Some(other), _) => Err(ModelError::BadKey {
+            key: key("rope.scaling.type"),
+            reason: format!("RoPE scaling `{other}` is not supported (supported: none, linear)"),
+        }),
     }
 }
 
@@ -398,6 +428,10 @@ pub struct TinySpec {
     pub seed: u64,
     /// Positions the model accepts (the tiny tokenizer spends about one token per character).
     pub context_length: usize,
+    /// Write a `rope_freqs.weight` with Llama 3.1's per-frequency factors (see [`llama3_rope_factors`]).
+    pub rope_freqs: bool,
+    /// Write `rope.scaling.type = linear` with this factor.
+    pub rope_linear_factor: Option<f32>,
 }
 
 impl TinySpec {
@@ -417,8 +451,32 @@ impl TinySpec {
             dtype: GgmlDType::F32,
             seed: 7,
             context_length: 256,
+            rope_freqs: false,
+            rope_linear_factor: None,
         }
     }
+}
+
+/// The RoPE frequency divisors Llama 3.1's converter writes as `rope_freqs.weight` (`convert_hf_to_gguf.py`,
+/// `rope_type = llama3`): 1 for wavelengths under `original_context / high_freq_factor`, `factor` above
+/// `original_context / low_freq_factor`, and a smooth blend between. Here with factor 8, low 1, high 4 and an
+/// original context of 64 positions, so that a tiny model's few frequencies span all three regimes.
+pub fn llama3_rope_factors(head_dim: usize, theta: f32) -> Vec<f32> {
+    let (factor, low, high, original) = (8.0f64, 1.0f64, 4.0f64, 64.0f64);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < original / high {
+                1.0
+            } else if wavelen > original / low {
+                factor as f32
+            } else {
+                let smooth = (original / wavelen - low) / (high - low);
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect()
 }
 
 /// Writes a tiny model with seeded random weights and the tiny tokenizer from
@@ -515,6 +573,16 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         (name, data, 1, n, GgmlDType::F32)
     };
     let mut norms = vec![norm("output_norm.weight".into(), h)];
+    if spec.rope_freqs {
+        let f = llama3_rope_factors(spec.head_dim, 10_000.0);
+        norms.push((
+            "rope_freqs.weight".into(),
+            f,
+            1,
+            spec.head_dim / 2,
+            GgmlDType::F32,
+        ));
+    }
     for l in 0..spec.num_layers {
         norms.push(norm(format!("blk.{l}.attn_norm.weight"), h));
         norms.push(norm(format!("blk.{l}.ffn_norm.weight"), h));
@@ -553,6 +621,13 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String("gpt2".into())),
     ];
+    if let Some(f) = spec.rope_linear_factor {
+        md.push((
+            format!("{a}.rope.scaling.type"),
+            Value::String("linear".into()),
+        ));
+        md.push((format!("{a}.rope.scaling.factor"), Value::F32(f)));
+    }
     md.push((
         "tokenizer.ggml.tokens".into(),
         Value::Array(tokens.into_iter().map(Value::String).collect()),
@@ -590,5 +665,6 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         context_length: spec.context_length,
         tied_embeddings: spec.tied_embeddings,
         qk_norm: spec.arch == Arch::Qwen3,
+        rope_linear_factor: spec.rope_linear_factor.unwrap_or(1.0),
     })
 }

@@ -181,9 +181,14 @@ impl Reference {
 
     fn rope(&self, x: &mut [f32], pos: usize) {
         let d = self.cfg.head_dim;
+        // Llama 3.x: `rope_freqs.weight` divides each frequency (llama.cpp's `theta / freq_factor`); linear
+        // scaling divides the position.
+        let factors = self.w.get("rope_freqs.weight");
+        let pos = pos as f64 / self.cfg.rope_linear_factor as f64;
         for i in 0..d / 2 {
+            let divisor = factors.map_or(1.0, |f| f[i] as f64);
             let theta =
-                (pos as f64) * (self.cfg.rope_theta as f64).powf(-2.0 * i as f64 / d as f64);
+                pos * (self.cfg.rope_theta as f64).powf(-2.0 * i as f64 / d as f64) / divisor;
             let (c, s) = (theta.cos() as f32, theta.sin() as f32);
             // Llama GGUF: interleaved pairs; Qwen2/Qwen3: halves (NEOX).
             let (a, b) = if self.cfg.arch == Arch::Llama {
@@ -361,6 +366,84 @@ fn forward_matches_independent_f32_reference() {
             }
         }
     }
+}
+
+/// Llama 3.x RoPE scaling: a llama file with `rope_freqs.weight` (Llama 3.1's per-frequency divisors), and one
+/// with linear scaling, match the reference in prefill, KV-cache decode and training forward; ignoring the
+/// scaling would not.
+#[test]
+fn rope_scaling_matches_independent_f32_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    for (freqs, linear) in [(true, None), (false, Some(4.0f32))] {
+        let mut spec = TinySpec::new(Arch::Llama);
+        spec.rope_freqs = freqs;
+        spec.rope_linear_factor = linear;
+        let path = dir.path().join(format!("scaled-{freqs}-{linear:?}.gguf"));
+        write_tiny_model(&path, &spec).unwrap();
+        let m = Transformer::from_gguf(&path).unwrap();
+        let r = Reference::load(&path);
+        let ids: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 290).collect();
+        let want = r.forward(&ids);
+        let got = m
+            .forward_ids(&ids, None, None)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let (e, abs) = (
+            rel_err(&got.concat(), &want.concat()),
+            max_abs_diff(&got.concat(), &want.concat()),
+        );
+        eprintln!("rope_freqs={freqs} linear={linear:?}: rel err {e:.2e}, max |Δlogit| {abs:.2e}");
+        assert!(e < 1e-4, "rope_freqs={freqs} linear={linear:?}: {e}");
+        // Decode one position at a time through the cache (the serving decode step).
+        let mut cache = m.new_cache();
+        m.forward_ids(&ids[..5], Some(&mut cache), None).unwrap();
+        for i in 5..ids.len() {
+            let row = m
+                .forward_ids(&ids[i..i + 1], Some(&mut cache), None)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            let e = rel_err(&row[0], &want[i]);
+            assert!(
+                e < 1e-4,
+                "rope_freqs={freqs} linear={linear:?} decode pos {i}: {e}"
+            );
+        }
+        // Training forward.
+        let t = Tensor::from_slice(&ids, (1, ids.len()), &Device::Cpu).unwrap();
+        let train: Vec<f32> = m
+            .forward_train(&t, None)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let e = rel_err(&train, &want.concat());
+        assert!(e < 1e-4, "rope_freqs={freqs} linear={linear:?} train: {e}");
+        // The same weights without the scaling give other logits, so the match above tests it.
+        let mut plain = spec.clone();
+        plain.rope_freqs = false;
+        plain.rope_linear_factor = None;
+        let plain_path = dir.path().join("plain.gguf");
+        write_tiny_model(&plain_path, &plain).unwrap();
+        let unscaled = Transformer::from_gguf(&plain_path).unwrap();
+        let other = unscaled
+            .forward_ids(&ids, None, None)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let e = rel_err(&other.concat(), &want.concat());
+        eprintln!("rope_freqs={freqs} linear={linear:?}: unscaled model vs reference {e:.2e}");
+        assert!(
+            e > 1e-2,
+            "rope_freqs={freqs} linear={linear:?}: scaling had no effect ({e})"
+        );
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
 }
 
 #[test]

@@ -160,6 +160,32 @@ fn bad_files_are_errors_naming_the_problem() {
     assert!(
         matches!(Transformer::from_gguf(&p).unwrap_err(), ModelError::UnsupportedArch(a) if a == "mamba")
     );
+    // RoPE scaling hearth does not implement is refused, not ignored.
+    let p = rewrite_with(dir.path(), |md, _| {
+        md.push((
+            "qwen3.rope.scaling.type".into(),
+            Value::String("yarn".into()),
+        ));
+        md.push(("qwen3.rope.scaling.factor".into(), Value::F32(4.0)));
+    });
+    let e = Transformer::from_gguf(&p).unwrap_err();
+    assert!(
+        matches!(e, ModelError::BadKey { ref key, .. } if key == "qwen3.rope.scaling.type"),
+        "{e}"
+    );
+    // Non-positive RoPE frequency factors.
+    let p = rewrite_with(dir.path(), |_, ts| {
+        let t = Tensor::zeros(16, candle_core::DType::F32, &Device::Cpu).unwrap();
+        ts.push((
+            "rope_freqs.weight".into(),
+            QTensor::quantize(&t, GgmlDType::F32).unwrap(),
+        ));
+    });
+    let e = Transformer::from_gguf(&p).unwrap_err();
+    assert!(
+        matches!(e, ModelError::BadTensor { ref name, .. } if name == "rope_freqs.weight"),
+        "{e}"
+    );
     // Missing tensor.
     let p = rewrite_with(dir.path(), |_, ts| {
         ts.retain(|(n, _)| n != "blk.1.attn_k_norm.weight")

@@ -150,6 +150,23 @@ fn norm_tensor(g: &mut GgufFile, name: &str, n: usize) -> Result<Tensor> {
     Ok(q.dequantize(&Device::Cpu)?)
 }
 
+/// Llama 3.x's `rope_freqs.weight`, if the file has one: a divisor per RoPE frequency, checked to be finite and
+/// positive so that a corrupt file fails at load instead of serving NaNs.
+fn rope_freq_factors(g: &mut GgufFile, half: usize) -> Result<Option<Vec<f32>>> {
+    const NAME: &str = "rope_freqs.weight";
+    if !g.has_tensor(NAME) {
+        return Ok(None);
+    }
+    let f = norm_tensor(g, NAME, half)?.to_vec1::<f32>()?;
+    if let Some(bad) = f.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+        return Err(ModelError::BadTensor {
+            name: NAME.into(),
+            reason: format!("frequency factor {bad} is not finite and positive"),
+        });
+    }
+    Ok(Some(f))
+}
+
 impl Transformer {
     /// Loads a llama, qwen2 or qwen3 GGUF, checking every tensor's shape against the metadata.
     pub fn from_gguf(path: impl AsRef<std::path::Path>) -> Result<Self> {
@@ -244,7 +261,8 @@ impl Transformer {
             });
         }
         let norm = norm_tensor(g, "output_norm.weight", h)?;
-        let rope = Rope::new(&cfg)?;
+        let freq_factors = rope_freq_factors(g, cfg.head_dim / 2)?;
+        let rope = Rope::new(&cfg, freq_factors.as_deref())?;
         let mut model = Self {
             config: cfg,
             embed,

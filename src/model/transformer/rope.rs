@@ -19,11 +19,16 @@ pub(super) struct Rope {
 }
 
 impl Rope {
-    pub(super) fn new(cfg: &ModelConfig) -> Result<Self> {
+    /// Tables for `cfg`, each frequency divided by its `freq_factors` entry where given (Llama 3.x's
+    /// `rope_freqs.weight`, one per pair, as llama.cpp applies it) and by the linear scaling factor.
+    pub(super) fn new(cfg: &ModelConfig, freq_factors: Option<&[f32]>) -> Result<Self> {
         let half = cfg.head_dim / 2;
         let n = cfg.context_length.min(MAX_POSITIONS);
         let inv: Vec<f32> = (0..half)
-            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32))
+            .map(|i| {
+                let divisor = freq_factors.map_or(1.0, |f| f[i]) * cfg.rope_linear_factor;
+                1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32) / divisor
+            })
             .collect();
         let mut cos = Vec::with_capacity(n * half);
         let mut sin = Vec::with_capacity(n * half);
