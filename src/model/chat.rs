@@ -137,7 +137,7 @@ pub fn encode_chat_with(
     };
     let (start, end) = (special("<|im_start|>")?, special("<|im_end|>")?);
     let newline = tok.encode("\n", false)?;
-    let mut ids = Vec::new();
+    let mut ids = tok.bos_prefix();
     let mut spans = Vec::new();
     for m in with_default_system(messages, opts) {
         ids.push(start);

@@ -45,10 +45,12 @@ impl Default for GenerateConfig {
 }
 
 impl GenerateConfig {
-    /// Greedy decoding of at most `max_tokens`, stopping at the tokenizer's EOS and `<|im_end|>`.
+    /// Greedy decoding of at most `max_tokens`, stopping at the tokenizer's EOS, its EOT (end of turn, which
+    /// chat models end a reply with where it differs from EOS) and `<|im_end|>`.
     pub fn greedy(tok: &Tokenizer, max_tokens: usize) -> Self {
-        let mut stop_tokens: Vec<u32> = tok.eos_id.into_iter().collect();
+        let mut stop_tokens: Vec<u32> = tok.eos_id.into_iter().chain(tok.eot_id).collect();
         stop_tokens.extend(tok.token_id("<|im_end|>"));
+        stop_tokens.sort_unstable();
         stop_tokens.dedup();
         Self {
             max_tokens,

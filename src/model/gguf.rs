@@ -432,6 +432,10 @@ pub struct TinySpec {
     pub rope_freqs: bool,
     /// Write `rope.scaling.type = linear` with this factor.
     pub rope_linear_factor: Option<f32>,
+    /// Write `tokenizer.ggml.add_bos_token` (BOS is `<|im_start|>`'s id).
+    pub add_bos_token: Option<bool>,
+    /// Write `tokenizer.ggml.eot_token_id`.
+    pub eot_token_id: Option<u32>,
 }
 
 impl TinySpec {
@@ -453,6 +457,8 @@ impl TinySpec {
             context_length: 256,
             rope_freqs: false,
             rope_linear_factor: None,
+            add_bos_token: None,
+            eot_token_id: None,
         }
     }
 }
@@ -650,6 +656,12 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         "tokenizer.ggml.padding_token_id".into(),
         special("<|endoftext|>")?,
     ));
+    if let Some(b) = spec.add_bos_token {
+        md.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(b)));
+    }
+    if let Some(id) = spec.eot_token_id {
+        md.push(("tokenizer.ggml.eot_token_id".into(), Value::U32(id)));
+    }
     write_gguf(path, &md, &tensors)?;
     Ok(ModelConfig {
         arch: spec.arch,

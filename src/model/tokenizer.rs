@@ -77,7 +77,12 @@ pub struct Tokenizer {
     pub add_space_prefix: bool,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
+    /// End of turn (`tokenizer.ggml.eot_token_id`; Llama 3's `<|eot_id|>`): generation stops on it as on EOS.
+    pub eot_id: Option<u32>,
     pub pad_id: Option<u32>,
+    /// Prompts start with BOS (`tokenizer.ggml.add_bos_token`; Llama 3 sets it). Off when the key is absent, as
+    /// for byte-level BPE vocabularies in llama.cpp.
+    pub add_bos: bool,
 }
 
 fn tok_err(msg: impl Into<String>) -> ModelError {
@@ -120,12 +125,31 @@ impl Tokenizer {
         let mut t = Self::new(tokens, &merges, types.as_deref(), pre)?;
         t.bos_id = id("tokenizer.ggml.bos_token_id")?;
         t.eos_id = id("tokenizer.ggml.eos_token_id")?;
+        t.eot_id = id("tokenizer.ggml.eot_token_id")?;
         t.pad_id = id("tokenizer.ggml.padding_token_id")?;
+        t.add_bos = match md.get("tokenizer.ggml.add_bos_token") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(ModelError::BadKey {
+                    key: "tokenizer.ggml.add_bos_token".into(),
+                    reason: format!("expected a bool, found {:?}", v.value_type()),
+                });
+            }
+        };
         t.add_space_prefix = matches!(
             md.get("tokenizer.ggml.add_space_prefix"),
             Some(Value::Bool(true))
         );
-        for (k, v) in [("bos", t.bos_id), ("eos", t.eos_id), ("pad", t.pad_id)] {
+        if t.add_bos && t.bos_id.is_none() {
+            return Err(tok_err("add_bos_token is set but there is no bos_token_id"));
+        }
+        for (k, v) in [
+            ("bos", t.bos_id),
+            ("eos", t.eos_id),
+            ("eot", t.eot_id),
+            ("pad", t.pad_id),
+        ] {
             if let Some(v) = v
                 && v as usize >= t.tokens.len()
             {
@@ -208,12 +232,27 @@ impl Tokenizer {
             add_space_prefix: false,
             bos_id: None,
             eos_id: None,
+            eot_id: None,
             pad_id: None,
+            add_bos: false,
         })
     }
 
     pub fn vocab_size(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// `text` as a prompt: BOS first where the model asks for it (see [`Self::add_bos`]), then
+    /// [`Self::encode`]'s ids.
+    pub fn encode_prompt(&self, text: &str, allow_special: bool) -> Result<Vec<u32>> {
+        let mut ids = self.bos_prefix();
+        ids.extend(self.encode(text, allow_special)?);
+        Ok(ids)
+    }
+
+    /// `[bos]` when prompts start with BOS, else empty.
+    pub fn bos_prefix(&self) -> Vec<u32> {
+        self.bos_id.filter(|_| self.add_bos).into_iter().collect()
     }
 
     /// Id of an exact token string (e.g. `<|im_start|>`).

@@ -552,7 +552,7 @@ impl Engine {
                 messages.clone(),
             ),
             PromptInput::Text(text) => (
-                self.tok.encode(text, false)?,
+                self.tok.encode_prompt(text, false)?,
                 vec![ChatMessage::new(Role::User, text.clone())],
             ),
         };

@@ -335,3 +335,63 @@ fn generation_in_a_pool_of_any_size_gives_the_same_tokens() {
         one
     );
 }
+
+/// BOS, EOS and EOT from the GGUF metadata: `add_bos_token` puts BOS before raw and chat prompts (absent, it
+/// does not), and greedy decoding stops on `eot_token_id` as it does on EOS.
+#[test]
+fn bos_and_eot_come_from_the_metadata() {
+    use hearth::model::{ChatMessage, Role, encode_chat};
+    let dir = tempfile::tempdir().unwrap();
+    let load = |spec: &TinySpec, name: &str| {
+        let path = dir.path().join(name);
+        write_tiny_model(&path, spec).unwrap();
+        let tok = Tokenizer::from_gguf_metadata(GgufFile::open(&path).unwrap().metadata()).unwrap();
+        (Transformer::from_gguf(&path).unwrap(), tok)
+    };
+    let plain_spec = TinySpec::new(Arch::Llama);
+    let (m, plain) = load(&plain_spec, "plain.gguf");
+    let messages = [ChatMessage::new(Role::User, "hi".to_string())];
+    assert!(!plain.add_bos);
+    assert_eq!(
+        plain.encode_prompt("hello", false).unwrap(),
+        plain.encode("hello", false).unwrap()
+    );
+    let prompt = plain.encode("hello", false).unwrap();
+    let free = generate(
+        &m,
+        &plain,
+        &prompt,
+        None,
+        &GenerateConfig::greedy(&plain, 8),
+        |_| true,
+    )
+    .unwrap();
+    assert_eq!(
+        free.tokens.len(),
+        8,
+        "the tiny model stopped early: {:?}",
+        free.reason
+    );
+    let eot = free.tokens[2];
+    let first = free.tokens.iter().position(|&t| t == eot).unwrap();
+
+    let mut spec = plain_spec.clone();
+    spec.add_bos_token = Some(true);
+    spec.eot_token_id = Some(eot);
+    let (m, tok) = load(&spec, "bos-eot.gguf");
+    let bos = tok.bos_id.unwrap();
+    assert!(tok.add_bos);
+    assert_eq!(tok.eot_id, Some(eot));
+    assert_eq!(
+        tok.encode_prompt("hello", false).unwrap(),
+        [vec![bos], tok.encode("hello", false).unwrap()].concat()
+    );
+    let chat = encode_chat(&tok, &messages, true).unwrap();
+    let plain_chat = encode_chat(&plain, &messages, true).unwrap();
+    assert_eq!(chat.ids, [vec![bos], plain_chat.ids].concat());
+    let cfg = GenerateConfig::greedy(&tok, 8);
+    assert!(cfg.stop_tokens.contains(&eot) && cfg.stop_tokens.contains(&tok.eos_id.unwrap()));
+    let out = generate(&m, &tok, &prompt, None, &cfg, |_| true).unwrap();
+    assert_eq!(out.reason, StopReason::StopToken(eot));
+    assert_eq!(out.tokens, free.tokens[..first]);
+}
