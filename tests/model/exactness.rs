@@ -410,6 +410,18 @@ fn rope_scaling_matches_independent_f32_reference() {
                 "rope_freqs={freqs} linear={linear:?} decode pos {i}: {e}"
             );
         }
+        // Greedy tokens through generate() (the serving loop) are the reference's.
+        let tok = Tokenizer::from_gguf_metadata(GgufFile::open(&path).unwrap().metadata()).unwrap();
+        let cfg = GenerateConfig {
+            max_tokens: 12,
+            ..GenerateConfig::default()
+        };
+        let out = generate(&m, &tok, &PROMPT, None, &cfg, |_| true).unwrap();
+        assert_eq!(
+            out.tokens,
+            r.greedy(&PROMPT, 12),
+            "rope_freqs={freqs} linear={linear:?}"
+        );
         // Training forward.
         let t = Tensor::from_slice(&ids, (1, ids.len()), &Device::Cpu).unwrap();
         let train: Vec<f32> = m
