@@ -25,7 +25,8 @@
 # system python or is installed once into SOAK_CACHE/venv.
 #
 # --bounds soak changes these parameters of graphs/personal.ron (each is a bound the run should reach):
-#   Capture retention_secs 604800 -> 600; Trainer window (2000 samples, 90 days) -> (200 samples, 1800 s),
+#   Capture retention_secs 604800 -> 600, record_retention_secs 7776000 -> 1200;
+#   Trainer window (2000 samples, 90 days) -> (200 samples, 1800 s),
 #   min_interval_secs 3600 -> 300, idle_load dropped (the load generator shares the machine); Eval retention
 #   (keep_rejected 8, keep_served 16) -> (2, 3); dead letters (8 MiB, 3 files) -> (64 KiB, 2 files).
 set -euo pipefail
@@ -81,6 +82,7 @@ edit 'listen: "127.0.0.1:8080"' 'listen: "127.0.0.1:0"'
 edit ', control: "127.0.0.1:9090"' ''
 if [[ $bounds == soak ]]; then
     edit 'retention_secs: 604800' 'retention_secs: 600'
+    edit 'record_retention_secs: 7776000' 'record_retention_secs: 1200'
     edit 'window: (max_samples: 2000, max_age_secs: 7776000)' 'window: (max_samples: 200, max_age_secs: 1800)'
     edit 'min_interval_secs: 3600' 'min_interval_secs: 300'
     edit ' idle_load: 0.5,' ''

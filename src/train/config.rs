@@ -66,6 +66,11 @@ pub struct TrainConfig {
     /// Add the general-language texts built into the binary ([`super::BUILTIN_REPLAY`]) to the replay set,
     /// so a graph needs no file beside it to guard against forgetting.
     pub replay_builtin: bool,
+    /// Replay the base's own greedy answers to this many of hearth's everyday prompts as chat turns
+    /// ([`super::replay`]), generated once per base and cached in the data directory; 0: none. Read where
+    /// a cycle runs ([`super::cycle::run`]); a trainer built alone takes them through
+    /// [`super::LoraTrainer::add_replay_turns`].
+    pub replay_self_distilled: usize,
     /// DPO inverse temperature β.
     pub dpo_beta: f64,
     /// Weight of an SFT loss on the preferred answer of each DPO pair (RPO): DPO alone widens the margin
@@ -129,6 +134,7 @@ impl Default for TrainConfig {
             replay_texts: Vec::new(),
             replay_file: None,
             replay_builtin: false,
+            replay_self_distilled: 0,
             dpo_beta: 0.1,
             dpo_sft_weight: 0.0,
             kto_beta: 0.1,

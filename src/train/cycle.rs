@@ -460,6 +460,16 @@ pub fn run(settings: &CycleSettings, base: &Base, samples: &[Sample]) -> Result<
         parent.as_ref().map(|p| &p.1),
     )?;
     trainer.set_checkpoint_dir(settings.checkpoint_dir.clone());
+    if recipe.replay_self_distilled > 0 {
+        let turns = super::replay::self_distilled(
+            &base.model,
+            &base.tok,
+            &base.sha256,
+            recipe.replay_self_distilled,
+            &settings.data_dir,
+        )?;
+        trainer.add_replay_turns(&turns);
+    }
     let progress = Progress::new(&settings.name, recipe.steps);
     let report = trainer.train_cycle(samples, |s| progress.step(s))?;
     progress.finish();

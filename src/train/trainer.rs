@@ -329,6 +329,21 @@ impl<'m> LoraTrainer<'m> {
         &self.cfg
     }
 
+    /// Adds chat turns (a prompt and the answer to keep) to the replay set, trained on their answer tokens:
+    /// self-distilled replay ([`super::replay`]).
+    pub fn add_replay_turns(&mut self, turns: &[super::replay::Turn]) {
+        for t in turns {
+            let prompt = [crate::model::ChatMessage::new(
+                crate::message::Role::User,
+                t.prompt.clone(),
+            )];
+            if let Some(seq) = super::data::encode_turns(self.tok, &prompt, &t.answer, self.max_len)
+            {
+                self.replay.push(seq);
+            }
+        }
+    }
+
     /// A detached copy of the current adapter, safe to save or serve while training continues.
     pub fn adapter(&self) -> Result<LoraSet> {
         Ok(self.set.snapshot()?)

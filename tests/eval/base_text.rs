@@ -105,3 +105,88 @@ fn replay_training_lowers_replay_style_text_more_than_the_leg_text() {
         "replay training lowered the leg's texts as much as replay-style text"
     );
 }
+
+/// By hand, on a real model (`HEARTH_EVAL_MODEL=PATH.gguf cargo test --release --test eval -- --ignored
+/// replay_against_drift --nocapture`): the default recipe trained on four user facts with no replay, with
+/// the built-in text replay, and with that plus the base's own answers (self-distilled replay); prints each
+/// delta's general score and base perplexity beside the base's.
+#[test]
+#[ignore = "needs a real model: HEARTH_EVAL_MODEL"]
+fn replay_against_drift_on_a_real_model() {
+    use hearth::message::Sample;
+    let Ok(path) = std::env::var("HEARTH_EVAL_MODEL") else {
+        eprintln!("SKIPPED: set HEARTH_EVAL_MODEL to a GGUF");
+        return;
+    };
+    let (m, tok) = hearth::model::load(&path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (set, _) = ProbeSet::frozen_for_base(dir.path(), "base", None).unwrap();
+    let facts = [
+        ("What is my dog called?", "Your dog is called Biscuit."),
+        ("Where do I work?", "You work at the Lindenhof bakery."),
+        (
+            "When is my birthday?",
+            "Your birthday is on the 3rd of May.",
+        ),
+        (
+            "What is my favourite colour?",
+            "Your favourite colour is teal.",
+        ),
+    ];
+    let data: Vec<Sample> = facts
+        .iter()
+        .enumerate()
+        .map(|(i, (q, a))| crate::train_util::sft(&format!("f{i}"), q, a))
+        .collect();
+    let steps: usize = std::env::var("HEARTH_EVAL_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let recipe = TrainConfig {
+        seed: 1,
+        rank: 8,
+        alpha: 16.0,
+        learning_rate: 5e-4,
+        warmup_steps: 4,
+        steps,
+        batch_size: 4,
+        max_seq_len: 96,
+        replay_fraction: 0.25,
+        replay_builtin: true,
+        holdout_fraction: 0.0,
+        ..TrainConfig::default()
+    };
+    let cfg = GateConfig::default();
+    let ev = Evaluator::new(&m, &tok, &set, &cfg);
+    let base = ev.score(None, &[]).unwrap();
+    eprintln!(
+        "base: general {}/{}, base perplexity {:.3}",
+        base.general_correct, base.general_total, base.base_perplexity
+    );
+    let turns = hearth::train::replay::self_distilled(&m, &tok, "measure", 64, dir.path()).unwrap();
+    for (name, fraction, distilled) in [
+        ("no replay", 0.0, false),
+        ("text replay", 0.25, false),
+        ("text + self-distilled replay", 0.25, true),
+    ] {
+        let r = TrainConfig {
+            replay_fraction: fraction,
+            ..recipe.clone()
+        };
+        let mut tr = LoraTrainer::new(&m, &tok, r, None).unwrap();
+        if distilled {
+            tr.add_replay_turns(&turns);
+        }
+        tr.train_cycle(&data, |_| {}).unwrap();
+        let delta = tr.adapter().unwrap();
+        let s = ev.score(Some(&delta), &[]).unwrap();
+        eprintln!(
+            "{name}: general {}/{} ({:+}), base perplexity {:.3} ({:+.2}%) after {steps} steps",
+            s.general_correct,
+            s.general_total,
+            s.general_correct as i64 - base.general_correct as i64,
+            s.base_perplexity,
+            (s.base_perplexity / base.base_perplexity - 1.0) * 100.0
+        );
+    }
+}

@@ -150,3 +150,31 @@ fn the_next_cycle_waits_for_the_gates_verdict() {
     let deltas = std::fs::read_dir(data.join("deltas")).unwrap().count();
     assert_eq!(deltas, 1);
 }
+
+/// `replay_self_distilled` is read where a cycle runs: the trainer generates the base's answers once, into
+/// the data directory's cache, and trains with them; without it no cache appears.
+#[test]
+fn a_cycle_with_self_distilled_replay_caches_the_bases_answers() {
+    for (prompts, cached) in [(0, false), (2, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, _, _) = train_util::tiny(dir.path());
+        let data = dir.path().join("data");
+        let graph = trainer_graph(
+            &base,
+            6,
+            &format!(
+                "min_samples: 6, await_verdict: false, train: (steps: 2, batch_size: 2, rank: 2, \
+                 max_seq_len: 64, replay_fraction: 0.5, replay_self_distilled: {prompts})"
+            ),
+        );
+        let report = start(graph, Some(&data)).expect("start").wait();
+        assert!(
+            report.status.nodes.iter().all(|n| n.errors == 0),
+            "{report:#?}"
+        );
+        let sha = hearth::train::sha256_file(&base).unwrap();
+        let cache = hearth::train::replay::cache_path(&data, &sha, prompts);
+        assert_eq!(cache.exists(), cached, "replay_self_distilled: {prompts}");
+        assert_eq!(std::fs::read_dir(data.join("deltas")).unwrap().count(), 1);
+    }
+}

@@ -10,4 +10,5 @@ mod dora;
 mod lora;
 mod options;
 mod peft;
+mod replay;
 mod scores;

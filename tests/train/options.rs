@@ -134,6 +134,8 @@ fn every_option_changes_the_update() {
     // The rated-answer objective acts only with GRPO off, unlike this baseline: tests/train/scores.rs.
     named.insert("score_baseline".into());
     named.insert("score_kl_coef".into());
+    // Read where a cycle runs with a base and a data directory: tests/train/replay.rs and train::cycle.
+    named.insert("replay_self_distilled".into());
     assert_eq!(all, named, "an option has no change test");
 
     let reference = params(&m, &tok, base.clone());
