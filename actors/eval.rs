@@ -128,9 +128,9 @@ impl EvalActor {
             unreachable!("both made above")
         };
         // Inside a pool, candle's rayon ops run inline on its threads instead of being handed over op by op.
-        let verdict = pool
-            .install(|| gate.judge(delta))
-            .with_context(|| format!("judge delta `{}`", delta.id))?;
+        let verdict = pool.install(|| gate.judge(delta));
+        crate::malloc::release_free_memory();
+        let verdict = verdict.with_context(|| format!("judge delta `{}`", delta.id))?;
         let outcome = if verdict.binding.promote {
             "promoted"
         } else {

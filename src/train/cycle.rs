@@ -451,6 +451,13 @@ pub fn served_parent(
 /// One cycle: trains on `samples` from the served delta (or the base), writes the delta, and records it
 /// in the store (when the data directory has one) as a candidate.
 pub fn run(settings: &CycleSettings, base: &Base, samples: &[Sample]) -> Result<Delta> {
+    let delta = train_and_save(settings, base, samples);
+    // The cycle's peak stays idle until the next one: give it back.
+    crate::malloc::release_free_memory();
+    delta
+}
+
+fn train_and_save(settings: &CycleSettings, base: &Base, samples: &[Sample]) -> Result<Delta> {
     let recipe = &settings.recipe;
     let parent = served_parent(&settings.data_dir, base, recipe)?;
     let mut trainer = LoraTrainer::new(

@@ -8,6 +8,7 @@ mod bounds;
 mod checkpoint;
 mod dora;
 mod lora;
+mod memory;
 mod options;
 mod peft;
 mod replay;
