@@ -19,8 +19,9 @@ use rand::{Rng, SeedableRng};
 
 use super::{ModelError, Result, io_err};
 
-/// Architectures with an owned forward. They differ in RoPE layout, Qwen2's q/k/v biases and Qwen3's per-head
-/// q/k norms.
+/// Architectures with an owned forward. They differ in RoPE layout, Qwen2's q/k/v biases, Qwen3's and Gemma 3's
+/// per-head q/k norms, Phi-3's fused projections and Gemma 3's extra norms, scaled embeddings, GELU and per-layer
+/// RoPE. Mistral GGUFs declare `llama` (llama.cpp's converter writes them so) and load as such.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Arch {
     /// Llama family (SmolLM2 and friends). llama.cpp's converter permutes q/k rows so that RoPE on
@@ -31,6 +32,15 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: NEOX RoPE (pairs `i, i + d/2`; candle's `rope`) and RMSNorm on each q/k head.
     Qwen3,
+    /// Phi-3 (and Phi-3.5 mini): NEOX RoPE, q/k/v fused in one `attn_qkv` matrix (q rows, then k, then v) and
+    /// gate/up fused in `ffn_up` (gate rows first); both are split at load into the separate layers the
+    /// forward and LoRA use. LongRoPE files (`rope_factors_long`) are refused.
+    Phi3,
+    /// Gemma 3: embeddings scaled by `sqrt(hidden)`, q/k head norms, norms after attention and after the MLP
+    /// (`post_attention_norm`, `post_ffw_norm`) before each residual add, a GELU(tanh)-gated MLP, and two RoPE
+    /// bases: sliding-window layers use base 10000 unscaled, every sixth layer (the global ones) the file's
+    /// base and scaling. Norm weights in a GGUF already hold Gemma's `1 + w` (the converter adds the 1).
+    Gemma3,
 }
 
 impl Arch {
@@ -40,7 +50,19 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Phi3 => "phi3",
+            Arch::Gemma3 => "gemma3",
         }
+    }
+
+    /// Whether RoPE rotates interleaved pairs (`2i, 2i+1`) rather than halves (`i, i + d/2`).
+    pub fn interleaved_rope(self) -> bool {
+        self == Arch::Llama
+    }
+
+    /// Whether the MLP gates with GELU (tanh approximation) instead of SiLU.
+    pub fn gelu_mlp(self) -> bool {
+        self == Arch::Gemma3
     }
 
     fn parse(s: &str) -> Result<Self> {
@@ -48,6 +70,8 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "phi3" => Ok(Arch::Phi3),
+            "gemma3" => Ok(Arch::Gemma3),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
     }
@@ -75,6 +99,24 @@ pub struct ModelConfig {
     /// the file has none. Llama 3.x's per-frequency scaling is the `rope_freqs.weight` tensor instead.
     #[serde(default = "one")]
     pub rope_linear_factor: f32,
+    /// Multiplies each query after RoPE on top of `1/sqrt(head_dim)`: Gemma 3 27B scales by
+    /// `1/sqrt(hidden/heads)` instead (llama.cpp picks it from the layer count, as there is no key for it).
+    #[serde(default = "one")]
+    pub query_scale: f32,
+    /// Gemma 3's sliding-window layers: the window (`{arch}.attention.sliding_window`), the RoPE base they use,
+    /// and the period of the global layers among them (layer `l` is global when `(l + 1) % period == 0`).
+    #[serde(default)]
+    pub sliding: Option<SlidingWindow>,
+}
+
+/// Interleaved sliding-window attention (Gemma 3). hearth serves at most `window` positions on such a model, so
+/// the window never cuts into the context and every layer attends causally to all of it: exactly the model's
+/// attention, at the price of a shorter context.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SlidingWindow {
+    pub window: usize,
+    pub rope_theta: f32,
+    pub global_period: usize,
 }
 
 fn one() -> f32 {
@@ -90,6 +132,20 @@ impl ModelConfig {
     /// Width of the key/value projection outputs.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// Positions served at most: the file's context, capped at
+    /// [`MAX_POSITIONS`](super::transformer::MAX_POSITIONS) and, on a sliding-window model, at the window (see
+    /// [`SlidingWindow`]).
+    pub fn max_positions(&self) -> usize {
+        let n = self.context_length.min(super::transformer::MAX_POSITIONS);
+        self.sliding.map_or(n, |s| n.min(s.window))
+    }
+
+    /// Whether layer `l` is one of the sliding-window layers (which use their own RoPE base).
+    pub fn is_sliding_layer(&self, l: usize) -> bool {
+        self.sliding
+            .is_some_and(|s| !(l + 1).is_multiple_of(s.global_period))
     }
 
     /// Reads the configuration; `content` supplies both metadata and tensor shapes.
@@ -133,6 +189,32 @@ impl ModelConfig {
             });
         }
         let rope_linear_factor = rope_linear_factor(md, &key)?;
+        if let Some(name) = ["rope_factors_long.weight", "rope_factors_short.weight"]
+            .into_iter()
+            .find(|n| content.tensor_infos.contains_key(*n))
+        {
+            return Err(ModelError::BadTensor {
+                name: name.into(),
+                reason: "LongRoPE scaling is not supported (use a model without it, e.g. a 4k-context one)"
+                    .into(),
+            });
+        }
+        let sliding = if arch == Arch::Gemma3 {
+            let window = md_usize(md, &key("attention.sliding_window"))?;
+            if window == 0 {
+                return Err(ModelError::BadKey {
+                    key: key("attention.sliding_window"),
+                    reason: "a window of 0 positions".into(),
+                });
+            }
+            Some(SlidingWindow {
+                window,
+                rope_theta: opt(md_f32(md, &key("rope.freq_base_swa")))?.unwrap_or(10_000.0),
+                global_period: 6,
+            })
+        } else {
+            None
+        };
         let embd = tensor_shape(content, "token_embd.weight")?;
         let [vocab_size, embd_hidden] = embd[..] else {
             return Err(bad_shape("token_embd.weight", &embd, "rank 2"));
@@ -146,6 +228,8 @@ impl ModelConfig {
         }
         let intermediate_size = match opt(md_usize(md, &key("feed_forward_length")))? {
             Some(n) => n,
+            // Phi-3's `ffn_up` holds gate and up.
+            None if arch == Arch::Phi3 => tensor_shape(content, "blk.0.ffn_up.weight")?[0] / 2,
             None => tensor_shape(content, "blk.0.ffn_up.weight")?[0],
         };
         // Bounds far above any real model, so corrupt values fail here instead of overflowing
@@ -164,6 +248,12 @@ impl ModelConfig {
                 });
             }
         }
+        // Gemma 3 27B (62 layers) scales queries by 1/sqrt(hidden/heads) rather than 1/sqrt(head_dim).
+        let query_scale = if arch == Arch::Gemma3 && num_layers == 62 {
+            (head_dim as f32 / (hidden_size / num_heads) as f32).sqrt()
+        } else {
+            1.0
+        };
         Ok(Self {
             arch,
             vocab_size,
@@ -177,8 +267,10 @@ impl ModelConfig {
             rms_eps,
             context_length,
             tied_embeddings: !content.tensor_infos.contains_key("output.weight"),
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             rope_linear_factor,
+            query_scale,
+            sliding,
         })
     }
 }
@@ -436,22 +528,29 @@ pub struct TinySpec {
     pub add_bos_token: Option<bool>,
     /// Write `tokenizer.ggml.eot_token_id`.
     pub eot_token_id: Option<u32>,
+    /// Gemma 3's `attention.sliding_window` (written for gemma3 only).
+    pub sliding_window: usize,
 }
 
 impl TinySpec {
-    /// hidden 64, 2 layers, 4 heads / 2 kv heads: small enough for debug-build tests. Qwen3 gets
-    /// head_dim 32, so `heads × head_dim` (128) differs from hidden as in real Qwen3 models; Llama
-    /// gets 16 (= hidden / heads) and tied embeddings, like SmolLM2.
+    /// hidden 64, 2 layers, 4 heads / 2 kv heads: small enough for debug-build tests. Qwen3 and Gemma 3 get
+    /// head_dim 32, so `heads × head_dim` (128) differs from hidden as in the real models; the others get 16
+    /// (= hidden / heads). Llama and Gemma 3 tie their embeddings, like SmolLM2 and Gemma. Gemma 3 gets 6
+    /// layers, so that one of them (the sixth) is a global layer with the other RoPE base.
     pub fn new(arch: Arch) -> Self {
         Self {
             arch,
             hidden_size: 64,
             intermediate_size: 128,
-            num_layers: 2,
+            num_layers: if arch == Arch::Gemma3 { 6 } else { 2 },
             num_heads: 4,
             num_kv_heads: 2,
-            head_dim: if arch == Arch::Qwen3 { 32 } else { 16 },
-            tied_embeddings: arch == Arch::Llama,
+            head_dim: if matches!(arch, Arch::Qwen3 | Arch::Gemma3) {
+                32
+            } else {
+                16
+            },
+            tied_embeddings: matches!(arch, Arch::Llama | Arch::Gemma3),
             dtype: GgmlDType::F32,
             seed: 7,
             context_length: 256,
@@ -459,6 +558,7 @@ impl TinySpec {
             rope_linear_factor: None,
             add_bos_token: None,
             eot_token_id: None,
+            sliding_window: 512,
         }
     }
 }
@@ -512,29 +612,29 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         spec.num_kv_heads * spec.head_dim,
         spec.intermediate_size,
     );
+    let phi3 = spec.arch == Arch::Phi3;
     for l in 0..spec.num_layers {
         let p = format!("blk.{l}");
-        raw.push(mat(
-            format!("{p}.attn_q.weight"),
-            q,
-            h,
-            wscale(h),
-            spec.dtype,
-        ));
-        raw.push(mat(
-            format!("{p}.attn_k.weight"),
-            kv,
-            h,
-            wscale(h),
-            spec.dtype,
-        ));
-        raw.push(mat(
-            format!("{p}.attn_v.weight"),
-            kv,
-            h,
-            wscale(h),
-            spec.dtype,
-        ));
+        if phi3 {
+            // Phi-3's converter fuses q, k and v (in that order) into one matrix, and gate and up.
+            raw.push(mat(
+                format!("{p}.attn_qkv.weight"),
+                q + 2 * kv,
+                h,
+                wscale(h),
+                spec.dtype,
+            ));
+        } else {
+            for (name, rows) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                raw.push(mat(
+                    format!("{p}.{name}.weight"),
+                    rows,
+                    h,
+                    wscale(h),
+                    spec.dtype,
+                ));
+            }
+        }
         raw.push(mat(
             format!("{p}.attn_output.weight"),
             h,
@@ -542,16 +642,18 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
             wscale(q),
             spec.dtype,
         ));
-        raw.push(mat(
-            format!("{p}.ffn_gate.weight"),
-            ff,
-            h,
-            wscale(h),
-            spec.dtype,
-        ));
+        if !phi3 {
+            raw.push(mat(
+                format!("{p}.ffn_gate.weight"),
+                ff,
+                h,
+                wscale(h),
+                spec.dtype,
+            ));
+        }
         raw.push(mat(
             format!("{p}.ffn_up.weight"),
-            ff,
+            if phi3 { 2 * ff } else { ff },
             h,
             wscale(h),
             spec.dtype,
@@ -592,9 +694,13 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
     for l in 0..spec.num_layers {
         norms.push(norm(format!("blk.{l}.attn_norm.weight"), h));
         norms.push(norm(format!("blk.{l}.ffn_norm.weight"), h));
-        if spec.arch == Arch::Qwen3 {
+        if matches!(spec.arch, Arch::Qwen3 | Arch::Gemma3) {
             norms.push(norm(format!("blk.{l}.attn_q_norm.weight"), spec.head_dim));
             norms.push(norm(format!("blk.{l}.attn_k_norm.weight"), spec.head_dim));
+        }
+        if spec.arch == Arch::Gemma3 {
+            norms.push(norm(format!("blk.{l}.post_attention_norm.weight"), h));
+            norms.push(norm(format!("blk.{l}.post_ffw_norm.weight"), h));
         }
     }
     for (name, data, rows, cols, dtype) in raw.into_iter().chain(norms) {
@@ -619,7 +725,15 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         (format!("{a}.attention.key_length"), u(spec.head_dim)),
         (format!("{a}.attention.value_length"), u(spec.head_dim)),
         (format!("{a}.rope.dimension_count"), u(spec.head_dim)),
-        (format!("{a}.rope.freq_base"), Value::F32(10_000.0)),
+        // Gemma 3's global layers use a larger base than its sliding ones (10000, implied).
+        (
+            format!("{a}.rope.freq_base"),
+            Value::F32(if spec.arch == Arch::Gemma3 {
+                1_000_000.0
+            } else {
+                10_000.0
+            }),
+        ),
         (
             format!("{a}.attention.layer_norm_rms_epsilon"),
             Value::F32(1e-6),
@@ -627,6 +741,12 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String("gpt2".into())),
     ];
+    if spec.arch == Arch::Gemma3 {
+        md.push((
+            format!("{a}.attention.sliding_window"),
+            u(spec.sliding_window),
+        ));
+    }
     if let Some(f) = spec.rope_linear_factor {
         md.push((
             format!("{a}.rope.scaling.type"),
@@ -662,21 +782,7 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
     if let Some(id) = spec.eot_token_id {
         md.push(("tokenizer.ggml.eot_token_id".into(), Value::U32(id)));
     }
+    let path = path.as_ref();
     write_gguf(path, &md, &tensors)?;
-    Ok(ModelConfig {
-        arch: spec.arch,
-        vocab_size: vocab,
-        hidden_size: h,
-        intermediate_size: ff,
-        num_layers: spec.num_layers,
-        num_heads: spec.num_heads,
-        num_kv_heads: spec.num_kv_heads,
-        head_dim: spec.head_dim,
-        rope_theta: 10_000.0,
-        rms_eps: 1e-6,
-        context_length: spec.context_length,
-        tied_embeddings: spec.tied_embeddings,
-        qk_norm: spec.arch == Arch::Qwen3,
-        rope_linear_factor: spec.rope_linear_factor.unwrap_or(1.0),
-    })
+    ModelConfig::from_gguf(&GgufFile::open(path)?.content)
 }

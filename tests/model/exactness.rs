@@ -41,6 +41,14 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
+const ALL_ARCHS: [Arch; 5] = [
+    Arch::Llama,
+    Arch::Qwen2,
+    Arch::Qwen3,
+    Arch::Phi3,
+    Arch::Gemma3,
+];
+
 const PROMPT: [u32; 7] = [72, 101, 108, 108, 111, 262, 119];
 
 fn random_adapter(m: &Transformer, cfg: LoraConfig, seed: u64) -> LoraSet {
@@ -100,7 +108,7 @@ fn rounded_to_bf16(set: &LoraSet) -> LoraSet {
 #[test]
 fn random_adapter_matches_merged_f32_reference() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for arch in ALL_ARCHS {
         let (m, _) = tiny(dir.path(), arch, GgmlDType::F32);
         for (rslora, bf16) in [(false, false), (true, false), (false, true)] {
             let mut cfg = LoraConfig::new(4, 8.0, &LoraTarget::ALL);
@@ -166,6 +174,20 @@ impl Reference {
         &self.w[name]
     }
 
+    /// Rows `from..from + n` of the matrix `name` with `cols` columns: Phi-3 stores q/k/v as one matrix (q rows,
+    /// then k, then v) and gate/up as one `ffn_up` (gate rows first).
+    fn rows(&self, name: &str, cols: usize, from: usize, n: usize) -> &[f32] {
+        &self.t(name)[from * cols..(from + n) * cols]
+    }
+
+    /// GELU, tanh approximation: `x/2 · (1 + tanh(sqrt(2/π) · (x + 0.044715 x³)))`.
+    fn gelu(x: f32) -> f32 {
+        let x = x as f64;
+        (0.5 * x
+            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()))
+            as f32
+    }
+
     fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
         let n = x.len();
         w.chunks(n)
@@ -179,16 +201,26 @@ impl Reference {
         x.iter().zip(w).map(|(v, g)| v * r * g).collect()
     }
 
-    fn rope(&self, x: &mut [f32], pos: usize) {
+    fn rope(&self, x: &mut [f32], pos: usize, layer: usize) {
         let d = self.cfg.head_dim;
         // Llama 3.x: `rope_freqs.weight` divides each frequency (llama.cpp's `theta / freq_factor`); linear
         // scaling divides the position.
         let factors = self.w.get("rope_freqs.weight");
-        let pos = pos as f64 / self.cfg.rope_linear_factor as f64;
+        // Gemma 3: five sliding-window layers with base 10000 and no scaling, then one global layer with the
+        // file's base and scaling.
+        let gemma_local = self.cfg.arch == Arch::Gemma3 && layer % 6 != 5;
+        let (base, linear) = if gemma_local {
+            (10_000.0, 1.0)
+        } else {
+            (
+                self.cfg.rope_theta as f64,
+                self.cfg.rope_linear_factor as f64,
+            )
+        };
+        let pos = pos as f64 / linear;
         for i in 0..d / 2 {
             let divisor = factors.map_or(1.0, |f| f[i] as f64);
-            let theta =
-                pos * (self.cfg.rope_theta as f64).powf(-2.0 * i as f64 / d as f64) / divisor;
+            let theta = pos * base.powf(-2.0 * i as f64 / d as f64) / divisor;
             let (c, s) = (theta.cos() as f32, theta.sin() as f32);
             // Llama GGUF: interleaved pairs; Qwen2/Qwen3: halves (NEOX).
             let (a, b) = if self.cfg.arch == Arch::Llama {
@@ -207,20 +239,56 @@ impl Reference {
         let c = &self.cfg;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
         let emb = self.t("token_embd.weight");
+        let gemma = c.arch == Arch::Gemma3;
+        // Gemma multiplies the input embeddings (not the tied head) by sqrt(hidden).
+        let emb_scale = if gemma { (h as f32).sqrt() } else { 1.0 };
         let mut xs: Vec<Vec<f32>> = ids
             .iter()
-            .map(|&i| emb[i as usize * h..(i as usize + 1) * h].to_vec())
+            .map(|&i| {
+                emb[i as usize * h..(i as usize + 1) * h]
+                    .iter()
+                    .map(|v| v * emb_scale)
+                    .collect()
+            })
             .collect();
+        let (qd, kvd, ff) = (nh * hd, nkv * hd, c.intermediate_size);
         for l in 0..c.num_layers {
             let p = |n: &str| format!("blk.{l}.{n}.weight");
+            let fused = self.w.contains_key(&p("attn_qkv"));
+            let (wq, wk, wv) = if fused {
+                let n = p("attn_qkv");
+                (
+                    self.rows(&n, h, 0, qd),
+                    self.rows(&n, h, qd, kvd),
+                    self.rows(&n, h, qd + kvd, kvd),
+                )
+            } else {
+                (
+                    self.t(&p("attn_q")),
+                    self.t(&p("attn_k")),
+                    self.t(&p("attn_v")),
+                )
+            };
+            let (wg, wu) = if self.w.contains_key(&p("ffn_gate")) {
+                (self.t(&p("ffn_gate")), self.t(&p("ffn_up")))
+            } else {
+                (
+                    self.rows(&p("ffn_up"), h, 0, ff),
+                    self.rows(&p("ffn_up"), h, ff, ff),
+                )
+            };
+            let post_norm = |name: &str, v: Vec<f32>| match self.w.get(&p(name)) {
+                Some(w) => Self::rms(&v, w, c.rms_eps),
+                None => v,
+            };
             let mut qs = Vec::new();
             let mut ks = Vec::new();
             let mut vs = Vec::new();
             for (pos, x) in xs.iter().enumerate() {
                 let xn = Self::rms(x, self.t(&p("attn_norm")), c.rms_eps);
-                let mut q = Self::matvec(self.t(&p("attn_q")), &xn);
-                let mut k = Self::matvec(self.t(&p("attn_k")), &xn);
-                let mut v = Self::matvec(self.t(&p("attn_v")), &xn);
+                let mut q = Self::matvec(wq, &xn);
+                let mut k = Self::matvec(wk, &xn);
+                let mut v = Self::matvec(wv, &xn);
                 // Qwen2: q/k/v biases, added to the projections before RoPE.
                 for (buf, name) in [(&mut q, "attn_q"), (&mut k, "attn_k"), (&mut v, "attn_v")] {
                     if let Some(b) = self.w.get(&format!("blk.{l}.{name}.bias")) {
@@ -232,11 +300,11 @@ impl Reference {
                 {
                     for hh in 0..heads {
                         let head = &mut buf[hh * hd..(hh + 1) * hd];
-                        if c.qk_norm {
-                            let normed = Self::rms(head, self.t(&p(norm)), c.rms_eps);
+                        if let Some(w) = self.w.get(&p(norm)) {
+                            let normed = Self::rms(head, w, c.rms_eps);
                             head.copy_from_slice(&normed);
                         }
-                        self.rope(head, pos);
+                        self.rope(head, pos, l);
                     }
                 }
                 qs.push(q);
@@ -263,17 +331,26 @@ impl Reference {
                         }
                     }
                 }
-                let o = Self::matvec(self.t(&p("attn_output")), &ctx);
+                let o = post_norm(
+                    "post_attention_norm",
+                    Self::matvec(self.t(&p("attn_output")), &ctx),
+                );
                 xs[t].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
                 let xn = Self::rms(&xs[t], self.t(&p("ffn_norm")), c.rms_eps);
-                let g = Self::matvec(self.t(&p("ffn_gate")), &xn);
-                let u = Self::matvec(self.t(&p("ffn_up")), &xn);
+                let g = Self::matvec(wg, &xn);
+                let u = Self::matvec(wu, &xn);
                 let a: Vec<f32> = g
                     .iter()
                     .zip(&u)
-                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                    .map(|(g, u)| {
+                        if gemma {
+                            Self::gelu(*g) * u
+                        } else {
+                            g / (1.0 + (-g).exp()) * u
+                        }
+                    })
                     .collect();
-                let d = Self::matvec(self.t(&p("ffn_down")), &a);
+                let d = post_norm("post_ffw_norm", Self::matvec(self.t(&p("ffn_down")), &a));
                 xs[t].iter_mut().zip(&d).for_each(|(a, b)| *a += b);
             }
         }
@@ -308,7 +385,7 @@ impl Reference {
 #[test]
 fn forward_matches_independent_f32_reference() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for arch in ALL_ARCHS {
         for (dtype, tol) in [
             (GgmlDType::F32, 1e-4f32),
             (GgmlDType::Q8_0, 3e-2),
@@ -327,12 +404,37 @@ fn forward_matches_independent_f32_reference() {
                 "{arch:?} {dtype:?}: logits rel err vs reference {e:.2e}, max |Δlogit| {abs:.2e}"
             );
             assert!(e < tol, "{arch:?} {dtype:?}: logits rel err {e}");
+            if dtype == GgmlDType::F32 {
+                // Training's differentiable forward computes the same logits.
+                let t = Tensor::from_slice(&PROMPT, (1, PROMPT.len()), &Device::Cpu).unwrap();
+                let train: Vec<f32> = m
+                    .forward_train(&t, None)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                let e = rel_err(&train, &want);
+                assert!(e < tol, "{arch:?} forward_train: rel err {e}");
+            }
             if arch == Arch::Qwen2 && dtype == GgmlDType::F32 {
                 // The biases matter: the reference without them is far off, so the match above tests them.
                 let mut unbiased = Reference::load(&path);
                 unbiased.w.retain(|k, _| !k.ends_with(".bias"));
                 let e = rel_err(&got, &unbiased.forward(&PROMPT).concat());
                 assert!(e > 1e-2, "Qwen2 biases had no effect: {e}");
+            }
+            if arch == Arch::Gemma3 && dtype == GgmlDType::F32 {
+                // Each Gemma difference matters, so the match above tests it: the post-norms, and the global
+                // layer's own RoPE base.
+                let mut no_post = Reference::load(&path);
+                no_post.w.retain(|k, _| !k.contains(".post_"));
+                let e = rel_err(&got, &no_post.forward(&PROMPT).concat());
+                assert!(e > 1e-2, "Gemma 3 post-norms had no effect: {e}");
+                let mut one_base = Reference::load(&path);
+                one_base.cfg.rope_theta = 10_000.0;
+                let e = rel_err(&got, &one_base.forward(&PROMPT).concat());
+                assert!(e > 1e-3, "Gemma 3 global RoPE base had no effect: {e}");
             }
             if dtype != GgmlDType::Q4_0 {
                 // Greedy decode through generate() (KV cache) vs the reference.
@@ -470,6 +572,10 @@ fn kv_cache_decode_equals_full_recompute() {
         (Arch::Qwen3, GgmlDType::Q8_0, 8e-2),
         (Arch::Qwen2, GgmlDType::F32, 1e-5),
         (Arch::Qwen2, GgmlDType::Q8_0, 8e-2),
+        (Arch::Phi3, GgmlDType::F32, 1e-5),
+        (Arch::Phi3, GgmlDType::Q8_0, 8e-2),
+        (Arch::Gemma3, GgmlDType::F32, 1e-5),
+        (Arch::Gemma3, GgmlDType::Q8_0, 8e-2),
     ] {
         let (m, _) = tiny(dir.path(), arch, dtype);
         let set = random_adapter(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 5);
@@ -698,4 +804,82 @@ fn q8_0_decode_kernel_matches_candle_and_the_f32_product() {
             }
         }
     }
+}
+
+/// Mistral's GGUFs declare `llama` (llama.cpp's converter writes them so): a Mistral-shaped tiny file (4 query heads
+/// per kv head, untied head, RoPE base 1e6) loads and matches the reference. Mistral 7B v0.1's sliding window
+/// (4096) is not applied, as llama.cpp's llama graph does not apply it either.
+#[test]
+fn mistral_shaped_llama_matches_reference() {
+    use candle_core::quantized::gguf_file::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = TinySpec::new(Arch::Llama);
+    spec.num_heads = 8;
+    spec.num_kv_heads = 2;
+    spec.head_dim = 8;
+    spec.tied_embeddings = false;
+    let src = dir.path().join("src.gguf");
+    write_tiny_model(&src, &spec).unwrap();
+    // Rewrite with Mistral's RoPE base and name.
+    let mut g = GgufFile::open(&src).unwrap();
+    let mut md: Vec<(String, Value)> = g
+        .content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (k, v) in md.iter_mut() {
+        match k.as_str() {
+            "llama.rope.freq_base" => *v = Value::F32(1_000_000.0),
+            "general.name" => *v = Value::String("Mistral-7B-Instruct-v0.3 (tiny)".into()),
+            _ => {}
+        }
+    }
+    let names: Vec<String> = g.content.tensor_infos.keys().cloned().collect();
+    let ts: Vec<_> = names
+        .into_iter()
+        .map(|n| {
+            let t = g.tensor(&n, None).unwrap();
+            let t = std::sync::Arc::try_unwrap(t).unwrap();
+            (n, t)
+        })
+        .collect();
+    let path = dir.path().join("mistral.gguf");
+    hearth::model::gguf::write_gguf(&path, &md, &ts).unwrap();
+    let m = Transformer::from_gguf(&path).unwrap();
+    assert_eq!(m.config().rope_theta, 1_000_000.0);
+    assert_eq!(m.config().num_heads / m.config().num_kv_heads, 4);
+    let r = Reference::load(&path);
+    let e = rel_err(&logits(&m, &PROMPT, None), &r.forward(&PROMPT).concat());
+    assert!(e < 1e-4, "mistral-shaped: rel err {e}");
+}
+
+/// Gemma 3 serves at most its sliding window of positions, so that every layer's attention is the model's
+/// (see `SlidingWindow`): a longer input is refused with an error, not silently given full attention.
+#[test]
+fn gemma3_context_is_capped_at_the_sliding_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = TinySpec::new(Arch::Gemma3);
+    spec.sliding_window = 16;
+    let path = dir.path().join("g.gguf");
+    write_tiny_model(&path, &spec).unwrap();
+    let m = Transformer::from_gguf(&path).unwrap();
+    assert_eq!(m.max_positions(), 16);
+    let ids: Vec<u32> = (0..16u32).map(|i| (i * 37 + 5) % 290).collect();
+    let r = Reference::load(&path);
+    let e = rel_err(
+        &m.forward_ids(&ids, None, None)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap(),
+        &r.forward(&ids).concat(),
+    );
+    assert!(e < 1e-4, "{e}");
+    let long: Vec<u32> = (0..17u32).collect();
+    assert!(m.forward_ids(&long, None, None).is_err());
+    let mut cache = m.new_cache();
+    m.forward_ids(&ids, Some(&mut cache), None).unwrap();
+    assert!(m.forward_ids(&[1], Some(&mut cache), None).is_err());
 }

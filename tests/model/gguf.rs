@@ -9,14 +9,38 @@ use hearth::model::{Arch, ModelConfig, ModelError, TinySpec, Transformer, write_
 #[test]
 fn config_from_metadata() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for arch in [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Phi3,
+        Arch::Gemma3,
+    ] {
         let path = dir.path().join("m.gguf");
-        let want = write_tiny_model(&path, &TinySpec::new(arch)).unwrap();
+        let spec = TinySpec::new(arch);
+        let want = write_tiny_model(&path, &spec).unwrap();
         let g = GgufFile::open(&path).unwrap();
         let cfg = ModelConfig::from_gguf(&g.content).unwrap();
         assert_eq!(cfg, want);
-        assert_eq!(cfg.tied_embeddings, arch == Arch::Llama);
-        assert_eq!(cfg.qk_norm, arch == Arch::Qwen3);
+        assert_eq!(
+            (cfg.hidden_size, cfg.num_layers, cfg.head_dim),
+            (spec.hidden_size, spec.num_layers, spec.head_dim)
+        );
+        // Phi-3's fused `ffn_up` holds gate and up; the width is one of them.
+        assert_eq!(cfg.intermediate_size, spec.intermediate_size);
+        assert_eq!(
+            cfg.tied_embeddings,
+            matches!(arch, Arch::Llama | Arch::Gemma3)
+        );
+        assert_eq!(cfg.qk_norm, matches!(arch, Arch::Qwen3 | Arch::Gemma3));
+        let sliding = cfg
+            .sliding
+            .map(|s| (s.window, s.rope_theta, s.global_period));
+        assert_eq!(
+            sliding,
+            (arch == Arch::Gemma3).then_some((512, 10_000.0, 6))
+        );
+        assert_eq!(cfg.query_scale, 1.0);
         let m = Transformer::from_gguf(&path).unwrap();
         assert_eq!(m.config(), &want);
     }
@@ -184,6 +208,35 @@ fn bad_files_are_errors_naming_the_problem() {
     let e = Transformer::from_gguf(&p).unwrap_err();
     assert!(
         matches!(e, ModelError::BadTensor { ref name, .. } if name == "rope_freqs.weight"),
+        "{e}"
+    );
+    // LongRoPE (Phi-3 128k) is refused, naming its tensor.
+    let p = rewrite_with(dir.path(), |_, ts| {
+        let t = Tensor::ones(16, candle_core::DType::F32, &Device::Cpu).unwrap();
+        ts.push((
+            "rope_factors_long.weight".into(),
+            QTensor::quantize(&t, GgmlDType::F32).unwrap(),
+        ));
+    });
+    let e = Transformer::from_gguf(&p).unwrap_err();
+    assert!(
+        matches!(e, ModelError::BadTensor { ref name, .. } if name == "rope_factors_long.weight"),
+        "{e}"
+    );
+    // A gemma3 file without its sliding window names the key.
+    let p = rewrite_with(dir.path(), |md, _| {
+        for (k, v) in md.iter_mut() {
+            if let Some(rest) = k.strip_prefix("qwen3.") {
+                *k = format!("gemma3.{rest}");
+            }
+            if k == "general.architecture" {
+                *v = Value::String("gemma3".into());
+            }
+        }
+    });
+    let e = Transformer::from_gguf(&p).unwrap_err();
+    assert!(
+        matches!(e, ModelError::MissingKey { ref key } if key == "gemma3.attention.sliding_window"),
         "{e}"
     );
     // Missing tensor.

@@ -257,6 +257,8 @@ fn lora_gets_gradients_through_quantized_layers() {
         (Arch::Qwen2, 5),
         (Arch::Qwen3, 5),
         (Arch::Qwen3, 20),
+        (Arch::Phi3, 5),
+        (Arch::Gemma3, 5),
     ] {
         let m = model(dir.path(), arch, GgmlDType::Q8_0);
         let fresh = LoraSet::fresh(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 1).unwrap();

@@ -62,12 +62,24 @@ impl Transformer {
             Ok(t.narrow(0, pos, 1)?.flatten_all()?.to_vec1::<f32>()?)
         };
         let (cos, sin) = (rope_row(&self.rope.cos)?, rope_row(&self.rope.sin)?);
-        let rope = |x: &mut [f32]| {
-            for head in x.chunks_exact_mut(hd) {
-                rotate(head, &cos[..half], &sin[..half], self.rope.interleaved);
-            }
+        let sliding = match &self.rope_sliding {
+            Some(r) => Some((rope_row(&r.cos)?, rope_row(&r.sin)?)),
+            None => None,
         };
+        let interleaved = self.rope.interleaved;
+        if let Some(scale) = self.embed_scale() {
+            s.x.iter_mut().for_each(|x| *x *= scale);
+        }
         for (li, blk) in self.blocks.iter().enumerate() {
+            let (cos, sin) = match &sliding {
+                Some((c, s)) if cfg.is_sliding_layer(li) => (c, s),
+                _ => (&cos, &sin),
+            };
+            let rope = |x: &mut [f32]| {
+                for head in x.chunks_exact_mut(hd) {
+                    rotate(head, &cos[..half], &sin[..half], interleaved);
+                }
+            };
             let pair = |t| lora.and_then(|set| set.get(li, t));
             with_norm(&blk.attn_norm, |w| {
                 rms_norm_into(&s.x, w, cfg.rms_eps, &mut s.normed)
@@ -95,6 +107,9 @@ impl Transformer {
                     })?;
                 }
             }
+            if cfg.query_scale != 1.0 {
+                s.q.iter_mut().for_each(|x| *x *= cfg.query_scale);
+            }
             rope(&mut s.q);
             rope(&mut s.k);
             let (kc, vc) = cache.append(
@@ -112,6 +127,9 @@ impl Transformer {
                 pair(LoraTarget::O),
                 &mut s.out,
             )])?;
+            if let Some(n) = &blk.post_attn_norm {
+                with_norm(n, |w| rms_norm_in_place(&mut s.out, w, cfg.rms_eps))?;
+            }
             add_into(&mut s.x, &s.out);
             with_norm(&blk.ffn_norm, |w| {
                 rms_norm_into(&s.x, w, cfg.rms_eps, &mut s.normed)
@@ -120,15 +138,30 @@ impl Transformer {
                 (&blk.gate, pair(LoraTarget::Gate), &mut s.gate),
                 (&blk.up, pair(LoraTarget::Up), &mut s.up),
             ])?;
-            // SiLU(gate)·up, as candle's `silu` writes it: x / (1 + e^-x).
-            for (g, u) in s.gate.iter_mut().zip(&s.up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
+            if cfg.arch.gelu_mlp() {
+                // GELU(gate)·up, with the tanh approximation as candle's `gelu` writes it.
+                const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+                for (g, u) in s.gate.iter_mut().zip(&s.up) {
+                    let x = *g;
+                    *g = 0.5
+                        * x
+                        * (1.0 + (SQRT_TWO_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+                        * u;
+                }
+            } else {
+                // SiLU(gate)·up, as candle's `silu` writes it: x / (1 + e^-x).
+                for (g, u) in s.gate.iter_mut().zip(&s.up) {
+                    *g = *g / (1.0 + (-*g).exp()) * u;
+                }
             }
             QuantizedInput::new(&s.gate).project(vec![(
                 &blk.down,
                 pair(LoraTarget::Down),
                 &mut s.out,
             )])?;
+            if let Some(n) = &blk.post_ffw_norm {
+                with_norm(n, |w| rms_norm_in_place(&mut s.out, w, cfg.rms_eps))?;
+            }
             add_into(&mut s.x, &s.out);
         }
         cache.len += 1;

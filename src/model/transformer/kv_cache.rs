@@ -3,7 +3,6 @@
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::MAX_POSITIONS;
 use crate::model::gguf::ModelConfig;
 use crate::model::{ModelError, Result};
 
@@ -50,7 +49,7 @@ impl KvCache {
         Self {
             layers: vec![None; cfg.num_layers],
             len: 0,
-            max_len: cfg.context_length.min(MAX_POSITIONS),
+            max_len: cfg.max_positions(),
             precision,
         }
     }

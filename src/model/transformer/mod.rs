@@ -1,4 +1,4 @@
-//! The owned Llama/Qwen2/Qwen3 forward.
+//! The owned forward of the llama, qwen2, qwen3, phi3 and gemma3 architectures.
 //!
 //! Weights are immutable after load and shared (`Arc<QTensor>`, `Arc<PanelWeights>`, cheap `Tensor` clones),
 //! so one [`Transformer`] serves many requests at once; each request owns its [`KvCache`] and passes the
@@ -75,6 +75,9 @@ pub struct Block {
     ffn_norm: Tensor,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
+    /// Gemma 3's norms of the attention and MLP outputs, before each is added to the residual stream.
+    post_attn_norm: Option<Tensor>,
+    post_ffw_norm: Option<Tensor>,
     /// Qwen2's biases on the q/k/v projections (f32 vectors), added outside any LoRA delta: an adapter changes
     /// the weight, not the bias, as in PEFT.
     bias: Option<QkvBias>,
@@ -140,6 +143,8 @@ pub struct Transformer {
     norm: Tensor,
     head: QLinear,
     rope: Rope,
+    /// Gemma 3's tables for its sliding-window layers (see [`ModelConfig::is_sliding_layer`]).
+    rope_sliding: Option<Rope>,
     kv_precision: KvPrecision,
     /// What the OS did with the weights' pages at load.
     huge_pages: HugePageReport,
@@ -167,8 +172,37 @@ fn rope_freq_factors(g: &mut GgufFile, half: usize) -> Result<Option<Vec<f32>>> 
     Ok(Some(f))
 }
 
+/// Splits a matrix by rows into consecutive parts of `rows` rows each (Phi-3's fused q/k/v and gate/up): a row of a
+/// block-quantized matrix is whole blocks, so each part is a byte range of the original.
+fn split_rows(q: &QTensor, name: &str, rows: &[usize]) -> Result<Vec<QLinear>> {
+    let dims = q.shape().dims();
+    let (total, cols) = (dims[0], dims[1]);
+    if rows.iter().sum::<usize>() != total {
+        return Err(ModelError::BadTensor {
+            name: name.into(),
+            reason: format!("{total} rows do not split into {rows:?}"),
+        });
+    }
+    let data = q.data()?;
+    let row_bytes = data.len() / total;
+    let mut start = 0;
+    rows.iter()
+        .map(|&n| {
+            let bytes = &data[start * row_bytes..(start + n) * row_bytes];
+            start += n;
+            let part = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                q.dtype(),
+                bytes,
+                vec![n, cols],
+                &Device::Cpu,
+            )?;
+            QLinear::from_qtensor(Arc::new(part))
+        })
+        .collect()
+}
+
 impl Transformer {
-    /// Loads a llama, qwen2 or qwen3 GGUF, checking every tensor's shape against the metadata.
+    /// Loads a llama, qwen2, qwen3, phi3 or gemma3 GGUF, checking every tensor's shape against the metadata.
     pub fn from_gguf(path: impl AsRef<std::path::Path>) -> Result<Self> {
         let mut g = GgufFile::open(path)?;
         Self::from_gguf_file(&mut g)
@@ -200,20 +234,42 @@ impl Transformer {
         let mut blocks = Vec::new();
         for l in 0..cfg.num_layers {
             let p = format!("blk.{l}");
-            let mut lin = |name: &str, out: usize, inp: usize| -> Result<QLinear> {
+            let lin = |g: &mut GgufFile, name: &str, out: usize, inp: usize| -> Result<QLinear> {
                 QLinear::from_qtensor(g.tensor(&format!("{p}.{name}.weight"), Some(&[out, inp]))?)
             };
-            let (qw, kw, vw, ow) = (
-                lin("attn_q", q, h)?,
-                lin("attn_k", kv, h)?,
-                lin("attn_v", kv, h)?,
-                lin("attn_output", h, q)?,
-            );
-            let (gw, uw, dw) = (
-                lin("ffn_gate", ff, h)?,
-                lin("ffn_up", ff, h)?,
-                lin("ffn_down", h, ff)?,
-            );
+            let qkv_name = format!("{p}.attn_qkv.weight");
+            let (qw, kw, vw) = if g.has_tensor(&qkv_name) {
+                let fused = g.tensor(&qkv_name, Some(&[q + 2 * kv, h]))?;
+                let [qw, kw, vw]: [QLinear; 3] = split_rows(&fused, &qkv_name, &[q, kv, kv])?
+                    .try_into()
+                    .map_err(|_| ModelError::BadTensor {
+                        name: qkv_name.clone(),
+                        reason: "not three parts".into(),
+                    })?;
+                (qw, kw, vw)
+            } else {
+                (
+                    lin(g, "attn_q", q, h)?,
+                    lin(g, "attn_k", kv, h)?,
+                    lin(g, "attn_v", kv, h)?,
+                )
+            };
+            let ow = lin(g, "attn_output", h, q)?;
+            let (gw, uw) = if cfg.arch == Arch::Phi3 {
+                // Gate rows first, as llama.cpp's SwiGLU on a fused `ffn_up` reads them.
+                let name = format!("{p}.ffn_up.weight");
+                let fused = g.tensor(&name, Some(&[2 * ff, h]))?;
+                let [gw, uw]: [QLinear; 2] = split_rows(&fused, &name, &[ff, ff])?
+                    .try_into()
+                    .map_err(|_| ModelError::BadTensor {
+                        name: name.clone(),
+                        reason: "not two parts".into(),
+                    })?;
+                (gw, uw)
+            } else {
+                (lin(g, "ffn_gate", ff, h)?, lin(g, "ffn_up", ff, h)?)
+            };
+            let dw = lin(g, "ffn_down", h, ff)?;
             let (q_norm, k_norm) = if cfg.qk_norm {
                 (
                     Some(norm_tensor(
@@ -245,8 +301,22 @@ impl Transformer {
             } else {
                 None
             };
+            let (post_attn_norm, post_ffw_norm) = if cfg.arch == Arch::Gemma3 {
+                (
+                    Some(norm_tensor(
+                        g,
+                        &format!("{p}.post_attention_norm.weight"),
+                        h,
+                    )?),
+                    Some(norm_tensor(g, &format!("{p}.post_ffw_norm.weight"), h)?),
+                )
+            } else {
+                (None, None)
+            };
             blocks.push(Block {
                 bias,
+                post_attn_norm,
+                post_ffw_norm,
                 attn_norm: norm_tensor(g, &format!("{p}.attn_norm.weight"), h)?,
                 ffn_norm: norm_tensor(g, &format!("{p}.ffn_norm.weight"), h)?,
                 q_norm,
@@ -263,6 +333,7 @@ impl Transformer {
         let norm = norm_tensor(g, "output_norm.weight", h)?;
         let freq_factors = rope_freq_factors(g, cfg.head_dim / 2)?;
         let rope = Rope::new(&cfg, freq_factors.as_deref())?;
+        let rope_sliding = Rope::sliding(&cfg)?;
         let mut model = Self {
             config: cfg,
             embed,
@@ -270,6 +341,7 @@ impl Transformer {
             norm,
             head,
             rope,
+            rope_sliding,
             kv_precision: KvPrecision::default(),
             huge_pages: HugePageReport::default(),
         };
@@ -307,12 +379,24 @@ impl Transformer {
         self.huge_pages
     }
 
+    /// The RoPE tables layer `layer` uses.
+    fn rope_for(&self, layer: usize) -> &Rope {
+        match &self.rope_sliding {
+            Some(r) if self.config.is_sliding_layer(layer) => r,
+            _ => &self.rope,
+        }
+    }
+
+    /// The factor token embeddings are multiplied by on input (Gemma: `sqrt(hidden)`), if any.
+    fn embed_scale(&self) -> Option<f32> {
+        (self.config.arch == Arch::Gemma3).then(|| (self.config.hidden_size as f32).sqrt())
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 
-    /// Longest sequence this instance serves: the file's context length, capped at
-    /// [`MAX_POSITIONS`].
+    /// Longest sequence this instance serves: [`ModelConfig::max_positions`].
     pub fn max_positions(&self) -> usize {
         self.rope.cos.dim(0).unwrap_or(0)
     }
@@ -529,6 +613,9 @@ impl Transformer {
             return self.decode_token(&tokens, c, lora);
         }
         let mut x = self.embed.embedding(&tokens)?;
+        if let Some(scale) = self.embed_scale() {
+            x = (x * scale as f64)?;
+        }
         // Several positions at once: each attends to the cache and to itself and the positions before it.
         let causal = l > 1;
         for (li, blk) in self.blocks.iter().enumerate() {
@@ -544,14 +631,27 @@ impl Transformer {
                 &pair,
                 train,
             )?;
+            let h = match &blk.post_attn_norm {
+                Some(w) => rms_norm(&h, w, cfg.rms_eps, train)?,
+                None => h,
+            };
             x = train_ops::add(&x, &h)?;
             let h = rms_norm(&x, &blk.ffn_norm, cfg.rms_eps, train)?;
             // Independent projections of the same input run as two tasks: with two threads each gets one
             // whole matrix (one fork instead of a split per matrix); with one they run in turn.
             let (pg, pu) = (pair(LoraTarget::Gate), pair(LoraTarget::Up));
             let (g, u) = rayon::join(|| blk.gate.forward(&h, pg), || blk.up.forward(&h, pu));
-            let act = train_ops::silu_mul(&g?, &u?)?;
+            let act = if cfg.arch.gelu_mlp() {
+                // candle's `gelu` is the tanh approximation Gemma uses, and differentiable.
+                (g?.gelu()? * u?)?
+            } else {
+                train_ops::silu_mul(&g?, &u?)?
+            };
             let h = blk.down.forward(&act, pair(LoraTarget::Down))?;
+            let h = match &blk.post_ffw_norm {
+                Some(w) => rms_norm(&h, w, cfg.rms_eps, train)?,
+                None => h,
+            };
             x = train_ops::add(&x, &h)?;
         }
         if let Some(c) = cache {
@@ -606,6 +706,11 @@ impl Transformer {
             q = rms_norm(&q, qn, cfg.rms_eps, train)?;
             k = rms_norm(&k, kn, cfg.rms_eps, train)?;
         }
+        // RoPE is linear, so scaling before it equals llama.cpp's scaling after.
+        if cfg.query_scale != 1.0 {
+            q = (q * cfg.query_scale as f64)?;
+        }
+        let rope = self.rope_for(layer);
         if train && cache.is_none() && offset == 0 {
             // Training: rotary embedding, scores, causal softmax and context as one node (`attention_train`).
             let table = |t: &Tensor| -> Result<Vec<f32>> {
@@ -615,9 +720,9 @@ impl Transformer {
                 num_heads: nh,
                 num_kv_heads: nkv,
                 head_dim: hd,
-                cos: table(&self.rope.cos)?,
-                sin: table(&self.rope.sin)?,
-                interleaved: self.rope.interleaved,
+                cos: table(&rope.cos)?,
+                sin: table(&rope.sin)?,
+                interleaved: rope.interleaved,
                 probabilities: Default::default(),
             };
             let ctx = q
@@ -625,12 +730,8 @@ impl Transformer {
                 .apply_op3(&k.contiguous()?, &v.contiguous()?, core)?;
             return blk.o.forward(&ctx, pair(LoraTarget::O));
         }
-        let q = self
-            .rope
-            .apply(&q.transpose(1, 2)?.contiguous()?, offset, train)?;
-        let k = self
-            .rope
-            .apply(&k.transpose(1, 2)?.contiguous()?, offset, train)?;
+        let q = rope.apply(&q.transpose(1, 2)?.contiguous()?, offset, train)?;
+        let k = rope.apply(&k.transpose(1, 2)?.contiguous()?, offset, train)?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match cache {
             Some(c) => c.append(layer, &k, &v)?,
