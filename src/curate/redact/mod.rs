@@ -7,6 +7,7 @@
 
 mod address;
 mod chars;
+mod fields;
 mod lexicon;
 mod names;
 mod structured;
@@ -542,6 +543,9 @@ impl Redactor {
             if self.on(PiiType::Person) {
                 names::detect(text, toks, &self.known_names, &mut cands);
             }
+        }
+        if self.on(PiiType::Person) || self.on(PiiType::Address) {
+            fields::detect(text, &mut cands);
         }
         // Drop unwanted types and weak spans before resolving, so that a disabled detector
         // never hides an enabled one.

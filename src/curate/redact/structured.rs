@@ -45,7 +45,7 @@ static URL_CRED: LazyLock<Regex> = LazyLock::new(|| {
 });
 static PHONE: LazyLock<Regex> = LazyLock::new(|| {
     re(
-        r"(?i-u)(?:\+[ ]?)?(?:\([0-9]{1,5}\)[ .\-]?)?[0-9](?:[0-9]|[ .\-][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-]?[0-9]){3,22}(?:[ ]?(?:x|ext\.?|extension)[ ]?[0-9]{1,6})?",
+        r"(?i-u)(?:\+[ ]?)?(?:\([0-9]{1,5}\)[ .\-]?)?[0-9](?:[0-9]|[ .\-/][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-/]?[0-9]){3,22}(?:(?:;ext=|[ ]?(?:x|ext\.?|extension)[ ]?)[0-9]{1,6})?",
     )
 });
 /// Upper or lower case (`gb42nawi…` typed in a chat); mixed case is rejected in [`ibans`].
@@ -57,7 +57,7 @@ static MAC: LazyLock<Regex> =
 /// A home directory's root, then its user name (a sentinel or up to 64 name bytes): the head
 /// of [`HOME_PATH`]. The name's class excludes both separators, with which the rest of the
 /// path must start, so the greedy name the head finds is the one the whole path has.
-const HOME_HEAD: &str = r#"(?-u)(?:/home/|/Users/|/users/|[A-Za-z]:\\(?:Users|users|Documents and Settings)\\)(<[A-Z_]{1,20}>|[^/\\\s'"<>:|*?`,;()\[\]{}]{1,64})"#;
+const HOME_HEAD: &str = r#"(?-u)(?:/home/|/Users/|/users/|/mnt/[a-z]/(?:Users|users)/|[A-Za-z]:\\(?:Users|users|Documents and Settings)\\)(<[A-Z_]{1,20}>|[^/\\\s'"<>:|*?`,;()\[\]{}]{1,64})"#;
 static HOME_PATH: LazyLock<Regex> =
     LazyLock::new(|| re(&format!(r#"{HOME_HEAD}(?:[/\\][^\s'"<>|*?`]*)?"#)));
 /// [`HOME_HEAD`] anchored: the user name of a path [`HOME_PATH`] found, searched for within
@@ -899,7 +899,18 @@ const CARD_CTX: &[&str] = &[
     "diners",
     "discover",
 ];
-const SSN_CTX: &[&str] = &["ssn", "social security", "social-security", "ss#", "ss #"];
+const SSN_CTX: &[&str] = &[
+    "ssn",
+    "social security",
+    "social-security",
+    "ss#",
+    "ss #",
+    "my social",
+    "social is",
+    "social:",
+    "social number",
+    "social no",
+];
 
 /// Digit runs: credit cards, SSNs.
 fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
@@ -1104,7 +1115,7 @@ fn phones(b: &[u8], out: &mut Vec<Cand>) {
         // split off an extension
         let main_end = v
             .iter()
-            .position(|&c| matches!(c, b'x' | b'X' | b'e' | b'E'))
+            .position(|&c| matches!(c, b'x' | b'X' | b'e' | b'E' | b';'))
             .unwrap_or(v.len());
         let main = &v[..main_end];
         let digits = main.iter().filter(|c| c.is_ascii_digit()).count();

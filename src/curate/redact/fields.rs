@@ -1,0 +1,988 @@
+//! Layout cues that hold across languages and scripts: a value's key says what it is, whatever
+//! its script. Key-value lines (`Name: …`, `name = …`, YAML, forms), JSON pairs, mail and
+//! commit headers (`From: "…" <…>`, `Author:`, `Signed-off-by:`), table columns (CSV, TSV,
+//! Markdown) under a header naming them, chat speaker labels (`<nick>`, `… - Name:`), and the
+//! name and address lines of a signature block after a closing phrase or at a letter's head.
+//! Addresses in CJK and Hangul scripts are found by their administrative markers.
+
+use super::lexicon::{IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, LEX, fold};
+use super::{Cand, PiiType, prio};
+
+/// What a key announces.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Field {
+    Person,
+    Address,
+    Phone,
+    Ssn,
+}
+
+/// Keys, normalised (lower case, only letters and digits kept), in several languages.
+const PERSON_KEYS: &[&str] = &[
+    "name",
+    "fullname",
+    "firstname",
+    "lastname",
+    "givenname",
+    "familyname",
+    "surname",
+    "forename",
+    "displayname",
+    "realname",
+    "author",
+    "authorname",
+    "signedoffby",
+    "reviewedby",
+    "coauthoredby",
+    "ackedby",
+    "testedby",
+    "reportedby",
+    "suggestedby",
+    "committer",
+    "contact",
+    "contactname",
+    "contactperson",
+    "person",
+    "customer",
+    "customername",
+    "applicant",
+    "member",
+    "employee",
+    "patient",
+    "recipient",
+    "sender",
+    "accountholder",
+    "cardholder",
+    "beneficiary",
+    "attendee",
+    "guest",
+    "passenger",
+    "tenant",
+    "landlord",
+    "client",
+    "clientname",
+    "nickname",
+    "vorname",
+    "nachname",
+    "ansprechpartner",
+    "kunde",
+    "nombre",
+    "apellido",
+    "apellidos",
+    "nom",
+    "prenom",
+    "nome",
+    "cognome",
+    "naam",
+    "voornaam",
+    "achternaam",
+    "navn",
+    "fornavn",
+    "efternavn",
+    "namn",
+    "fornamn",
+    "efternamn",
+    "nimi",
+    "etunimi",
+    "sukunimi",
+    "imie",
+    "nazwisko",
+    "jmeno",
+    "prijmeni",
+    "isim",
+    "ad",
+    "soyad",
+    "soyadi",
+    "adsoyad",
+    "nev",
+    "имя",
+    "фамилия",
+    "фио",
+    "отчество",
+    "імя",
+    "прізвище",
+    "ονομα",
+    "επωνυμο",
+    "이름",
+    "성명",
+    "氏名",
+    "名前",
+    "姓名",
+    "联系人",
+    "聯絡人",
+    "名字",
+];
+const ADDRESS_KEYS: &[&str] = &[
+    "address",
+    "addr",
+    "street",
+    "streetaddress",
+    "line1",
+    "addressline1",
+    "address1",
+    "billingaddress",
+    "shippingaddress",
+    "homeaddress",
+    "mailingaddress",
+    "postaladdress",
+    "deliveryaddress",
+    "adresse",
+    "anschrift",
+    "strasse",
+    "direccion",
+    "domicilio",
+    "indirizzo",
+    "adres",
+    "adresa",
+    "adressi",
+    "osoite",
+    "endereco",
+    "morada",
+    "cim",
+    "адрес",
+    "адреса",
+    "διευθυνση",
+    "주소",
+    "住所",
+    "地址",
+    "所在地",
+];
+const PHONE_KEYS: &[&str] = &[
+    "phone",
+    "tel",
+    "telephone",
+    "mobile",
+    "cell",
+    "cellphone",
+    "fax",
+    "phonenumber",
+    "mobilephone",
+    "homephone",
+    "workphone",
+    "telefon",
+    "telefono",
+    "telephono",
+    "handy",
+    "mob",
+    "whatsapp",
+    "puhelin",
+    "telefonnummer",
+    "mobil",
+    "tlf",
+    "телефон",
+    "тел",
+    "τηλεφωνο",
+    "전화",
+    "전화번호",
+    "電話",
+    "电话",
+    "電話番号",
+    "手机",
+];
+const SSN_KEYS: &[&str] = &[
+    "ssn",
+    "socialsecuritynumber",
+    "socialsecurity",
+    "socialsecurityno",
+];
+
+/// Header keys whose value is `Name <mail>` or `"Name" <mail>`, on a line of their own.
+const HEADER_PERSON_KEYS: &[&str] = &["from", "to", "cc", "bcc", "replyto", "returnpath"];
+
+fn norm_key(k: &str) -> String {
+    fold(k).chars().filter(|c| c.is_alphanumeric()).collect()
+}
+
+fn field_of(k: &str, header: bool) -> Option<Field> {
+    let k = norm_key(k);
+    if k.is_empty() || k.len() > 40 {
+        return None;
+    }
+    // `user.name`, `billing_address`, `contact-phone`: the last part decides
+    let has = |list: &[&str]| list.contains(&k.as_str());
+    if has(PERSON_KEYS) || (header && has(HEADER_PERSON_KEYS)) {
+        Some(Field::Person)
+    } else if has(ADDRESS_KEYS) {
+        Some(Field::Address)
+    } else if has(PHONE_KEYS) {
+        Some(Field::Phone)
+    } else if has(SSN_KEYS) {
+        Some(Field::Ssn)
+    } else {
+        let tail = ["name", "address", "phone"]
+            .into_iter()
+            .find(|t| k.ends_with(t) && k.len() > t.len())?;
+        // `filename`, `hostname` … end in `name` but name no person
+        const NOT: &[&str] = &[
+            "filename",
+            "hostname",
+            "username",
+            "pathname",
+            "dirname",
+            "basename",
+            "typename",
+            "classname",
+            "keyname",
+            "tablename",
+            "servername",
+            "modulename",
+            "packagename",
+            "appname",
+            "projectname",
+            "branchname",
+            "domainname",
+            "devicename",
+            "nodename",
+            "fieldname",
+            "columnname",
+            "taskname",
+            "eventname",
+            "productname",
+            "companyname",
+            "orgname",
+            "teamname",
+            "groupname",
+            "rolename",
+            "repname",
+            "dbname",
+            "bucketname",
+            "queuename",
+            "channelname",
+            "displayname",
+            "ipaddress",
+            "macaddress",
+            "emailaddress",
+            "mailaddress",
+            "bindaddress",
+            "listenaddress",
+            "remoteaddress",
+            "serveraddress",
+            "localaddress",
+            "hostaddress",
+            "walletaddress",
+            "contractaddress",
+            "baseaddress",
+        ];
+        if NOT.contains(&k.as_str()) {
+            return None;
+        }
+        Some(match tail {
+            "name" => Field::Person,
+            "address" => Field::Address,
+            _ => Field::Phone,
+        })
+    }
+}
+
+/// A letter of a script without case (Han, Kana, Hangul, Thai, Arabic …).
+fn uncased_letter(c: char) -> bool {
+    c.is_alphabetic() && !c.is_lowercase() && !c.is_uppercase()
+}
+
+fn is_cjk(c: char) -> bool {
+    matches!(c as u32,
+        0x3040..=0x30FF | 0x3400..=0x4DBF | 0x4E00..=0x9FFF | 0xF900..=0xFAFF | 0xAC00..=0xD7AF
+        | 0x1100..=0x11FF | 0x3130..=0x318F)
+}
+
+const NAME_PARTICLES: &[&str] = &[
+    "van", "von", "de", "der", "den", "da", "das", "do", "dos", "du", "di", "del", "della", "la",
+    "le", "y", "e", "bin", "binti", "al", "el", "ten", "ter", "zu", "af", "av", "st",
+];
+
+/// Placeholder words that fill name fields without naming anyone.
+const NOT_NAMES: &[&str] = &[
+    "true",
+    "false",
+    "null",
+    "none",
+    "nil",
+    "unknown",
+    "n/a",
+    "na",
+    "tbd",
+    "todo",
+    "admin",
+    "root",
+    "user",
+    "test",
+    "example",
+    "anonymous",
+    "guest",
+    "support",
+    "team",
+    "staff",
+    "bot",
+    "system",
+    "default",
+    "name",
+    "noreply",
+    "no-reply",
+    "unassigned",
+    "nobody",
+    "everyone",
+];
+
+/// Whether `v` reads as a person's name: up to five words in any script, each capitalised or
+/// of a script without case, no digits or symbols. `lenient` accepts a single common word
+/// (a table column or a field key already says it is a name).
+fn name_like(v: &str, lenient: bool) -> bool {
+    let n = v.chars().count();
+    if n == 0 || n > 60 {
+        return false;
+    }
+    if v.chars().any(|c| {
+        c.is_ascii_digit()
+            || matches!(
+                c,
+                '@' | '<'
+                    | '>'
+                    | '/'
+                    | '\\'
+                    | '='
+                    | ':'
+                    | '_'
+                    | '#'
+                    | '('
+                    | ')'
+                    | '['
+                    | ']'
+                    | '{'
+                    | '}'
+                    | '|'
+                    | '*'
+                    | '$'
+                    | '%'
+                    | '&'
+                    | '+'
+                    | '!'
+                    | '?'
+                    | ';'
+            )
+    }) {
+        return false;
+    }
+    let words: Vec<&str> = v
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|w| !w.is_empty())
+        .collect();
+    if words.is_empty() || words.len() > 5 {
+        return false;
+    }
+    let mut real = 0;
+    let mut all_common = true;
+    for w in &words {
+        let first = match w.chars().next() {
+            Some(c) => c,
+            None => return false,
+        };
+        let lw = w.to_lowercase();
+        if NAME_PARTICLES.contains(&lw.as_str()) {
+            continue;
+        }
+        if !(first.is_uppercase() || uncased_letter(first)) {
+            return false;
+        }
+        // an all-capital word longer than an initial is an acronym, not a name
+        if w.chars().filter(|c| c.is_alphabetic()).count() > 3
+            && w.chars().all(|c| !c.is_lowercase())
+            && first.is_uppercase()
+            && words.len() > 1
+        {
+            return false;
+        }
+        real += 1;
+        let key = fold(w.trim_end_matches('.'));
+        if NOT_NAMES.contains(&key.as_str()) {
+            return false;
+        }
+        let cls = LEX.class(&key);
+        // camel case (`ValueError`) is code, not a name
+        let inner_caps = w.chars().skip(1).any(char::is_uppercase)
+            && w.chars().any(char::is_lowercase)
+            && ![
+                "Mc", "Mac", "De", "Di", "Da", "La", "Le", "Van", "Von", "O'",
+            ]
+            .iter()
+            .any(|p| w.starts_with(p));
+        if inner_caps {
+            return false;
+        }
+        if cls & (IN_FIRST | IN_LAST) != 0 || cls & (IN_COMMON | IN_PLACES) == 0 {
+            all_common = false;
+        }
+    }
+    real > 0 && (lenient || !all_common)
+}
+
+fn push(out: &mut Vec<Cand>, s: usize, e: usize, f: Field, detector: &'static str) {
+    if e <= s {
+        return;
+    }
+    let (ty, pr, conf) = match f {
+        Field::Person => (PiiType::Person, prio::PERSON + 2, 0.8),
+        Field::Address => (PiiType::Address, prio::ADDRESS + 2, 0.8),
+        Field::Phone => (PiiType::Phone, prio::PHONE, 0.85),
+        Field::Ssn => (PiiType::Ssn, prio::SSN, 0.9),
+    };
+    out.push(Cand::new(s, e, ty, detector, conf, pr));
+}
+
+/// Trims spaces and one pair of quotes; returns the byte range within `v`.
+fn trim_value(v: &str) -> (usize, usize) {
+    let mut s = 0;
+    let mut e = v.len();
+    let b = v.as_bytes();
+    while s < e && matches!(b[s], b' ' | b'\t') {
+        s += 1;
+    }
+    while e > s && matches!(b[e - 1], b' ' | b'\t' | b'\r' | b',') {
+        e -= 1;
+    }
+    if e > s + 1 && matches!(b[s], b'"' | b'\'') && b[e - 1] == b[s] {
+        s += 1;
+        e -= 1;
+    }
+    (s, e)
+}
+
+fn digits(v: &str) -> usize {
+    v.bytes().filter(u8::is_ascii_digit).count()
+}
+
+fn phone_like(v: &str) -> bool {
+    let d = digits(v);
+    (7..=15).contains(&d)
+        && v.bytes().all(|c| {
+            c.is_ascii_digit() || matches!(c, b' ' | b'-' | b'.' | b'(' | b')' | b'+' | b'/')
+        })
+}
+
+fn ssn_like(v: &str) -> bool {
+    let d: Vec<u8> = v.bytes().filter(u8::is_ascii_digit).collect();
+    d.len() == 9
+        && v.bytes()
+            .all(|c| c.is_ascii_digit() || matches!(c, b' ' | b'-'))
+        && &d[..3] != b"000"
+        && &d[..3] != b"666"
+        && d[0] != b'9'
+}
+
+fn address_like(v: &str) -> bool {
+    let n = v.chars().count();
+    (6..=160).contains(&n)
+        && !v.contains('@')
+        && !v.contains("://")
+        && !v.contains('<')
+        && (digits(v) > 0 || v.chars().filter(|&c| is_cjk(c)).count() >= 4)
+        && v.chars().filter(|c| c.is_alphabetic()).count() >= 3
+}
+
+/// Emits the value `v` (at byte `base`) of a field, if it has the field's shape.
+fn value(out: &mut Vec<Cand>, base: usize, v: &str, f: Field, lenient: bool, det: &'static str) {
+    let (s, mut e) = trim_value(v);
+    let mut val = &v[s..e];
+    if f == Field::Person {
+        // `Name <mail>` and `"Name" <mail>`: the name only
+        if let Some(lt) = val.find('<') {
+            e = s + lt;
+            val = &v[s..e];
+            let (s2, e2) = trim_value(val);
+            let ok = name_like(&val[s2..e2], true);
+            if ok {
+                push(out, base + s + s2, base + s + e2, f, det);
+            }
+            return;
+        }
+    }
+    let ok = match f {
+        Field::Person => name_like(val, lenient),
+        Field::Address => address_like(val),
+        Field::Phone => phone_like(val),
+        Field::Ssn => ssn_like(val),
+    };
+    if ok {
+        push(out, base + s, base + e, f, det);
+    }
+}
+
+/// Entry point: every layout cue over `text` (byte offsets).
+pub(crate) fn detect(text: &str, out: &mut Vec<Cand>) {
+    let b = text.as_bytes();
+    // Every cue needs a separator, a delimiter or a line break; chat one-liners skip it all.
+    if !b
+        .iter()
+        .any(|&c| matches!(c, b':' | b'=' | b'\n' | b'\t' | b'|' | b';' | b','))
+    {
+        cjk_addresses(text, out);
+        return;
+    }
+    json_pairs(text, out);
+    let lines: Vec<(usize, &str)> = {
+        let mut v = Vec::new();
+        let mut s = 0;
+        for l in text.split('\n') {
+            v.push((s, l));
+            s += l.len() + 1;
+        }
+        v
+    };
+    for &(ls, l) in &lines {
+        key_value_line(ls, l, out);
+        speaker(ls, l, out);
+    }
+    tables(&lines, out);
+    signatures(&lines, out);
+    cjk_addresses(text, out);
+}
+
+/// `"key": "value"` pairs anywhere (JSON on one line or many).
+fn json_pairs(text: &str, out: &mut Vec<Cand>) {
+    let b = text.as_bytes();
+    let mut i = 0;
+    while let Some(off) = memchr_pair(&b[i..]) {
+        let q = i + off; // position of the closing quote of the key
+        i = q + 2;
+        let ks = match text[..q].rfind('"') {
+            Some(p) => p + 1,
+            None => continue,
+        };
+        let key = &text[ks..q];
+        let f = match field_of(key, false) {
+            Some(f) => f,
+            None => continue,
+        };
+        let mut j = q + 2;
+        while j < b.len() && b[j] == b' ' {
+            j += 1;
+        }
+        if j >= b.len() || b[j] != b'"' {
+            continue;
+        }
+        let vs = j + 1;
+        let mut ve = vs;
+        while ve < b.len() && b[ve] != b'"' && b[ve] != b'\n' {
+            if b[ve] == b'\\' {
+                ve += 1;
+            }
+            ve += 1;
+        }
+        if ve > b.len() {
+            continue;
+        }
+        value(out, vs, &text[vs..ve], f, true, "field-json");
+    }
+}
+
+fn memchr_pair(b: &[u8]) -> Option<usize> {
+    b.windows(2).position(|w| w == b"\":")
+}
+
+/// `Key: value`, `key = value`, `- key: value`, `git config user.name "value"`.
+fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
+    let b = l.as_bytes();
+    let mut s = 0;
+    while s < b.len() && matches!(b[s], b' ' | b'\t' | b'-' | b'*' | b'>' | b'#') {
+        s += 1;
+    }
+    // `git config --global user.name "Name"`
+    if let Some(p) = l.find(".name ") {
+        let v = &l[p + 6..];
+        if v.starts_with('"') || v.starts_with('\'') {
+            value(out, ls + p + 6, v, Field::Person, true, "field-kv");
+        }
+    }
+    let sep = match b[s..]
+        .iter()
+        .position(|&c| matches!(c, b':' | b'=' | b'\t'))
+    {
+        Some(p) => s + p,
+        None => return,
+    };
+    let key = &l[s..sep];
+    if key.is_empty() || key.len() > 40 || key.contains('"') || key.split_whitespace().count() > 3 {
+        return;
+    }
+    let header = s == 0 && b[sep] == b':';
+    let f = match field_of(key, header) {
+        Some(f) => f,
+        None => return,
+    };
+    let vs = sep + 1 + usize::from(b[sep] == b':' && b.get(sep + 1) == Some(&b':'));
+    if vs >= b.len() {
+        return;
+    }
+    let v = &l[vs..];
+    // a header's value may list several `Name <mail>`; only the first is taken as a name
+    value(out, ls + vs, v, f, true, "field-kv");
+}
+
+/// Chat speaker labels: `[10:42] <Name> …`, `12/03/25, 10:42 - Name: …`, `Name: …`,
+/// `> Name wrote:`.
+fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>) {
+    let b = l.as_bytes();
+    let mut s = 0;
+    while s < b.len() && matches!(b[s], b'>' | b' ') {
+        s += 1;
+    }
+    // a leading time stamp: `[10:42]`, `12/03/25, 10:42 -`
+    if b.get(s) == Some(&b'[') {
+        if let Some(p) = l[s..].find(']') {
+            s += p + 1;
+        }
+    } else if b.get(s).is_some_and(u8::is_ascii_digit)
+        && let Some(p) = l[s..].find(" - ")
+        && p < 24
+        && l[s..s + p]
+            .bytes()
+            .all(|c| c.is_ascii_digit() || b"/.,: -APMapm".contains(&c))
+    {
+        s += p + 3;
+    }
+    while s < b.len() && b[s] == b' ' {
+        s += 1;
+    }
+    if b.get(s) == Some(&b'<') {
+        if let Some(p) = l[s..].find('>') {
+            let nick = &l[s + 1..s + p];
+            if name_like(nick, false) && nick.split(' ').count() <= 3 {
+                push(out, ls + s + 1, ls + s + p, Field::Person, "speaker");
+            }
+        }
+        return;
+    }
+    let rest = &l[s..];
+    // `Name wrote:` / `Name schrieb:` / `Name a écrit :`
+    for w in [
+        " wrote:",
+        " schrieb:",
+        " a écrit :",
+        " escribió:",
+        " ha scritto:",
+        " написал:",
+    ] {
+        if let Some(p) = rest.find(w) {
+            let mut ns = 0;
+            if let Some(c) = rest[..p].rfind(", ") {
+                ns = c + 2;
+            }
+            let name = &rest[ns..p];
+            if name_like(name, true) {
+                push(out, ls + s + ns, ls + s + p, Field::Person, "speaker");
+            }
+            return;
+        }
+    }
+    if let Some(p) = rest.find(": ") {
+        let name = &rest[..p];
+        if p > 0
+            && name.split(' ').count() <= 3
+            && field_of(name, true).is_none()
+            && name_like(name, false)
+            && (s > 0 || p + 2 < rest.len())
+        {
+            push(out, ls + s, ls + s + p, Field::Person, "speaker");
+        }
+    }
+}
+
+/// Splits a delimited line into cell ranges, honouring double quotes.
+fn cells(l: &str, d: u8) -> Vec<(usize, usize)> {
+    let b = l.as_bytes();
+    let mut v = Vec::new();
+    let mut s = 0;
+    let mut q = false;
+    for (i, &c) in b.iter().enumerate() {
+        if c == b'"' {
+            q = !q;
+        } else if c == d && !q {
+            v.push((s, i));
+            s = i + 1;
+        }
+    }
+    v.push((s, b.len()));
+    v
+}
+
+/// Table rows under a header that names their columns.
+fn tables(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
+    let mut i = 0;
+    while i < lines.len() {
+        let (_, h) = lines[i];
+        i += 1;
+        let d = match [b'\t', b'|', b';', b',']
+            .into_iter()
+            .find(|&d| h.as_bytes().contains(&d))
+        {
+            Some(d) => d,
+            None => continue,
+        };
+        let hc = cells(h, d);
+        if hc.len() < 2 {
+            continue;
+        }
+        let fields: Vec<Option<Field>> = hc
+            .iter()
+            .map(|&(s, e)| {
+                let c = h[s..e].trim().trim_matches('"');
+                // a header cell is a short label without digits other than a suffix
+                if c.len() > 32 || c.starts_with(|ch: char| ch.is_ascii_digit()) {
+                    None
+                } else {
+                    field_of(c, false)
+                }
+            })
+            .collect();
+        if fields.iter().all(Option::is_none)
+            || hc.iter().any(|&(s, e)| {
+                let c = h[s..e].trim();
+                c.contains('@') || c.split_whitespace().count() > 3
+            })
+        {
+            continue;
+        }
+        while i < lines.len() {
+            let (ls, l) = lines[i];
+            if l.trim().is_empty() {
+                break;
+            }
+            i += 1;
+            let rc = cells(l, d);
+            if rc.len() != hc.len() {
+                if l.trim_start().starts_with("|-") || l.trim_start().starts_with("|:") {
+                    continue;
+                }
+                break;
+            }
+            for (k, &(s, e)) in rc.iter().enumerate() {
+                if let Some(f) = fields[k] {
+                    value(out, ls + s, &l[s..e], f, true, "field-table");
+                }
+            }
+        }
+    }
+}
+
+/// Closing phrases after which a signature's name (and maybe address) follows.
+const VALEDICTIONS: &[&str] = &[
+    "best",
+    "best regards",
+    "kind regards",
+    "regards",
+    "warm regards",
+    "cheers",
+    "thanks",
+    "thank you",
+    "many thanks",
+    "thanks again",
+    "sincerely",
+    "yours sincerely",
+    "sincerely yours",
+    "yours faithfully",
+    "yours truly",
+    "best wishes",
+    "all the best",
+    "take care",
+    "respectfully",
+    "mit freundlichen grussen",
+    "freundliche grusse",
+    "viele grusse",
+    "beste grusse",
+    "liebe grusse",
+    "herzliche grusse",
+    "gruss",
+    "grusse",
+    "lg",
+    "mfg",
+    "vg",
+    "cordialement",
+    "bien cordialement",
+    "salutations",
+    "bien a vous",
+    "amicalement",
+    "saludos",
+    "un saludo",
+    "atentamente",
+    "saludos cordiales",
+    "cordiali saluti",
+    "distinti saluti",
+    "saluti",
+    "met vriendelijke groet",
+    "vriendelijke groeten",
+    "groeten",
+    "groetjes",
+    "med venlig hilsen",
+    "venlig hilsen",
+    "mvh",
+    "hilsen",
+    "med vanlig halsning",
+    "med vanliga halsningar",
+    "vanliga halsningar",
+    "halsningar",
+    "med vennlig hilsen",
+    "vennlig hilsen",
+    "ystavallisin terveisin",
+    "terveisin",
+    "с уважением",
+    "з повагою",
+    "pozdrawiam",
+    "z powazaniem",
+    "s pozdravem",
+    "s pozdravom",
+    "srdecne",
+    "udvozlettel",
+    "tisztelettel",
+    "saygilarimla",
+    "saygilar",
+    "atenciosamente",
+    "abracos",
+    "cumprimentos",
+    "cu stima",
+    "srdacan pozdrav",
+    "lijep pozdrav",
+    "με εκτιμηση",
+    "φιλικα",
+    "敬具",
+    "草々",
+    "よろしくお願いします",
+    "よろしくお願いいたします",
+    "此致",
+    "此致敬礼",
+    "谢谢",
+    "감사합니다",
+    "드림",
+];
+
+fn is_valediction(l: &str) -> bool {
+    let t = l
+        .trim()
+        .trim_end_matches([',', '!', '.', '、', '，'])
+        .trim();
+    t.len() <= 40 && !t.is_empty() && VALEDICTIONS.contains(&fold(t).as_str())
+}
+
+/// A line that carries a phone, a mail or a link: ends an address block.
+fn contact_line(l: &str) -> bool {
+    let t = l.trim();
+    let low = t.to_lowercase();
+    t.contains('@')
+        || t.contains("://")
+        || t.starts_with("www.")
+        || [
+            "tel", "phone", "fax", "mob", "cell", "t:", "m:", "e:", "telefon", "тел",
+        ]
+        .iter()
+        .any(|p| low.starts_with(p))
+        || (digits(t) >= 7
+            && !t.contains(',')
+            && t.chars().filter(|c| c.is_alphabetic()).count() <= 4)
+}
+
+/// The name line, then the address lines, of a signature or a letter's head.
+fn signatures(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
+    let mut k = 0;
+    while k < lines.len() {
+        let head = k == 0;
+        let after_closing = is_valediction(lines[k].1);
+        k += 1;
+        if !(head || after_closing) {
+            continue;
+        }
+        // the name: the next line (the line itself at a letter's head)
+        let n = if head && !after_closing {
+            0
+        } else {
+            match (k..lines.len().min(k + 2)).find(|&j| !lines[j].1.trim().is_empty()) {
+                Some(j) => j,
+                None => continue,
+            }
+        };
+        let (ns, nl) = lines[n];
+        let (s, e) = trim_value(nl);
+        if !name_like(&nl[s..e], after_closing) || nl[s..e].split_whitespace().count() > 4 {
+            continue;
+        }
+        // the address: the lines after the name, up to a blank or contact line
+        let mut j = n + 1;
+        let mut last = None;
+        let mut digit = false;
+        while j < lines.len() && j <= n + 5 {
+            let l = lines[j].1;
+            if l.trim().is_empty() || contact_line(l) || l.trim().chars().count() > 80 {
+                break;
+            }
+            digit |= digits(l) > 0;
+            last = Some(j);
+            j += 1;
+        }
+        let addr = last.filter(|_| digit).map(|lj| {
+            let (a, al) = lines[n + 1];
+            let (zs, zl) = lines[lj];
+            let (s1, _) = trim_value(al);
+            let (_, e2) = trim_value(zl);
+            (a + s1, zs + e2)
+        });
+        // at a letter's head the address lines are what make the first line a name
+        if head && !after_closing && addr.is_none() {
+            continue;
+        }
+        push(out, ns + s, ns + e, Field::Person, "signature");
+        if let Some((a, z)) = addr {
+            push(out, a, z, Field::Address, "signature");
+        }
+        k = j.max(k);
+    }
+}
+
+/// Administrative markers of CJK and Hangul addresses.
+const CJK_MARKERS: &[&str] = &[
+    "省", "県", "都", "府", "道", "市", "区", "區", "县", "縣", "郡", "町", "村", "丁目", "番地",
+    "番", "号", "號", "路", "街", "巷", "弄", "座", "楼", "樓", "室", "시", "도", "구", "군", "로",
+    "길", "동", "읍", "면", "리", "층", "호",
+];
+
+/// Runs of CJK or Hangul text with digits and at least two administrative markers.
+fn cjk_addresses(text: &str, out: &mut Vec<Cand>) {
+    if text.is_ascii() {
+        return;
+    }
+    let mut it = text.char_indices().peekable();
+    while let Some((s, c)) = it.next() {
+        if !is_cjk(c) {
+            continue;
+        }
+        let mut e = s + c.len_utf8();
+        let mut prev_cjk = true;
+        while let Some(&(i, ch)) = it.peek() {
+            let next_ok = |t: &str| {
+                t.chars()
+                    .nth(1)
+                    .is_some_and(|n| is_cjk(n) || n.is_ascii_digit())
+            };
+            let ok = is_cjk(ch)
+                || ch.is_ascii_digit()
+                || matches!(ch, '-' | '－' | '−' | 'ー' | '〒')
+                || ('０'..='９').contains(&ch)
+                || (ch.is_ascii_alphabetic() && prev_cjk)
+                || (matches!(ch, ' ' | '\u{3000}') && next_ok(&text[i..]));
+            if !ok {
+                break;
+            }
+            prev_cjk = is_cjk(ch);
+            e = i + ch.len_utf8();
+            it.next();
+        }
+        let run = &text[s..e];
+        let markers = CJK_MARKERS.iter().filter(|m| run.contains(**m)).count();
+        let has_digit = run
+            .chars()
+            .any(|c| c.is_ascii_digit() || ('０'..='９').contains(&c));
+        let hangul_only = run
+            .chars()
+            .all(|c| !is_cjk(c) || ('\u{AC00}'..='\u{D7AF}').contains(&c));
+        let need = if hangul_only { 3 } else { 2 };
+        if markers >= need && has_digit && run.chars().count() >= 8 {
+            push(out, s, e, Field::Address, "cjk-address");
+        }
+    }
+}
