@@ -12,6 +12,7 @@ pub mod config;
 pub mod cycle;
 pub mod data;
 pub mod loss;
+pub mod merge;
 pub mod replay;
 pub mod reward;
 pub mod trainer;

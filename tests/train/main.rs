@@ -9,6 +9,7 @@ mod checkpoint;
 mod dora;
 mod lora;
 mod memory;
+mod merge;
 mod options;
 mod peft;
 mod replay;
