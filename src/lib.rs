@@ -12,6 +12,7 @@ pub mod curate;
 pub mod demo;
 pub mod engine;
 pub mod eval;
+pub mod experiment;
 pub mod federate;
 pub mod files;
 pub mod malloc;

@@ -97,6 +97,14 @@ enum Command {
     },
     /// Run a federation coordinator from a RON settings file (secrets come from a file or the environment).
     Coordinator { settings: PathBuf },
+    /// Replay one recorded stream through several graph variants and write CSV, JSON, markdown and SVG
+    /// results (see docs/experiments/README.md).
+    Experiment {
+        experiment: PathBuf,
+        /// Where results and each run's data directory go.
+        #[arg(long, default_value = "hearth-experiments")]
+        out: PathBuf,
+    },
     /// Find PII spans in a JSONL file (`id`, `text` per line) and write score_pii.py predictions.
     Redact {
         #[arg(long)]
@@ -284,6 +292,7 @@ fn list_actors() -> anyhow::Result<ExitCode> {
             .map(|p| {
                 format!(
                     "{}: {}{}",
+        Command::Experiment { experiment, out } => run_experiment(&experiment, out),
                     p.name,
                     p.message_type,
                     if p.required { "" } else { " (optional)" }
@@ -297,6 +306,30 @@ fn list_actors() -> anyhow::Result<ExitCode> {
         println!("{} — {}", info.name, info.about);
         println!("  inputs:  {}", ports(info.inputs));
         println!("  outputs: {}", ports(info.outputs));
+fn run_experiment(path: &Path, out: PathBuf) -> anyhow::Result<ExitCode> {
+    use hearth::experiment::{Experiment, ExperimentError, RunOptions, output, run};
+    let exp = match Experiment::load(path) {
+        Ok(exp) => exp,
+        Err(e @ (ExperimentError::Parse { .. } | ExperimentError::Field { .. })) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(INVALID));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let results = run(
+        &exp,
+        &RunOptions {
+            out: out.clone(),
+            // indicatif draws only when stderr is a terminal.
+            progress: true,
+        },
+    )?;
+    for file in output::write(&results, &out)? {
+        println!("{}", file.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
         println!("  source:  {}", info.source);
         println!("  example: kind: {}", kind.to_ron());
     }

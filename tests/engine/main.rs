@@ -7,6 +7,7 @@ mod train_util;
 
 mod cli;
 mod dead_letters;
+mod experiment;
 mod failures;
 mod page;
 mod reload;
