@@ -147,6 +147,49 @@ enum DeltasAction {
     Promote { id: String },
     /// Restore the state served before the current one (down to the base alone).
     Rollback,
+    /// Merge deltas in ΔW = scale·B·A into a new candidate delta of rank `--rank`, for the eval gate to judge.
+    Merge {
+        /// linear (weighted mean), task_arithmetic (weighted sum), ties or dare.
+        #[arg(long)]
+        method: String,
+        #[arg(long)]
+        rank: usize,
+        /// One weight per delta, comma-separated; default: equal (linear) or 1 each.
+        #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+        weights: Option<Vec<f64>>,
+        /// ties: the share of each delta's update kept, by magnitude.
+        #[arg(long, default_value_t = 0.2)]
+        density: f64,
+        /// dare: the probability each entry of an update is dropped.
+        #[arg(long, default_value_t = 0.9)]
+        drop: f64,
+        /// Seeds dare's masks and the randomized SVD.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The base GGUF the deltas adapt; default: the default model.
+        #[arg(long)]
+        model: Option<String>,
+        /// Judge the merged delta now with the eval gate's default settings, and promote it if it passes.
+        #[arg(long)]
+        judge: bool,
+        #[arg(required = true, num_args = 2..)]
+        ids: Vec<String>,
+    },
+    /// Measure how two deltas conflict (sign conflicts and cosine of ΔW) and say whether to merge or route them.
+    Conflict {
+        a: String,
+        b: String,
+        /// The base GGUF the deltas adapt; default: the default model.
+        #[arg(long)]
+        model: Option<String>,
+        /// Merge only at a cosine of at least this.
+        #[arg(long, allow_negative_numbers = true,
+              default_value_t = hearth::train::merge::ConflictThresholds::default().min_cosine)]
+        min_cosine: f64,
+        /// Merge only with at most this magnitude-weighted share of sign conflicts.
+        #[arg(long, default_value_t = hearth::train::merge::ConflictThresholds::default().max_sign_conflict)]
+        max_sign_conflict: f64,
+    },
 }
 
 /// Parses a `--config` RON value, naming the flag and position on error.
@@ -404,8 +447,92 @@ fn deltas(action: DeltasAction, data_dir: &Path) -> anyhow::Result<ExitCode> {
             ),
             None => println!("nothing to roll back: serving the base alone"),
         },
+        DeltasAction::Merge {
+            method,
+            rank,
+            weights,
+            density,
+            drop,
+            seed,
+            model,
+            judge,
+            ids,
+        } => {
+            use hearth::train::merge::{MergeOptions, merge_stored};
+            let opts = MergeOptions {
+                weights,
+                density,
+                drop,
+                seed,
+                ..MergeOptions::new(method.parse()?, rank)
+            };
+            let base = load_base(model.as_deref(), data_dir)?;
+            let (delta, report) = merge_stored(data_dir, &base, &ids, &opts)?;
+            println!(
+                "merged {} by {} at rank {rank}: {}  relative residual {:.3e}",
+                ids.join(" + "),
+                opts.method.as_str(),
+                delta.id,
+                report.rel_residual
+            );
+            if judge {
+                let mut gate = hearth::eval::Gate::new(
+                    std::sync::Arc::new(base),
+                    data_dir,
+                    None,
+                    Default::default(),
+                );
+                let verdict = gate.judge(&delta)?;
+                println!(
+                    "{} {}: {}",
+                    if verdict.binding.promote {
+                        "promoted"
+                    } else {
+                        "rejected"
+                    },
+                    delta.id,
+                    verdict.binding.reason
+                );
+            } else {
+                println!(
+                    "candidate {}: the eval gate judges it when an eval node starts",
+                    delta.id
+                );
+            }
+        }
+        DeltasAction::Conflict {
+            a,
+            b,
+            model,
+            min_cosine,
+            max_sign_conflict,
+        } => {
+            use hearth::train::merge::{ConflictThresholds, conflict_stored, decide};
+            let base = load_base(model.as_deref(), data_dir)?;
+            let c = conflict_stored(data_dir, &base, &a, &b)?;
+            let th = ConflictThresholds {
+                min_cosine,
+                max_sign_conflict,
+            };
+            let decision = decide(&c, &th);
+            println!(
+                "sign_conflict={:.4} cosine={:+.4} -> {}",
+                c.sign_conflict,
+                c.cosine,
+                match decision {
+                    hearth::train::merge::Decision::Merge => "merge",
+                    hearth::train::merge::Decision::Route => "route",
+                }
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The base a `hearth deltas` command loads deltas against: `--model`, or the default model.
+fn load_base(model: Option<&str>, data_dir: &Path) -> anyhow::Result<hearth::model::Base> {
+    let path = hearth::serve::model_path(model, data_dir)?;
+    hearth::model::Base::load(&path).with_context(|| format!("loading {}", path.display()))
 }
 
 fn report(data_dir: &Path, graph: Option<&Path>, json: bool) -> anyhow::Result<ExitCode> {

@@ -49,6 +49,12 @@ pub enum MergeError {
     Model(#[from] ModelError),
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("delta `{id}`: {why}")]
+    Delta { id: String, why: String },
+    #[error(transparent)]
+    Train(#[from] super::TrainError),
 }
 
 pub type Result<T> = std::result::Result<T, MergeError>;
@@ -613,4 +619,112 @@ pub fn decide(c: &Conflict, th: &ConflictThresholds) -> Decision {
     } else {
         Decision::Route
     }
+}
+
+/// The stored delta `id`: its adapter (loaded for `base`) and provenance.
+fn load_stored(
+    store: &crate::store::Store,
+    base: &crate::model::Base,
+    id: &str,
+) -> Result<(LoraSet, super::Provenance)> {
+    let record = store.delta(id)?.ok_or_else(|| MergeError::Delta {
+        id: id.to_owned(),
+        why: format!("not in the store {}", store.path().display()),
+    })?;
+    let dir = std::path::Path::new(&record.path);
+    let prov_path = dir.join("provenance.json");
+    let bytes = std::fs::read(&prov_path).map_err(|e| super::io_err(&prov_path, e))?;
+    let prov: super::Provenance =
+        serde_json::from_slice(&bytes).map_err(super::TrainError::from)?;
+    if prov.base_sha256 != base.sha256 {
+        return Err(MergeError::Delta {
+            id: id.to_owned(),
+            why: format!(
+                "adapts base {}, not the given base {}",
+                prov.base_sha256, base.sha256
+            ),
+        });
+    }
+    Ok((LoraSet::load_peft(dir, base.model.config())?, prov))
+}
+
+/// Base weights of `base`, dequantized, for DoRA inputs.
+fn base_weight(
+    base: &crate::model::Base,
+) -> impl Fn(usize, LoraTarget) -> std::result::Result<Tensor, ModelError> + Sync + '_ {
+    move |l, t| {
+        let blk = base.model.blocks().get(l).ok_or_else(|| {
+            ModelError::Adapter(format!("{}: the base has no such layer", t.module_path(l)))
+        })?;
+        blk.linear(t).dequantize()
+    }
+}
+
+/// Merges the deltas `ids` held in the store of `data_dir` and publishes the result under `data_dir/deltas` as
+/// a candidate, exactly as a trained delta arrives: the eval gate judges it against what is served (at the eval
+/// node's start, or through [`crate::eval::Gate::judge`]). Its provenance names the method, the parents and what
+/// the re-factoring lost; its data digest binds the parents' data and the merge options.
+pub fn merge_stored(
+    data_dir: &std::path::Path,
+    base: &crate::model::Base,
+    ids: &[String],
+    opts: &MergeOptions,
+) -> Result<(crate::message::Delta, MergeReport)> {
+    let mut store = crate::store::Store::open(data_dir)?;
+    let loaded = ids
+        .iter()
+        .map(|id| load_stored(&store, base, id))
+        .collect::<Result<Vec<_>>>()?;
+    let sets: Vec<&LoraSet> = loaded.iter().map(|(s, _)| s).collect();
+    let weight = base_weight(base);
+    let (set, report) = merge(&sets, opts, Some(&weight))?;
+    let first = &loaded.first().ok_or(MergeError::Empty)?.1;
+    let parents: Vec<serde_json::Value> = ids
+        .iter()
+        .zip(&loaded)
+        .map(|(id, (_, p))| serde_json::json!({"id": id, "data_digest": p.data_digest}))
+        .collect();
+    let spec = serde_json::json!({"options": opts, "parents": parents});
+    let provenance = super::Provenance {
+        delta_id: String::new(),
+        base_sha256: base.sha256.clone(),
+        recipe_sha256: first.recipe_sha256.clone(),
+        recipe: first.recipe.clone(),
+        data_digest: super::sha256_hex(format!("merge {spec}").as_bytes()),
+        num_samples: loaded.iter().map(|(_, p)| p.num_samples).sum(),
+        parent: ids.first().cloned(),
+        seed: opts.seed,
+        metrics: serde_json::json!({"merge": {
+            "method": opts.method, "parents": parents, "weights": report.weights, "rank": opts.rank,
+            "density": opts.density, "drop": opts.drop, "seed": opts.seed,
+            "rel_residual": report.rel_residual,
+        }}),
+        created_at_unix_ms: crate::clock::now_unix_ms(),
+    };
+    let delta = super::save_delta(
+        &data_dir.join("deltas"),
+        &set,
+        base.model.config(),
+        provenance,
+    )?;
+    let prov_path = std::path::Path::new(&delta.path).join("provenance.json");
+    let bytes = std::fs::read(&prov_path).map_err(|e| super::io_err(&prov_path, e))?;
+    let prov: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(super::TrainError::from)?;
+    store.record_delta(&delta, &prov)?;
+    Ok((delta, report))
+}
+
+/// [`conflict`] between two deltas held in the store of `data_dir`.
+pub fn conflict_stored(
+    data_dir: &std::path::Path,
+    base: &crate::model::Base,
+    a: &str,
+    b: &str,
+) -> Result<Conflict> {
+    let store = crate::store::Store::open(data_dir)?;
+    let (sa, _) = load_stored(&store, base, a)?;
+    let (sb, _) = load_stored(&store, base, b)?;
+    let weight = base_weight(base);
+    conflict(&sa, &sb, Some(&weight))
 }

@@ -565,3 +565,194 @@ fn agreeing_deltas_merge_and_opposing_ones_stay_routed() {
     let itself = conflict(&a, &a, None).unwrap();
     assert!((itself.cosine - 1.0).abs() < 1e-9 && itself.sign_conflict == 0.0);
 }
+
+/// Two deltas stored as the trainer stores them: `b` is `a`'s update times `sign` (B scaled, A kept).
+fn stored_pair(root: &std::path::Path, sign: f32) -> (std::path::PathBuf, String, String) {
+    use hearth::train::{Provenance, save_delta};
+    let (base, model, _) = train_util::tiny(root);
+    let fresh = LoraSet::fresh(
+        &model,
+        LoraConfig::new(4, 8.0, &[LoraTarget::Q, LoraTarget::Up]),
+        1,
+    )
+    .unwrap();
+    let a = train_util::with_random_b(&fresh, 2);
+    let mut b = LoraSet::empty(a.config.clone());
+    for (&(l, t), p) in a.iter() {
+        let scaled = (&p.b * sign as f64).unwrap();
+        b.insert(l, t, LoraPair::new(p.a.clone(), scaled, p.scale));
+    }
+    let data = root.join("data");
+    let mut store = hearth::store::Store::open(&data).unwrap();
+    let mut ids = Vec::new();
+    for (set, digest) in [(&a, "da"), (&b, "db")] {
+        let prov = Provenance {
+            delta_id: String::new(),
+            base_sha256: hearth::train::sha256_file(&base).unwrap(),
+            recipe_sha256: "r".into(),
+            recipe: train_util::fast_cfg(),
+            data_digest: digest.into(),
+            num_samples: 3,
+            parent: None,
+            seed: 1,
+            metrics: serde_json::json!({}),
+            created_at_unix_ms: 0,
+        };
+        let delta = save_delta(&data.join("deltas"), set, model.config(), prov.clone()).unwrap();
+        store
+            .record_delta(&delta, &serde_json::to_value(&prov).unwrap())
+            .unwrap();
+        ids.push(delta.id);
+    }
+    let b_id = ids.pop().unwrap();
+    (base, ids.pop().unwrap(), b_id)
+}
+
+fn hearth(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `hearth deltas merge` stores a candidate naming its parents and method, which the gate then judges
+/// (`--judge`); its options change the result; `hearth deltas conflict` says merge or route.
+#[test]
+fn the_cli_merges_stored_deltas_into_a_candidate_and_decides_merge_or_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, a, b) = stored_pair(dir.path(), 0.5);
+    let data = dir.path().join("data");
+    let (base, data) = (base.display().to_string(), data.display().to_string());
+    let common = ["--model", base.as_str(), "--data-dir", data.as_str()];
+    let run = |extra: &[&str]| {
+        let mut args = vec!["deltas", "merge"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&common);
+        args.extend_from_slice(&[a.as_str(), b.as_str()]);
+        hearth(&args)
+    };
+    let id_of = |text: &str| {
+        text.split_whitespace()
+            .find(|w| w.starts_with("delta-") && *w != a && *w != b)
+            .unwrap()
+            .to_owned()
+    };
+    let linear = run(&["--method", "linear", "--rank", "4"]);
+    let merged = id_of(&linear);
+    let store = hearth::store::Store::open(std::path::Path::new(&data)).unwrap();
+    let rec = store.delta(&merged).unwrap().unwrap();
+    assert_eq!(rec.status.as_str(), "candidate");
+    assert!(rec.verdict.is_none());
+    assert_eq!(rec.parent.as_deref(), Some(a.as_str()));
+    let m = &rec.provenance["metrics"]["merge"];
+    assert_eq!(m["method"], "linear");
+    assert_eq!(m["parents"][1]["id"], b.as_str());
+    // b is a's update halved: their mean has a's rank, so rank 4 loses nothing.
+    assert!(m["rel_residual"].as_f64().unwrap() < 1e-4, "{m}");
+
+    // Each option reaches the merge: another weighting, density, drop or seed makes another delta.
+    let weighted = id_of(&run(&[
+        "--method",
+        "linear",
+        "--rank",
+        "4",
+        "--weights",
+        "1,3",
+    ]));
+    let ties = id_of(&run(&[
+        "--method",
+        "ties",
+        "--rank",
+        "4",
+        "--density",
+        "0.5",
+    ]));
+    let ties2 = id_of(&run(&[
+        "--method",
+        "ties",
+        "--rank",
+        "4",
+        "--density",
+        "0.9",
+    ]));
+    let dare = id_of(&run(&["--method", "dare", "--rank", "4", "--drop", "0.5"]));
+    let dare2 = id_of(&run(&["--method", "dare", "--rank", "4", "--drop", "0.3"]));
+    let dare3 = id_of(&run(&[
+        "--method", "dare", "--rank", "4", "--drop", "0.3", "--seed", "5",
+    ]));
+    let low = id_of(&run(&[
+        "--method",
+        "ties",
+        "--rank",
+        "2",
+        "--density",
+        "0.5",
+    ]));
+    let all = [
+        &merged, &weighted, &ties, &ties2, &dare, &dare2, &dare3, &low,
+    ];
+    let distinct: std::collections::BTreeSet<_> = all.iter().collect();
+    assert_eq!(distinct.len(), all.len(), "{all:?}");
+    let store = hearth::store::Store::open(std::path::Path::new(&data)).unwrap();
+    let low = store.delta(&low).unwrap().unwrap();
+    assert_eq!(low.provenance["metrics"]["merge"]["rank"], 2);
+
+    // --judge runs the gate on the candidate: it leaves with a verdict.
+    let judged = run(&["--method", "task_arithmetic", "--rank", "4", "--judge"]);
+    let judged_id = id_of(&judged);
+    assert!(
+        judged.contains("promoted") || judged.contains("rejected"),
+        "{judged}"
+    );
+    let store = hearth::store::Store::open(std::path::Path::new(&data)).unwrap();
+    assert!(store.delta(&judged_id).unwrap().unwrap().verdict.is_some());
+
+    let conflict = |x: &str, y: &str, extra: &[&str]| {
+        let mut args = vec!["deltas", "conflict", x, y];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&common);
+        hearth(&args)
+    };
+    let agree = conflict(&a, &b, &[]);
+    assert!(agree.trim_end().ends_with("-> merge"), "{agree}");
+    // A threshold above what the pair reaches routes it.
+    let strict = conflict(&a, &b, &["--min-cosine", "1.01"]);
+    assert!(strict.trim_end().ends_with("-> route"), "{strict}");
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let (base2, a2, b2) = stored_pair(dir2.path(), -1.0);
+    let data2 = dir2.path().join("data");
+    let oppose = hearth(&[
+        "deltas",
+        "conflict",
+        &a2,
+        &b2,
+        "--model",
+        &base2.display().to_string(),
+        "--data-dir",
+        &data2.display().to_string(),
+    ]);
+    assert!(oppose.trim_end().ends_with("-> route"), "{oppose}");
+    assert!(oppose.contains("cosine=-1.0000"), "{oppose}");
+    let lax = hearth(&[
+        "deltas",
+        "conflict",
+        &a2,
+        &b2,
+        "--max-sign-conflict",
+        "1",
+        "--min-cosine",
+        "-1",
+        "--model",
+        &base2.display().to_string(),
+        "--data-dir",
+        &data2.display().to_string(),
+    ]);
+    assert!(lax.trim_end().ends_with("-> merge"), "{lax}");
+}
