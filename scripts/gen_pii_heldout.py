@@ -58,7 +58,7 @@ DEV_TEMPLATES = {
     "json_user": '{{"user": {{"name": "{NAME}", "email": "{EMAIL}", "phone": "{PHONE}"}}, "plan": "pro", "seats": {~INT}}}',
     "json_addr": 'POST /api/orders returns 422 for\n{{"shipTo": {{"fullName": "{NAME}", "line1": "{ADDR}"}}, "qty": {~INT}}}',
     "ssn_bare": "my social is {SSNBARE}, can you check if the form accepts it without dashes?",
-    "ssn_form": "Applicant: {NAME}\nSSN: {SSN}\nDOB: {~DMY}",
+    "ssn_form": "Applicant: {NAME}\nSSN: {SSN}\nFiled: {~DMY}",
     "phone_ext": "Reach our office at {PHONE:ext} or e-mail {EMAIL}.",
     "table_first": "| # | name | role |\n|---|------|------|\n| 1 | {FIRST} | admin |\n| 2 | {FIRST} | viewer |",
     "card_iban": "Paid with {CARD}; refund goes to IBAN {IBAN} ({NAME}).",
@@ -240,7 +240,8 @@ class Gen:
             p = str(r.randint(2, 9)) + "".join(r.choice(string.digits) for _ in range(9))
         else:
             p = self.f.phone_number()
-        if variant == "ext" or (variant is None and r.random() < 0.08):
+        # one extension at most (some Faker formats carry their own `x1234`)
+        if "x" not in p and (variant == "ext" or (variant is None and r.random() < 0.08)):
             p += r.choice([f";ext={r.randint(10, 999)}", f" ext. {r.randint(10, 999)}", f" x{r.randint(10, 9999)}"])
         return p
 
@@ -266,7 +267,9 @@ class Gen:
 
     def CARD(self, _v=None):
         r = self.r
-        prefix = r.choice(["4", "51", "55", "2221", "37", "6011", "35"])
+        prefix = r.choice(["4", "51", "55", "2221", "37", "6011", "jcb"])
+        if prefix == "jcb":
+            prefix = str(r.randint(3528, 3589))  # the JCB range
         n = 15 if prefix == "37" else 16
         body = prefix + "".join(r.choice(string.digits) for _ in range(n - len(prefix) - 1))
         num = luhn_complete(body)

@@ -186,6 +186,44 @@ const SSN_KEYS: &[&str] = &[
     "socialsecurityno",
 ];
 
+/// Labels of header and form lines whose value names no person.
+const LABELS: &[&str] = &[
+    "dob",
+    "date",
+    "subject",
+    "messageid",
+    "inreplyto",
+    "references",
+    "license",
+    "version",
+    "status",
+    "priority",
+    "ticket",
+    "order",
+    "ref",
+    "id",
+    "note",
+    "error",
+    "warning",
+    "type",
+    "signedoffby",
+    "reviewedby",
+    "ackedby",
+    "testedby",
+    "coauthoredby",
+    "reportedby",
+    "cc",
+    "birthday",
+    "born",
+    "dateofbirth",
+    "geburtsdatum",
+    "email",
+    "mail",
+    "ssn",
+    "tel",
+    "fax",
+];
+
 /// Header keys whose value is `Name <mail>` or `"Name" <mail>`, on a line of their own.
 const HEADER_PERSON_KEYS: &[&str] = &["from", "to", "cc", "bcc", "replyto", "returnpath"];
 
@@ -604,9 +642,20 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
         return;
     }
     let header = s == 0 && b[sep] == b':';
-    let f = match field_of(key, header) {
-        Some(f) => f,
-        None => return,
+    let nk = norm_key(key);
+    let f = field_of(key, header);
+    // The key itself is a label, never a name (`Signed-off-by:`, `DOB:`, `SystemError:`).
+    let camel = !key.contains(' ') && key.chars().skip(1).any(char::is_uppercase);
+    if b[sep] == b':' && (f.is_some() || LABELS.contains(&nk.as_str()) || camel) {
+        out.push(Cand::shield(
+            ls + s,
+            ls + sep,
+            "field-key",
+            prio::ADDRESS + 5,
+        ));
+    }
+    let Some(f) = f else {
+        return;
     };
     let vs = sep + 1 + usize::from(b[sep] == b':' && b.get(sep + 1) == Some(&b':'));
     if vs >= b.len() {

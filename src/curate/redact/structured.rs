@@ -45,7 +45,7 @@ static URL_CRED: LazyLock<Regex> = LazyLock::new(|| {
 });
 static PHONE: LazyLock<Regex> = LazyLock::new(|| {
     re(
-        r"(?i-u)(?:\+[ ]?)?(?:\([0-9]{1,5}\)[ .\-]?)?[0-9](?:[0-9]|[ .\-/][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-/]?[0-9]){3,22}(?:(?:;ext=|[ ]?(?:x|ext\.?|extension)[ ]?)[0-9]{1,6})?",
+        r"(?i-u)(?:\+[ ]?)?(?:\([0-9]{1,5}\)[ .\-/]?)?[0-9](?:[0-9]|[ .\-/][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-/]?[0-9]){3,22}(?:(?:;ext=|[ ]?(?:x|ext\.?|extension)[ ]?)[0-9]{1,6})?",
     )
 });
 /// Upper or lower case (`gb42nawi…` typed in a chat); mixed case is rejected in [`ibans`].
@@ -377,6 +377,22 @@ fn emails(b: &[u8], out: &mut Vec<Cand>) {
         }
         // Code like `foo@2x.png` or `user@host.local` in configs is not an address.
         if s > 0 && (alnum(b[s - 1]) || b[s - 1] == b'.') {
+            continue;
+        }
+        // A message id (`Message-ID: <…@host>`) names a mail, not a mailbox.
+        if s > 0
+            && b[s - 1] == b'<'
+            && has_any(
+                &before_ctx(b, s, 48),
+                &[
+                    "message-id",
+                    "in-reply-to",
+                    "references:",
+                    "content-id",
+                    "msgid",
+                ],
+            )
+        {
             continue;
         }
         out.push(Cand::new(s, e, PiiType::Email, "email", 0.97, prio::EMAIL));
@@ -899,6 +915,19 @@ const CARD_CTX: &[&str] = &[
     "diners",
     "discover",
 ];
+/// Numbered things that are not payment cards or phones.
+const NOT_PAYMENT_CTX: &[&str] = &[
+    "loyalty",
+    "bonus",
+    "member",
+    "reward",
+    "gift card",
+    "points",
+    "tracking",
+    "kundennummer",
+    "kundenkarte",
+    "payback",
+];
 const SSN_CTX: &[&str] = &[
     "ssn",
     "social security",
@@ -975,6 +1004,10 @@ fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
             };
             let ctx = before_ctx(b, s, 48);
             if !strong && !has_any(&ctx, CARD_CTX) {
+                continue;
+            }
+            // loyalty, gift and member cards pass Luhn too but pay for nothing
+            if has_any(&before_ctx(b, s, 24), NOT_PAYMENT_CTX) {
                 continue;
             }
             // An all-same-digit run passes Luhn sometimes but is filler.
@@ -1164,6 +1197,9 @@ fn phones(b: &[u8], out: &mut Vec<Cand>) {
                 || PHONE_AFTER_AC.is_match(&b[e..(e + 14).min(b.len())])
         };
         let neg = || PHONE_NEG_AC.is_match(&b[s.saturating_sub(18)..s]);
+        if !plus && has_any(&before_ctx(b, s, 24), NOT_PAYMENT_CTX) {
+            continue;
+        }
         let conf = if plus && digits >= 8 {
             0.95
         } else if nanp && !neg() {
