@@ -39,6 +39,7 @@ pub fn fixed_length_request(
         seed: None,
         stop: Vec::new(),
         ignore_eos: true,
+        lora: None,
     }
 }
 

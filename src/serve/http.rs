@@ -73,6 +73,12 @@ impl From<ServeError> for ApiError {
                 Some("id"),
                 Some("adapter_not_found"),
             ),
+            ServeError::BadLora(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("lora"),
+                None,
+            ),
             ServeError::UnknownResponse(_) => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
@@ -233,6 +239,7 @@ const SAMPLING_PARAMS: &[&str] = &[
     "stream",
     "stream_options",
     "ignore_eos",
+    "lora",
 ];
 
 /// OpenAI parameters that leave the answer as it is: accepted and not used.
@@ -467,7 +474,34 @@ fn request(o: &Obj, prompt: PromptInput) -> Result<GenerateRequest, ApiError> {
         seed: opt_u64(o, "seed")?,
         stop: stop_list(o)?,
         ignore_eos: opt_bool(o, "ignore_eos")?,
+        lora: lora_mix(o)?,
     })
+}
+
+/// llama.cpp's `lora: [{"id": ..., "scale": ...}]` (scale defaults to 1).
+fn lora_mix(o: &Obj) -> Result<Option<Vec<(String, f64)>>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "lora",
+            "`lora` must be a list of {\"id\": string, \"scale\": finite number}",
+        )
+    };
+    match o.get("lora") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|it| {
+                let id = it.get("id").and_then(Value::as_str).ok_or_else(bad)?;
+                let scale = match it.get("scale") {
+                    None => 1.0,
+                    Some(v) => v.as_f64().filter(|x| x.is_finite()).ok_or_else(bad)?,
+                };
+                Ok((id.to_owned(), scale))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(_) => Err(bad()),
+    }
 }
 
 /// Which endpoint shapes the answer.

@@ -39,6 +39,9 @@ pub enum ServeError {
     UnknownModel(String),
     #[error("adapter `{0}` is not resident")]
     UnknownAdapter(String),
+    /// A request's `lora` mix names an adapter that is not resident, or one that cannot be mixed.
+    #[error("lora: {0}")]
+    BadLora(String),
     #[error(
         "invalid adapter id `{0}`: use 1-128 of A-Z a-z 0-9 . _ - : and not the base model's name"
     )]
@@ -182,6 +185,9 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// vLLM's extension: keep generating past end-of-sequence tokens (benchmarks, tests).
     pub ignore_eos: bool,
+    /// llama.cpp's per-request `lora: [{id, scale}]`: resident adapters summed with a scale each, for this
+    /// request only, in place of the adapter `model` names. `Some(empty)`: the base alone.
+    pub lora: Option<Vec<(String, f64)>>,
 }
 
 /// What a generation thread reports to the request's waiter, in order: text pieces, then one end.
@@ -531,12 +537,45 @@ impl Engine {
         }
     }
 
+    /// The sum of resident adapters `mix` names, each at its scale, as one set built for this request alone, so
+    /// no other request sees it and a later swap of any of them does not change it.
+    fn mixed(&self, mix: &[(String, f64)]) -> Result<Option<(String, Arc<LoraSet>)>, ServeError> {
+        if mix.is_empty() {
+            return Ok(None);
+        }
+        let sets = mix
+            .iter()
+            .map(|(id, _)| {
+                self.registry
+                    .get(id)
+                    .ok_or_else(|| ServeError::BadLora(format!("adapter `{id}` is not resident")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let parts: Vec<(&LoraSet, f64)> = sets
+            .iter()
+            .zip(mix)
+            .map(|(s, (_, c))| (s.as_ref(), *c))
+            .collect();
+        let set =
+            crate::train::merge::mix(&parts).map_err(|e| ServeError::BadLora(e.to_string()))?;
+        let name = mix
+            .iter()
+            .map(|(id, c)| format!("{id}*{c}"))
+            .collect::<Vec<_>>()
+            .join("+");
+        Ok(Some((name, Arc::new(set))))
+    }
+
     /// Validates, tokenizes and enqueues a request. Never blocks: a full queue is [`ServeError::QueueFull`].
     pub fn submit(&self, req: GenerateRequest, id_prefix: &str) -> Result<Admitted, ServeError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ServeError::Closed);
         }
         let resolved = self.resolve(req.model.as_deref())?;
+        let resolved = match &req.lora {
+            Some(mix) => self.mixed(mix)?,
+            None => resolved,
+        };
         let limit = self.config.max_tokens_limit;
         let max_tokens = req
             .max_tokens

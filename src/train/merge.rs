@@ -728,3 +728,38 @@ pub fn conflict_stored(
     let weight = base_weight(base);
     conflict(&sa, &sb, Some(&weight))
 }
+
+/// `Σ c_i · ΔW_i` exactly, without SVD, for serving several adapters at once: per module, `A` stacks the
+/// inputs' `A`s and `B` sets their `c_i·scale_i·B_i` side by side, so `B·A` is the weighted sum and the rank is
+/// the sum of ranks. DoRA inputs are refused: their update depends on `W` and does not add.
+pub fn mix(parts: &[(&LoraSet, f64)]) -> Result<LoraSet> {
+    let first = parts.first().ok_or(MergeError::Empty)?;
+    let sets: Vec<&LoraSet> = parts.iter().map(|(s, _)| *s).collect();
+    let shapes = modules(&sets)?;
+    let mut out = LoraSet::empty(LoraConfig {
+        use_dora: false,
+        use_rslora: false,
+        rank_pattern: BTreeMap::new(),
+        alpha_pattern: BTreeMap::new(),
+        ..first.0.config.clone()
+    });
+    for &(l, t) in shapes.keys() {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for (set, c) in parts {
+            let Some(p) = set.get(l, t) else { continue };
+            if p.magnitude.is_some() {
+                return Err(MergeError::Option(format!(
+                    "{}: a DoRA adapter cannot be mixed with a scale; its update does not add",
+                    t.module_path(l)
+                )));
+            }
+            a.push(p.a.to_dtype(DType::F32)?);
+            b.push(p.b.to_dtype(DType::F32)?.affine(c * p.scale, 0.0)?);
+        }
+        let a = Tensor::cat(&a, 0)?;
+        let b = Tensor::cat(&b, 1)?.contiguous()?;
+        out.insert(l, t, LoraPair::new(a, b, 1.0));
+    }
+    Ok(out)
+}

@@ -5,4 +5,5 @@ mod http_util;
 
 mod api;
 mod graph;
+mod mix;
 mod security;
