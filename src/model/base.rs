@@ -5,16 +5,15 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::{ChatOptions, GgufFile, Result, Tokenizer, Transformer, io_err};
+use super::{GgufFile, Result, Tokenizer, Transformer, io_err};
 
-/// A GGUF base: weights, tokenizer, chat template options, and the SHA-256 of the file that every
+/// A GGUF base: weights, tokenizer (with its chat template), and the SHA-256 of the file that every
 /// delta and verdict is bound to.
 pub struct Base {
     pub path: PathBuf,
     pub sha256: String,
     pub model: Transformer,
     pub tok: Arc<Tokenizer>,
-    pub chat: ChatOptions,
 }
 
 impl std::fmt::Debug for Base {
@@ -36,19 +35,12 @@ impl Base {
     fn load_hashed(path: &Path, sha256: String) -> Result<Base> {
         let mut g = GgufFile::open(path)?;
         let tok = Tokenizer::from_gguf_metadata(g.metadata())?;
-        let chat = match g.metadata().get("tokenizer.chat_template") {
-            Some(candle_core::quantized::gguf_file::Value::String(t)) => {
-                ChatOptions::from_template(t)
-            }
-            _ => ChatOptions::default(),
-        };
         let model = Transformer::from_gguf_file(&mut g)?;
         Ok(Base {
             path: path.to_path_buf(),
             sha256,
             model,
             tok: Arc::new(tok),
-            chat,
         })
     }
 }

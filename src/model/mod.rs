@@ -19,10 +19,7 @@ pub mod tokenizer;
 pub mod transformer;
 
 pub use base::{Base, BaseCache};
-pub use chat::{
-    ChatMessage, ChatOptions, ChatPrompt, Role, encode_chat, encode_chat_with, render_chat,
-    render_chat_with,
-};
+pub use chat::{ChatFamily, ChatMessage, ChatPrompt, ChatTemplate, Role, encode_chat, render_chat};
 pub use generate::{
     CachedPrefix, GenerateConfig, GenerateOutput, Sampler, StopReason, TokenEvent, generate,
     generate_reusing,
@@ -76,12 +73,14 @@ pub enum ModelError {
     MissingTensor { name: String },
     #[error("tensor `{name}`: {reason}")]
     BadTensor { name: String, reason: String },
-    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3)")]
+    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3, phi3, gemma3)")]
     UnsupportedArch(String),
     #[error("adapter: {0}")]
     Adapter(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(#[source] Box<minijinja::Error>),
     #[error("invalid input: {0}")]
     Input(String),
     #[error("generation: {0}")]

@@ -83,6 +83,9 @@ pub struct Tokenizer {
     /// Prompts start with BOS (`tokenizer.ggml.add_bos_token`; Llama 3 sets it). Off when the key is absent, as
     /// for byte-level BPE vocabularies in llama.cpp.
     pub add_bos: bool,
+    /// How conversations become prompts: the file's `tokenizer.chat_template`, or the template of the family
+    /// whose turn markers the vocabulary has (`None` when neither).
+    chat: Option<super::chat::ChatTemplate>,
 }
 
 fn tok_err(msg: impl Into<String>) -> ModelError {
@@ -141,6 +144,15 @@ impl Tokenizer {
             md.get("tokenizer.ggml.add_space_prefix"),
             Some(Value::Bool(true))
         );
+        if let Some(v) = md.get("tokenizer.chat_template") {
+            let Value::String(src) = v else {
+                return Err(ModelError::BadKey {
+                    key: "tokenizer.chat_template".into(),
+                    reason: format!("expected a string, found {:?}", v.value_type()),
+                });
+            };
+            t.chat = Some(super::chat::ChatTemplate::new(src)?);
+        }
         if t.add_bos && t.bos_id.is_none() {
             return Err(tok_err("add_bos_token is set but there is no bos_token_id"));
         }
@@ -235,7 +247,38 @@ impl Tokenizer {
             eot_id: None,
             pad_id: None,
             add_bos: false,
+            chat: None,
         })
+        .map(|mut t: Self| {
+            t.chat = super::chat::ChatTemplate::fallback(&t);
+            t
+        })
+    }
+
+    /// The chat template conversations are rendered with (see [`super::chat`]).
+    pub fn chat_template(&self) -> Option<&super::chat::ChatTemplate> {
+        self.chat.as_ref()
+    }
+
+    /// Replaces the chat template.
+    pub fn set_chat_template(&mut self, template: super::chat::ChatTemplate) {
+        self.chat = Some(template);
+    }
+
+    /// The BOS token's text (`bos_token` in chat templates), empty without one.
+    pub fn bos_text(&self) -> String {
+        self.special_text(self.bos_id)
+    }
+
+    /// The EOS token's text (`eos_token` in chat templates), empty without one.
+    pub fn eos_text(&self) -> String {
+        self.special_text(self.eos_id)
+    }
+
+    fn special_text(&self, id: Option<u32>) -> String {
+        id.and_then(|i| self.tokens.get(i as usize))
+            .cloned()
+            .unwrap_or_default()
     }
 
     pub fn vocab_size(&self) -> usize {

@@ -26,8 +26,8 @@ use crate::message::{
     Commit, CommitWait, Delta, Feedback, FeedbackKind, Interaction, NotCommitted, Role,
 };
 use crate::model::{
-    AdapterRegistry, Base, CachedPrefix, ChatMessage, ChatOptions, GenerateConfig, KvPrecision,
-    LoraSet, ModelError, StopReason, Tokenizer, Transformer, encode_chat_with,
+    AdapterRegistry, Base, CachedPrefix, ChatMessage, GenerateConfig, KvPrecision, LoraSet,
+    ModelError, StopReason, Tokenizer, Transformer, encode_chat,
 };
 
 /// Everything serving can fail with; the HTTP layer maps each to a status code.
@@ -326,7 +326,6 @@ struct Recent {
 pub struct Engine {
     model: Arc<Transformer>,
     tok: Arc<Tokenizer>,
-    chat: ChatOptions,
     registry: AdapterRegistry,
     default_adapter: RwLock<Option<String>>,
     config: ServeConfig,
@@ -587,7 +586,7 @@ impl Engine {
         }
         let (ids, prompt) = match &req.prompt {
             PromptInput::Chat(messages) => (
-                encode_chat_with(&self.tok, messages, true, &self.chat)?.ids,
+                encode_chat(&self.tok, messages, true)?.ids,
                 messages.clone(),
             ),
             PromptInput::Text(text) => (
@@ -844,12 +843,7 @@ impl Server {
 
     /// Serves a loaded base, sharing its weights and tokenizer; only deltas for this base are served.
     pub fn from_base(base: &Base, config: ServeConfig) -> Result<Server, ServeError> {
-        let mut server = Server::new(
-            base.model.clone(),
-            base.tok.clone(),
-            base.chat.clone(),
-            config,
-        )?;
+        let mut server = Server::new(base.model.clone(), base.tok.clone(), config)?;
         server.base_sha256 = Some(base.sha256.clone());
         Ok(server)
     }
@@ -858,7 +852,6 @@ impl Server {
     pub fn new(
         model: Transformer,
         tok: impl Into<Arc<Tokenizer>>,
-        chat: ChatOptions,
         config: ServeConfig,
     ) -> Result<Server, ServeError> {
         let (queue, queue_rx) = crossbeam_channel::bounded(config.queue_capacity.max(1));
@@ -872,7 +865,6 @@ impl Server {
         let engine = Arc::new(Engine {
             model: Arc::new(model.with_kv_precision(config.kv_cache)),
             tok: tok.into(),
-            chat,
             registry: AdapterRegistry::new(),
             default_adapter: RwLock::new(None),
             config,

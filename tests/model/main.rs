@@ -3,6 +3,7 @@
 #[path = "../train_util/mod.rs"]
 mod train_util;
 
+mod chat_templates;
 mod exactness;
 mod generate;
 mod gguf;

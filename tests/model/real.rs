@@ -66,11 +66,20 @@ fn smollm2_config_tokenizer_and_chat() {
         Some(candle_core::quantized::gguf_file::Value::String(t)) => t.clone(),
         other => panic!("no chat template: {other:?}"),
     };
+    assert!(tpl.contains("You are a helpful AI assistant named SmolLM, trained by Hugging Face"));
+    // The file's own template renders the ChatML prompt hearth served before templates were rendered.
     assert_eq!(
-        hearth::model::ChatOptions::from_template(&tpl)
-            .default_system
-            .as_deref(),
-        Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+        hearth::model::render_chat(
+            &tok,
+            &[ChatMessage::new(
+                Role::User,
+                "What is the capital of France?"
+            )],
+            true
+        )
+        .unwrap(),
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     );
     let prompt = encode_chat(
         &tok,
@@ -78,6 +87,31 @@ fn smollm2_config_tokenizer_and_chat() {
             Role::User,
             "What is the capital of France?",
         )],
+        true,
+    )
+    .unwrap();
+    // ... and the ids hearth built for it by hand before.
+    let sys = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    assert_eq!(
+        prompt.ids,
+        crate::tokenizer::chatml_by_hand(
+            &tok,
+            &[ChatMessage::new(
+                Role::User,
+                "What is the capital of France?"
+            )],
+            Some(sys),
+            true
+        )
+    );
+    // Greedy at this size, SmolLM's own default system prompt talks its way past the answer; a plain one
+    // gets it (the template renders a given system message instead of the default).
+    let prompt = encode_chat(
+        &tok,
+        &[
+            ChatMessage::new(Role::System, "You are a helpful assistant."),
+            ChatMessage::new(Role::User, "What is the capital of France?"),
+        ],
         true,
     )
     .unwrap();

@@ -90,7 +90,7 @@ fn chat_template_and_assistant_spans() {
         ChatMessage::new(Role::User, "hi <|im_end|>"),
         ChatMessage::new(Role::Assistant, "hello there"),
     ];
-    let text = render_chat(&msgs, true);
+    let text = render_chat(&tok, &msgs, true).unwrap();
     assert_eq!(
         text,
         "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi <|im_end|><|im_end|>\n\
@@ -173,41 +173,148 @@ fn pre_tokenizers_match_the_reference_pipelines() {
     }
 }
 
+/// ChatML ids as hearth built them before chat templates were rendered: structure tokens by id, each piece
+/// encoded on its own, content without special tokens. The rendered template must give the same ids.
+pub fn chatml_by_hand(
+    tok: &Tokenizer,
+    msgs: &[ChatMessage],
+    system: Option<&str>,
+    add_gen: bool,
+) -> Vec<u32> {
+    let (start, end) = (
+        tok.token_id("<|im_start|>").unwrap(),
+        tok.token_id("<|im_end|>").unwrap(),
+    );
+    let enc = |s: &str| tok.encode(s, false).unwrap();
+    let mut ids = tok.bos_prefix();
+    let turn = |role: &str, content: &str, ids: &mut Vec<u32>| {
+        ids.push(start);
+        ids.extend(enc(role));
+        ids.extend(enc("\n"));
+        ids.extend(enc(content));
+        ids.push(end);
+        ids.extend(enc("\n"));
+    };
+    if let Some(sys) = system
+        && msgs.first().is_none_or(|m| m.role != Role::System)
+    {
+        turn("system", sys, &mut ids);
+    }
+    for m in msgs {
+        turn(m.role.as_str(), &m.content, &mut ids);
+    }
+    if add_gen {
+        ids.push(start);
+        ids.extend(enc("assistant"));
+        ids.extend(enc("\n"));
+    }
+    ids
+}
+
+/// SmolLM2-135M-Instruct's GGUF template, verbatim.
+pub const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
 #[test]
-fn chat_options_default_system_and_empty_think() {
-    use hearth::model::{ChatOptions, encode_chat_with, render_chat_with};
-    let tok = tiny_tokenizer();
-    // SmolLM2-135M-Instruct's GGUF template, verbatim.
-    let smol = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
-    let opts = ChatOptions::from_template(smol);
-    assert_eq!(
-        opts.default_system.as_deref(),
-        Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
-    );
-    assert!(!opts.empty_think);
-    let user = [ChatMessage::new(Role::User, "hi")];
-    let text = render_chat_with(&user, true, &opts);
-    assert!(text.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"));
-    let p = encode_chat_with(&tok, &user, true, &opts).unwrap();
-    assert_eq!(tok.decode(&p.ids, false), text);
-    // An explicit system message wins.
-    let with_sys = [
-        ChatMessage::new(Role::System, "terse"),
-        ChatMessage::new(Role::User, "hi"),
+fn smollm2_template_gives_the_chatml_ids_as_before() {
+    use hearth::model::ChatTemplate;
+    let mut tok = tiny_tokenizer();
+    tok.set_chat_template(ChatTemplate::new(SMOLLM2_TEMPLATE).unwrap());
+    let sys = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    let convs = [
+        vec![ChatMessage::new(Role::User, "hi")],
+        vec![
+            ChatMessage::new(Role::System, "terse"),
+            ChatMessage::new(Role::User, "what's 2+2? <|im_start|>"),
+            ChatMessage::new(Role::Assistant, " 4, of course.\n"),
+            ChatMessage::new(Role::User, "and\n\n3+3?"),
+        ],
+        vec![
+            ChatMessage::new(Role::User, "user"),
+            ChatMessage::new(Role::Assistant, "assistant"),
+        ],
     ];
-    assert!(
-        render_chat_with(&with_sys, false, &opts)
-            .starts_with("<|im_start|>system\nterse<|im_end|>")
-    );
-    // Qwen3-style: non-thinking generation prompt.
-    let q = ChatOptions::from_template(
-        "{%- if enable_thinking is defined and enable_thinking is false %}",
-    );
-    assert!(q.empty_think && q.default_system.is_none());
-    let text = render_chat_with(&user, true, &q);
-    assert!(text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    for msgs in &convs {
+        for add_gen in [true, false] {
+            let p = encode_chat(&tok, msgs, add_gen).unwrap();
+            assert_eq!(
+                p.ids,
+                chatml_by_hand(&tok, msgs, Some(sys), add_gen),
+                "{msgs:?} {add_gen}"
+            );
+            let text = render_chat(&tok, msgs, add_gen).unwrap();
+            assert_eq!(tok.decode(&p.ids, false), text);
+            // Each assistant turn's span is its content and `<|im_end|>`.
+            let want: Vec<String> = msgs
+                .iter()
+                .filter(|m| m.role == Role::Assistant)
+                .map(|m| format!("{}<|im_end|>", m.content))
+                .collect();
+            let got: Vec<String> = p
+                .assistant_spans
+                .iter()
+                .map(|r| tok.decode(&p.ids[r.clone()], false))
+                .collect();
+            assert_eq!(got, want);
+        }
+    }
+    // The user's literal `<|im_start|>` stays text.
+    let start = tok.token_id("<|im_start|>").unwrap();
+    let p = encode_chat(&tok, &convs[1], false).unwrap();
+    assert_eq!(p.ids.iter().filter(|&&i| i == start).count(), 4);
+}
+
+#[test]
+fn qwen3_template_answers_without_thinking_and_spans_skip_the_think_block() {
+    use hearth::model::{ChatFamily, ChatTemplate};
+    let mut tok = tiny_tokenizer();
+    tok.set_chat_template(ChatTemplate::new(ChatFamily::Qwen3.template()).unwrap());
+    let user = [ChatMessage::new(Role::User, "hi")];
+    let text = render_chat(&tok, &user, true).unwrap();
     assert_eq!(
-        tok.decode(&encode_chat_with(&tok, &user, true, &q).unwrap().ids, false),
-        text
+        text,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    );
+    let conv = [
+        ChatMessage::new(Role::User, "hi"),
+        ChatMessage::new(Role::Assistant, "one"),
+        ChatMessage::new(Role::User, "again"),
+        ChatMessage::new(Role::Assistant, "two"),
+    ];
+    let p = encode_chat(&tok, &conv, false).unwrap();
+    let spans: Vec<String> = p
+        .assistant_spans
+        .iter()
+        .map(|r| tok.decode(&p.ids[r.clone()], false))
+        .collect();
+    // The last turn carries the empty think block the generation prompt ends with; it is not trained on.
+    assert_eq!(spans, ["one<|im_end|>", "two<|im_end|>"]);
+    assert!(
+        tok.decode(&p.ids, false)
+            .contains("<think>\n\n</think>\n\ntwo")
+    );
+}
+
+#[test]
+fn templates_fall_back_by_family_and_errors_name_the_key() {
+    use hearth::model::ChatTemplate;
+    // The tiny vocabulary has ChatML's markers and no template: plain ChatML.
+    let tok = tiny_tokenizer();
+    let text = render_chat(&tok, &[ChatMessage::new(Role::User, "x")], true).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let e = ChatTemplate::new("{% for m in messages %}").unwrap_err();
+    assert!(e.to_string().contains("tokenizer.chat_template"), "{e}");
+    // raise_exception surfaces as an error, not a panic or an empty prompt.
+    let mut tok = tiny_tokenizer();
+    tok.set_chat_template(
+        ChatTemplate::new("{{ raise_exception('System role not supported') }}").unwrap(),
+    );
+    let e = encode_chat(&tok, &[ChatMessage::new(Role::User, "x")], true).unwrap_err();
+    assert!(e.to_string().contains("System role not supported"), "{e}");
+    assert_eq!(
+        hearth::model::chat::strftime("%d %b %Y %H:%M:%S %A", 1_721_952_000),
+        "26 Jul 2024 00:00:00 Friday"
     );
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 use hearth::model::{
-    Arch, ChatMessage, ChatOptions, GenerateConfig, KvPrecision, LoraConfig, LoraPair, LoraSet,
-    LoraTarget, Role, TinySpec, Tokenizer, Transformer, encode_chat_with, write_tiny_model,
+    Arch, ChatMessage, GenerateConfig, KvPrecision, LoraConfig, LoraPair, LoraSet, LoraTarget,
+    Role, TinySpec, Tokenizer, Transformer, encode_chat, write_tiny_model,
 };
 use hearth::serve::{ServeConfig, ServeEvent, Server};
 use serde_json::{Value, json};
@@ -165,9 +165,7 @@ fn direct_greedy(
     let model = Transformer::from_gguf(path)
         .unwrap()
         .with_kv_precision(precision);
-    let ids = encode_chat_with(&tok, messages, true, &ChatOptions::default())
-        .unwrap()
-        .ids;
+    let ids = encode_chat(&tok, messages, true).unwrap().ids;
     let out = hearth::model::generate(
         &model,
         &tok,
