@@ -58,6 +58,7 @@ pub const SCALARS: &[(&str, Scalar)] = &[
     ("node_errors", |m| m.node_errors as f64),
     ("wall_seconds", |m| m.wall_seconds),
     ("throughput", |m| m.throughput),
+    ("handler_ms", |m| m.handler_ms),
 ];
 
 /// One variant's metrics over its repeats.
@@ -251,12 +252,12 @@ pub fn markdown(results: &Results, summary: &[VariantSummary]) -> String {
         }
     );
     md.push_str(
-        "| variant | admitted share | PII span leaks | PII record leaks | secret leaks | unsafe leaks | duplicate leaks | leaked records | records/s |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| variant | admitted share | PII span leaks | PII record leaks | secret leaks | unsafe leaks | duplicate leaks | leaked records | records/s | handler ms |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summary {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.variant,
             fmt_spread(s.get("admitted_share"), 3),
             fmt_spread(s.get("pii_span_leaks"), 1),
@@ -266,6 +267,7 @@ pub fn markdown(results: &Results, summary: &[VariantSummary]) -> String {
             fmt_spread(s.get("duplicate_leaks"), 1),
             fmt_spread(s.get("leaked_records"), 1),
             fmt_spread(s.get("throughput"), 0),
+            fmt_spread(s.get("handler_ms"), 0),
         );
     }
     if let Some(first) = results.runs.first() {
@@ -367,8 +369,7 @@ pub fn plots(
             })
             .collect()
     };
-    let mut out = Vec::new();
-    out.push((
+    let mut out = vec![(
         "leaks.svg".to_owned(),
         grouped_bars(&Bars {
             title: "Leaks in the admitted set",
@@ -381,7 +382,7 @@ pub fn plots(
                 ("duplicate_leaks", "duplicates"),
             ]),
         })?,
-    ));
+    )];
     out.push((
         "admitted.svg".to_owned(),
         grouped_bars(&Bars {
@@ -398,6 +399,15 @@ pub fn plots(
             y_desc: "records/s",
             categories: variants,
             series: &series(&[("throughput", "records/s")]),
+        })?,
+    ));
+    out.push((
+        "handler_time.svg".to_owned(),
+        grouped_bars(&Bars {
+            title: "Handler time over all nodes",
+            y_desc: "ms per run",
+            categories: variants,
+            series: &series(&[("handler_ms", "handler ms")]),
         })?,
     ));
     let node_ids: Vec<String> = summary

@@ -15,6 +15,8 @@ pub struct NodeMetrics {
     pub handled: u64,
     pub p50_us: f64,
     pub p99_us: f64,
+    /// Time spent in the node's handler over the whole run.
+    pub busy_ms: f64,
     /// The most messages waiting at once on any edge into the node.
     pub queue_high_water: u64,
 }
@@ -60,6 +62,9 @@ pub struct RunMetrics {
     pub node_errors: u64,
     pub wall_seconds: f64,
     pub throughput: f64,
+    /// Handler time summed over every node: the work a variant does, which other load on a shared machine
+    /// disturbs less than wall time.
+    pub handler_ms: f64,
     pub nodes: Vec<NodeMetrics>,
     pub edges: Vec<EdgeMetrics>,
 }
@@ -70,7 +75,7 @@ impl RunMetrics {
     pub fn counts(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or_default();
         if let Some(map) = v.as_object_mut() {
-            for timing in ["variant", "wall_seconds", "throughput"] {
+            for timing in ["variant", "wall_seconds", "throughput", "handler_ms"] {
                 map.remove(timing);
             }
             if let Some(nodes) = map.get_mut("nodes").and_then(|n| n.as_array_mut()) {
@@ -78,6 +83,7 @@ impl RunMetrics {
                     if let Some(n) = n.as_object_mut() {
                         n.remove("p50_us");
                         n.remove("p99_us");
+                        n.remove("busy_ms");
                         n.remove("queue_high_water");
                     }
                 }
@@ -146,6 +152,7 @@ pub fn score(input: RunInput<'_>) -> RunMetrics {
         node_errors: input.report.status.nodes.iter().map(|n| n.errors).sum(),
         wall_seconds: input.wall_seconds,
         throughput: records.len() as f64 / input.wall_seconds.max(1e-9),
+        handler_ms: 0.0,
         nodes: Vec::new(),
         edges: Vec::new(),
     };
@@ -232,7 +239,10 @@ pub fn score(input: RunInput<'_>) -> RunMetrics {
             .map(|e| e.max_depth)
             .max()
             .unwrap_or(0);
+        let busy_ms = times.iter().sum::<u64>() as f64 / 1e6;
+        m.handler_ms += busy_ms;
         m.nodes.push(NodeMetrics {
+            busy_ms,
             handled: times.len() as u64,
             p50_us: percentile_us(&times, 50.0),
             p99_us: percentile_us(&times, 99.0),

@@ -62,7 +62,10 @@ fn experiment_identical_variants_give_identical_metrics() {
     assert_eq!(a.counts(), b.counts());
     // Every curation node is timed, and every message it took is counted once.
     for n in &a.nodes {
-        assert!(n.handled > 0 && n.p99_us >= n.p50_us, "{n:?}");
+        assert!(
+            n.handled > 0 && n.p99_us >= n.p50_us && n.busy_ms > 0.0,
+            "{n:?}"
+        );
     }
     assert!(a.edges.iter().any(|e| e.high_water > 0));
 }
@@ -326,5 +329,5 @@ fn experiment_command_writes_tables_and_plots() {
     // The library writes the same set of files.
     let r = run_file(&path, &dir.path().join("lib"));
     let files = output::write(&r, &dir.path().join("lib")).unwrap();
-    assert_eq!(files.len(), 10);
+    assert_eq!(files.len(), 11);
 }
