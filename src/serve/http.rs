@@ -240,6 +240,7 @@ const SAMPLING_PARAMS: &[&str] = &[
     "stream_options",
     "ignore_eos",
     "lora",
+    "parse_special",
 ];
 
 /// OpenAI parameters that leave the answer as it is: accepted and not used.
@@ -475,6 +476,11 @@ fn request(o: &Obj, prompt: PromptInput) -> Result<GenerateRequest, ApiError> {
         stop: stop_list(o)?,
         ignore_eos: opt_bool(o, "ignore_eos")?,
         lora: lora_mix(o)?,
+        // On unless turned off: a completion prompt written in the model's chat format means its tokens.
+        parse_special: match o.get("parse_special") {
+            None | Some(Value::Null) => true,
+            Some(_) => opt_bool(o, "parse_special")?,
+        },
     })
 }
 

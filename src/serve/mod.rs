@@ -188,6 +188,9 @@ pub struct GenerateRequest {
     /// llama.cpp's per-request `lora: [{id, scale}]`: resident adapters summed with a scale each, for this
     /// request only, in place of the adapter `model` names. `Some(empty)`: the base alone.
     pub lora: Option<Vec<(String, f64)>>,
+    /// A text prompt's special-token strings (`<|im_start|>`) become those tokens, as llama.cpp's server and vLLM
+    /// parse them; `"parse_special": false` encodes them as plain text. Chat messages are always text.
+    pub parse_special: bool,
 }
 
 /// What a generation thread reports to the request's waiter, in order: text pieces, then one end.
@@ -590,7 +593,7 @@ impl Engine {
                 messages.clone(),
             ),
             PromptInput::Text(text) => (
-                self.tok.encode_prompt(text, false)?,
+                self.tok.encode_prompt(text, req.parse_special)?,
                 vec![ChatMessage::new(Role::User, text.clone())],
             ),
         };

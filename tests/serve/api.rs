@@ -223,6 +223,29 @@ fn chat_completion_json_matches_direct_generation() {
     assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(v["object"], "text_completion");
     assert!(v["choices"][0]["text"].is_string());
+    // Special tokens in a completion prompt are parsed as llama.cpp does: `<|im_start|>` is one token, unless
+    // `parse_special` is false.
+    let chatml = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+    let prompt_tokens = |extra: serde_json::Value| {
+        let mut body = json!({"model": "tiny", "prompt": chatml, "max_tokens": 1});
+        if let serde_json::Value::Object(m) = extra {
+            body.as_object_mut().unwrap().extend(m);
+        }
+        let r = call(addr, "POST", "/v1/completions", &body.to_string());
+        assert_eq!(r.code, 200, "{}", r.body);
+        json_of(&r)["usage"]["prompt_tokens"].as_u64().unwrap() as usize
+    };
+    let g = hearth::model::gguf::GgufFile::open(dir.path().join("tiny.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf_metadata(g.metadata()).unwrap();
+    let parsed = prompt_tokens(json!({}));
+    assert_eq!(parsed, tok.encode(chatml, true).unwrap().len());
+    assert_eq!(
+        tok.encode("<|im_start|>", true).unwrap(),
+        [tok.token_id("<|im_start|>").unwrap()]
+    );
+    let plain = prompt_tokens(json!({"parse_special": false}));
+    assert_eq!(plain, tok.encode(chatml, false).unwrap().len());
+    assert!(plain > parsed);
     server.shutdown();
 }
 
