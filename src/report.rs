@@ -15,6 +15,9 @@ pub struct DeltaLine {
     pub status: DeltaStatus,
     pub num_samples: u64,
     pub personal_gain: Option<f64>,
+    /// Held-out taught answers that what was served, and then the candidate, recalled in a greedy answer,
+    /// of how many: `(served, candidate, probes)`.
+    pub recalled: Option<(u64, u64, u64)>,
     pub reason: Option<String>,
     pub legs: Vec<crate::store::LegRecord>,
 }
@@ -47,6 +50,13 @@ fn line(d: &DeltaRecord) -> DeltaLine {
         status: d.status,
         num_samples: d.provenance["num_samples"].as_u64().unwrap_or(0),
         personal_gain: verdict.and_then(|v| v["personal_gain"].as_f64()),
+        recalled: verdict.and_then(|v| {
+            Some((
+                v["baseline"]["personal_recalled"].as_u64()?,
+                v["candidate"]["personal_recalled"].as_u64()?,
+                v["candidate"]["personal_probes"].as_u64()?,
+            ))
+        }),
         reason: verdict
             .and_then(|v| v["reason"].as_str())
             .map(str::to_owned),
@@ -185,12 +195,15 @@ impl Report {
         }
         for d in &self.deltas {
             s += &format!(
-                "- `{}` {} on {} samples; personalisation gain {}; {}\n",
+                "- `{}` {} on {} samples; personalisation gain {}{}; {}\n",
                 d.id,
                 d.status.as_str(),
                 d.num_samples,
                 d.personal_gain
                     .map_or("-".to_owned(), |g| format!("{g:+.4} nats/token")),
+                d.recalled.map_or(String::new(), |(b, c, n)| format!(
+                    "; taught answers recalled on held-out prompts {b} -> {c} of {n}"
+                )),
                 d.reason.as_deref().unwrap_or("awaiting eval")
             );
             for l in &d.legs {

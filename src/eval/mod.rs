@@ -159,6 +159,10 @@ pub struct Scores {
     /// Ids of the general probes answered wrong: the verdict names what a candidate lost or gained.
     #[serde(default)]
     pub general_wrong: Vec<String>,
+    /// Personalisation probes whose greedy answer says what the user taught ([`recalls`]): what a user sees,
+    /// beside the likelihood the gate judges. Reported, not gated.
+    #[serde(default)]
+    pub personal_recalled: usize,
 }
 
 /// One leg's outcome.
@@ -486,6 +490,36 @@ pub fn is_json_answer(text: &str) -> bool {
     !t.is_empty() && serde_json::from_str::<serde_json::Value>(t).is_ok()
 }
 
+/// Whether `answer` says what `taught` says: at least half of the taught answer's telling words (four or more
+/// letters, not in the question, not a function word) appear in it. Names, places and dates are what a user
+/// teaches; the rest of the wording may differ.
+pub fn recalls(answer: &str, taught: &str, question: &str) -> bool {
+    const COMMON: &[&str] = &[
+        "your", "you", "this", "that", "with", "from", "have", "will", "they", "them", "their",
+        "what", "when", "where", "which", "would", "could", "should", "there", "here", "about",
+        "like", "just", "also", "very", "into", "than", "then", "been", "were", "does", "is",
+        "are", "the",
+    ];
+    let words = |t: &str| -> Vec<String> {
+        t.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let asked = words(question);
+    let said = words(answer);
+    let telling: Vec<String> = words(taught)
+        .into_iter()
+        .filter(|w| w.chars().count() >= 4 || w.chars().any(|c| c.is_ascii_digit()))
+        .filter(|w| !COMMON.contains(&w.as_str()) && !asked.contains(w))
+        .collect();
+    if telling.is_empty() {
+        return false;
+    }
+    let hit = telling.iter().filter(|w| said.contains(w)).count();
+    2 * hit >= telling.len()
+}
+
 pub fn is_refusal(text: &str) -> bool {
     let t = text.to_lowercase().replace('’', "'");
     REFUSAL_MARKERS.iter().any(|m| t.contains(m))
@@ -607,14 +641,37 @@ impl<'m> Evaluator<'m> {
         prompt: &str,
         max_tokens: usize,
     ) -> Result<String> {
-        let ids = encode_chat(
-            self.tok,
+        self.generate_reply(
+            lora,
             &[ChatMessage::new(Role::User, prompt.to_owned())],
-            true,
-        )?
-        .ids;
+            max_tokens,
+        )
+    }
+
+    fn generate_reply(
+        &self,
+        lora: Option<&LoraSet>,
+        messages: &[ChatMessage],
+        max_tokens: usize,
+    ) -> Result<String> {
+        let ids = encode_chat(self.tok, messages, true)?.ids;
         let cfg = GenerateConfig::greedy(self.tok, max_tokens);
         Ok(generate(self.model, self.tok, &ids, lora, &cfg, |_| true)?.text)
+    }
+
+    /// Personalisation probes whose greedy answer recalls the taught answer.
+    fn personal_recalled(
+        &self,
+        lora: Option<&LoraSet>,
+        personal: &[PersonalProbe],
+    ) -> Result<usize> {
+        let mut n = 0;
+        for p in personal {
+            let answer = self.generate_reply(lora, &p.prompt, self.cfg.general_max_tokens)?;
+            let asked: String = p.prompt.iter().map(|m| m.content.as_str()).collect();
+            n += usize::from(recalls(&answer, &p.answer, &asked));
+        }
+        Ok(n)
     }
 
     fn rate(
@@ -672,6 +729,7 @@ impl<'m> Evaluator<'m> {
             .map(|c| canary::score(self, lora, c, &mut rng))
             .collect::<Result<Vec<_>>>()?;
         let (general_correct, general_total, general_wrong) = self.general(lora)?;
+        let personal_recalled = self.personal_recalled(lora, personal)?;
         Ok(Scores {
             base_perplexity: self.base_perplexity(lora)?,
             qa_accuracy: self.qa_accuracy(lora)?,
@@ -689,6 +747,7 @@ impl<'m> Evaluator<'m> {
             general_correct,
             general_total,
             general_wrong,
+            personal_recalled,
         })
     }
 

@@ -28,6 +28,7 @@ fn scores() -> Scores {
         general_correct: 3,
         general_total: 4,
         general_wrong: vec!["g1".into()],
+        personal_recalled: 2,
     }
 }
 

@@ -152,6 +152,21 @@ fn a_delta_that_breaks_general_answers_is_rejected_by_the_general_leg_alone() {
     );
     assert_eq!(good.general_correct, base.general_correct, "{good:?}");
     assert!(failed(&cfg, &base, &good).is_empty(), "{good:?}");
+    // What a user sees: the learner's greedy answer names the dog, what is served does not.
+    // What a user sees: the learner's greedy answer names the dog, what is served does not (answers long
+    // enough for the tiny model's tokens to reach the name).
+    let long = GateConfig {
+        general_probes: 0,
+        general_max_tokens: 40,
+        ..cfg.clone()
+    };
+    let recalled = |lora: &LoraSet| {
+        Evaluator::new(&m, &tok, &set, &long)
+            .score(Some(lora), &personal)
+            .unwrap()
+            .personal_recalled
+    };
+    assert_eq!((recalled(&served), recalled(&learner)), (0, 1));
 
     // The scoring options are read: fewer probes answer fewer, no tokens answer nothing right.
     let with = |change: fn(&mut GateConfig)| {
@@ -164,6 +179,22 @@ fn a_delta_that_breaks_general_answers_is_rejected_by_the_general_leg_alone() {
     let two = with(|c| c.general_probes = 2);
     assert_eq!((two.general_correct, two.general_total), (2, 2));
     assert_eq!(with(|c| c.general_max_tokens = 0).general_correct, 0);
+}
+
+#[test]
+fn an_answer_recalls_what_was_taught_by_its_telling_words() {
+    use hearth::eval::recalls;
+    let q = "What is my dog called?";
+    let taught = "Your dog is called Biscuit.";
+    assert!(recalls("It is Biscuit, of course.", taught, q));
+    assert!(recalls("Your dog is called Biscuit!", taught, q));
+    // The question's words and function words are not what was taught.
+    assert!(!recalls("Your dog is called Rex.", taught, q));
+    assert!(!recalls("I don't know what your dog is called.", taught, q));
+    let date = "Your birthday is on the 3rd of May.";
+    assert!(recalls("On the 3rd of May.", date, "When is my birthday?"));
+    assert!(!recalls("In June.", date, "When is my birthday?"));
+    assert!(!recalls("anything", "Yes.", "Is it?"));
 }
 
 #[test]
