@@ -156,7 +156,7 @@ class Gen:
         self.r = random.Random(seed)
         self.locales = locales
         self.fakers = {}
-        for loc in set(locales) | {"en_US"}:
+        for loc in sorted(set(locales) | {"en_US"}):
             f = Faker(loc)
             f.seed_instance(self.r.randrange(1 << 30))
             self.fakers[loc] = f

@@ -7,3 +7,4 @@ mod guard_model;
 mod props;
 mod redact;
 mod secrets;
+mod redact_layout;

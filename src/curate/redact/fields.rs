@@ -459,7 +459,7 @@ fn push(out: &mut Vec<Cand>, s: usize, e: usize, f: Field, detector: &'static st
     }
     let (ty, pr, conf) = match f {
         Field::Person => (PiiType::Person, prio::PERSON + 2, 0.8),
-        Field::Address => (PiiType::Address, prio::ADDRESS + 2, 0.8),
+        Field::Address => (PiiType::Address, prio::ADDRESS, 0.8),
         Field::Phone => (PiiType::Phone, prio::PHONE, 0.85),
         Field::Ssn => (PiiType::Ssn, prio::SSN, 0.9),
     };
@@ -532,6 +532,16 @@ fn value(out: &mut Vec<Cand>, base: usize, v: &str, f: Field, lenient: bool, det
             }
             return;
         }
+    }
+    // an address ends with its sentence (`… MH 43757. Please update`)
+    if f == Field::Address
+        && let Some(p) = val
+            .match_indices(". ")
+            .map(|(p, _)| p)
+            .find(|&p| digits(&val[p..]) == 0)
+    {
+        e = s + p;
+        val = &v[s..e];
     }
     let ok = match f {
         Field::Person => name_like(val, lenient),

@@ -1158,7 +1158,7 @@ fn phones(b: &[u8], out: &mut Vec<Cand>) {
         let seps: SmallVec<[u8; 24]> = main
             .iter()
             .copied()
-            .filter(|c| matches!(c, b' ' | b'.' | b'-'))
+            .filter(|c| matches!(c, b' ' | b'.' | b'-' | b'/'))
             .collect();
         // decimals, dates, dotted quads and version-like runs are not phones
         let dots = seps.iter().filter(|&&c| c == b'.').count();

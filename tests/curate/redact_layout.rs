@@ -1,0 +1,131 @@
+//! The redactor on layouts and scripts its word lists never saw (issue 37): values found by
+//! their field, column, header, speaker label or signature, and look-alikes left alone.
+
+use hearth::curate::redact::{PiiType, RedactConfig, Redactor};
+
+fn found(text: &str) -> Vec<(String, PiiType)> {
+    let r = Redactor::new(RedactConfig::default());
+    r.find(text)
+        .into_iter()
+        .map(|s| {
+            (
+                text.chars().skip(s.start).take(s.end - s.start).collect(),
+                s.pii_type,
+            )
+        })
+        .collect()
+}
+
+fn has(text: &str, value: &str, t: PiiType) {
+    let f = found(text);
+    assert!(
+        f.iter().any(|(v, ty)| v == value && *ty == t),
+        "{value:?} as {t:?} in {text:?}: {f:?}"
+    );
+}
+
+#[test]
+fn names_in_other_scripts_by_field_and_column() {
+    has(
+        "{\"owner\": 1, \"contactName\": \"金子 健太\"}",
+        "金子 健太",
+        PiiType::Person,
+    );
+    has(
+        "uid;vorname;nachname\n7;Örjan;Şahin\n",
+        "Örjan",
+        PiiType::Person,
+    );
+    has(
+        "uid;vorname;nachname\n7;Örjan;Şahin\n",
+        "Şahin",
+        PiiType::Person,
+    );
+    has(
+        "[user]\n    name = Пётр Сидоренко\n",
+        "Пётр Сидоренко",
+        PiiType::Person,
+    );
+    has(
+        "| id | member |\n|----|--------|\n| 4 | 박지훈 |",
+        "박지훈",
+        PiiType::Person,
+    );
+}
+
+#[test]
+fn names_in_headers_and_chat_labels() {
+    has(
+        "From: \"Ilse Vandersteen\" <ilse@example.org>\nSubject: hi",
+        "Ilse Vandersteen",
+        PiiType::Person,
+    );
+    has(
+        "Author: Tomasz Wróblewski\nLicense: MIT",
+        "Tomasz Wróblewski",
+        PiiType::Person,
+    );
+    has(
+        "[21:07] <Ragnhild> anyone around?",
+        "Ragnhild",
+        PiiType::Person,
+    );
+    let t = "Signed-off-by: Aino Lehtonen <aino@example.fi>";
+    has(t, "Aino Lehtonen", PiiType::Person);
+    assert!(
+        !found(t).iter().any(|(v, _)| v.contains("Signed")),
+        "{:?}",
+        found(t)
+    );
+}
+
+#[test]
+fn address_lines_after_a_signature_and_in_cjk() {
+    let t = "Kind regards,\nMatti Virtanen\nKoivukuja 7 B 12\n00940 Helsinki\n\nP.S. thanks";
+    has(t, "Matti Virtanen", PiiType::Person);
+    has(t, "Koivukuja 7 B 12\n00940 Helsinki", PiiType::Address);
+    // Without spaces the run's edges are not found: the span may take the words around it.
+    let t = "送付先は大阪府堺市北区中百舌鳥町2丁目104番地です";
+    assert!(
+        found(t)
+            .iter()
+            .any(|(v, ty)| v.contains("大阪府堺市北区中百舌鳥町2丁目104番地")
+                && *ty == PiiType::Address),
+        "{:?}",
+        found(t)
+    );
+}
+
+#[test]
+fn wsl_paths_national_phones_and_bare_ssn() {
+    has(
+        "cd /mnt/c/Users/Ingrid/Music && ls",
+        "/mnt/c/Users/Ingrid/Music",
+        PiiType::FilePath,
+    );
+    has("ruf an: 0171/9988776", "0171/9988776", PiiType::Phone);
+    has(
+        "office 040/123 4567 bis 17 Uhr",
+        "040/123 4567",
+        PiiType::Phone,
+    );
+    has(
+        "desk line 612 55 81 90;ext=42",
+        "612 55 81 90;ext=42",
+        PiiType::Phone,
+    );
+    has("my social is 219093321 fwiw", "219093321", PiiType::Ssn);
+}
+
+#[test]
+fn look_alikes_are_left_alone() {
+    for t in [
+        "In-Reply-To: <20240311.8812.abc@lists.example.org>",
+        "Add Reviewed-by and Acked-by trailers before merging.",
+        "Vielen Dank für Ihre Bestellung, Ihr Serviceteam",
+        "My rewards card 9876543210123 has no points.",
+        "Traceback:\nKeyError: 'name'",
+    ] {
+        assert!(found(t).is_empty(), "{t:?}: {:?}", found(t));
+    }
+}
