@@ -293,6 +293,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => report(&data_dir, graph.as_deref(), json),
         Command::Purge { user, data_dir } => purge(&user, &data_dir),
         Command::Coordinator { settings } => coordinator(&settings),
+        Command::Experiment { experiment, out } => run_experiment(&experiment, out),
         Command::Redact {
             jsonl,
             spans_out,
@@ -304,6 +305,30 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
         } => secrets(&jsonl, &findings_out, &config),
     }
+}
+
+fn run_experiment(path: &Path, out: PathBuf) -> anyhow::Result<ExitCode> {
+    use hearth::experiment::{Experiment, ExperimentError, RunOptions, output, run};
+    let exp = match Experiment::load(path) {
+        Ok(exp) => exp,
+        Err(e @ (ExperimentError::Parse { .. } | ExperimentError::Field { .. })) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(INVALID));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let results = run(
+        &exp,
+        &RunOptions {
+            out: out.clone(),
+            // indicatif draws only when stderr is a terminal.
+            progress: true,
+        },
+    )?;
+    for file in output::write(&results, &out)? {
+        println!("{}", file.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check(graphs: &[PathBuf]) -> anyhow::Result<ExitCode> {
@@ -335,7 +360,6 @@ fn list_actors() -> anyhow::Result<ExitCode> {
             .map(|p| {
                 format!(
                     "{}: {}{}",
-        Command::Experiment { experiment, out } => run_experiment(&experiment, out),
                     p.name,
                     p.message_type,
                     if p.required { "" } else { " (optional)" }
@@ -349,30 +373,6 @@ fn list_actors() -> anyhow::Result<ExitCode> {
         println!("{} — {}", info.name, info.about);
         println!("  inputs:  {}", ports(info.inputs));
         println!("  outputs: {}", ports(info.outputs));
-fn run_experiment(path: &Path, out: PathBuf) -> anyhow::Result<ExitCode> {
-    use hearth::experiment::{Experiment, ExperimentError, RunOptions, output, run};
-    let exp = match Experiment::load(path) {
-        Ok(exp) => exp,
-        Err(e @ (ExperimentError::Parse { .. } | ExperimentError::Field { .. })) => {
-            eprintln!("error: {e}");
-            return Ok(ExitCode::from(INVALID));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let results = run(
-        &exp,
-        &RunOptions {
-            out: out.clone(),
-            // indicatif draws only when stderr is a terminal.
-            progress: true,
-        },
-    )?;
-    for file in output::write(&results, &out)? {
-        println!("{}", file.display());
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
         println!("  source:  {}", info.source);
         println!("  example: kind: {}", kind.to_ron());
     }
