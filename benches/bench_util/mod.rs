@@ -40,6 +40,7 @@ pub fn fixed_length_request(
         stop: Vec::new(),
         ignore_eos: true,
         lora: None,
+        parse_special: true,
     }
 }
 

@@ -6,5 +6,5 @@ mod guard;
 mod guard_model;
 mod props;
 mod redact;
-mod secrets;
 mod redact_layout;
+mod secrets;
