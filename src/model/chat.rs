@@ -436,16 +436,7 @@ pub fn strftime(format: &str, secs: i64) -> String {
     ];
     let days = secs.div_euclid(86_400);
     let tod = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = crate::clock::civil_from_days(days);
     let weekday = DAYS[days.rem_euclid(7) as usize];
     let month_name = MONTHS[(month - 1) as usize];
     let mut out = String::new();

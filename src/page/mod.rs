@@ -150,26 +150,9 @@ fn duration(secs: f64) -> String {
     }
 }
 
-/// `YYYY-MM-DD HH:MM:SS` UTC of Unix milliseconds (Howard Hinnant's civil-from-days).
+/// `YYYY-MM-DD HH:MM:SS` UTC of Unix milliseconds.
 fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    crate::clock::utc_datetime(ms)
 }
 
 fn short(id: &str) -> &str {
