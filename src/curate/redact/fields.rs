@@ -5,7 +5,12 @@
 //! name and address lines of a signature block after a closing phrase or at a letter's head.
 //! Addresses in CJK and Hangul scripts are found by their administrative markers.
 
-use super::lexicon::{IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, LEX, fold};
+use std::sync::LazyLock;
+
+use compact_str::CompactString;
+use memchr::memmem::Finder;
+
+use super::lexicon::{IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, LEX, fold, fold_key};
 use super::{Cand, PiiType, prio};
 
 /// What a key announces.
@@ -227,12 +232,19 @@ const LABELS: &[&str] = &[
 /// Header keys whose value is `Name <mail>` or `"Name" <mail>`, on a line of their own.
 const HEADER_PERSON_KEYS: &[&str] = &["from", "to", "cc", "bcc", "replyto", "returnpath"];
 
-fn norm_key(k: &str) -> String {
-    fold(k).chars().filter(|c| c.is_alphanumeric()).collect()
+/// Keys are looked up once per line and per cell: an inline string, not a heap one.
+fn norm_key(k: &str) -> CompactString {
+    fold_key(k)
+        .chars()
+        .filter(|c| c.is_alphanumeric())
+        .collect()
 }
 
 fn field_of(k: &str, header: bool) -> Option<Field> {
-    let k = norm_key(k);
+    field_of_norm(&norm_key(k), header)
+}
+
+fn field_of_norm(k: &CompactString, header: bool) -> Option<Field> {
     if k.is_empty() || k.len() > 40 {
         return None;
     }
@@ -623,7 +635,8 @@ fn json_pairs(text: &str, out: &mut Vec<Cand>) {
 }
 
 fn memchr_pair(b: &[u8]) -> Option<usize> {
-    b.windows(2).position(|w| w == b"\":")
+    static KEY_END: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\":"));
+    KEY_END.find(b)
 }
 
 /// `Key: value`, `key = value`, `- key: value`, `git config user.name "value"`.
@@ -634,7 +647,8 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
         s += 1;
     }
     // `git config --global user.name "Name"`
-    if let Some(p) = l.find(".name ") {
+    static GIT_NAME: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(".name "));
+    if let Some(p) = GIT_NAME.find(b) {
         let v = &l[p + 6..];
         if v.starts_with('"') || v.starts_with('\'') {
             value(out, ls + p + 6, v, Field::Person, true, "field-kv");
@@ -653,7 +667,7 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
     }
     let header = s == 0 && b[sep] == b':';
     let nk = norm_key(key);
-    let f = field_of(key, header);
+    let f = field_of_norm(&nk, header);
     // The key itself is a label, never a name (`Signed-off-by:`, `DOB:`, `SystemError:`).
     let camel = !key.contains(' ') && key.chars().skip(1).any(char::is_uppercase);
     if b[sep] == b':' && (f.is_some() || LABELS.contains(&nk.as_str()) || camel) {
@@ -711,7 +725,11 @@ fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>) {
         return;
     }
     let rest = &l[s..];
-    // `Name wrote:` / `Name schrieb:` / `Name a écrit :`
+    // Every cue below ends at a colon; most lines have none.
+    let Some(first_colon) = memchr::memchr(b':', rest.as_bytes()) else {
+        return;
+    };
+    // `Name wrote:` / `Name schrieb:` / `Name a écrit :`: the first of each verb, in this order
     for w in [
         " wrote:",
         " schrieb:",
@@ -720,7 +738,10 @@ fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>) {
         " ha scritto:",
         " написал:",
     ] {
-        if let Some(p) = rest.find(w) {
+        let found = memchr::memchr_iter(b':', &rest.as_bytes()[first_colon..])
+            .map(|c| first_colon + c + 1)
+            .find(|&end| rest.as_bytes()[..end].ends_with(w.as_bytes()));
+        if let Some(p) = found.map(|end| end - w.len()) {
             let mut ns = 0;
             if let Some(c) = rest[..p].rfind(", ") {
                 ns = c + 2;

@@ -480,7 +480,7 @@ pub(crate) fn fold(s: &str) -> String {
 /// [`fold`] for token keys: folded into a stack buffer, then made an inline string (no heap
 /// allocation up to 24 bytes). Pushing each char into the `CompactString` itself re-inspects its
 /// representation per char.
-fn fold_key(s: &str) -> CompactString {
+pub(crate) fn fold_key(s: &str) -> CompactString {
     let folded = fold_into(s, FoldBuffer::default());
     if folded.overflow {
         // Longer than the buffer: fold straight into the string.
