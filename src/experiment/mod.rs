@@ -20,7 +20,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use score::RunMetrics;
-pub use spec::{Experiment, ExperimentSpec};
+pub use spec::{Experiment, ExperimentSpec, StreamSource};
 
 use crate::engine::schema::Location;
 
@@ -59,6 +59,18 @@ pub enum ExperimentError {
         line: usize,
         col: usize,
         message: String,
+    },
+    #[error("{}: {source}", path.display())]
+    Store {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("{}: {table} row `{id}`: {source}", path.display())]
+    Captured {
+        path: PathBuf,
+        table: &'static str,
+        id: String,
+        source: serde_json::Error,
     },
     #[error("variant `{variant}`, repeat {repeat}: {message}")]
     Run {
@@ -102,7 +114,10 @@ impl Results {
 /// Replays the stream through every variant `repeats` times. Every variant is built once before anything
 /// runs, so a broken variant fails the experiment at once rather than after hours of the others.
 pub fn run(exp: &Experiment, opts: &RunOptions) -> Result<Results, ExperimentError> {
-    let records = stream::read(&exp.stream, exp.spec.stream.limit)?;
+    let records = match &exp.stream {
+        spec::StreamSource::Jsonl(path) => stream::read(path, exp.spec.stream.limit)?,
+        spec::StreamSource::Store(dir) => stream::read_store(dir, exp.spec.stream.limit)?,
+    };
     let spec = &exp.spec;
     for i in 0..spec.variants.len() {
         variant::build(exp, i, Arc::new(Vec::new()), None)?;
@@ -168,7 +183,7 @@ pub fn run(exp: &Experiment, opts: &RunOptions) -> Result<Results, ExperimentErr
     progress.finish_and_clear();
     Ok(Results {
         name: spec.name.clone(),
-        stream: exp.stream.display().to_string(),
+        stream: exp.stream.path().display().to_string(),
         records: records.len(),
         seed: spec.seed,
         shuffle: spec.shuffle,

@@ -37,6 +37,9 @@ pub struct RunMetrics {
     pub records: u64,
     pub admitted: u64,
     pub admitted_share: f64,
+    /// SHA-256 of the admitted samples' ids in the order they reached the sink: equal digests mean the same
+    /// samples admitted in the same order.
+    pub admitted_digest: String,
     pub decided: u64,
     /// Records neither admitted nor decided: lost on the way (a dropped edge, a dead letter).
     pub unaccounted: u64,
@@ -132,6 +135,16 @@ pub fn score(input: RunInput<'_>) -> RunMetrics {
         records: records.len() as u64,
         admitted: input.collected.admitted.len() as u64,
         admitted_share: input.collected.admitted.len() as f64 / records.len().max(1) as f64,
+        admitted_digest: crate::files::sha256_hex(
+            input
+                .collected
+                .admitted
+                .iter()
+                .map(|s| s.id.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+                .as_bytes(),
+        ),
         decided: input.collected.decisions.len() as u64,
         unaccounted: 0,
         pii_spans: 0,

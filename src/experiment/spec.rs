@@ -34,11 +34,16 @@ pub struct ExperimentSpec {
     pub variants: Vec<VariantSpec>,
 }
 
-/// The stream every variant is fed. Today a JSONL file of records with optional gold labels.
+/// The stream every variant is fed: exactly one of a JSONL file of records with optional gold labels, or a
+/// data directory whose store's captured interactions and feedback are replayed (read-only, without gold).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamSpec {
-    pub jsonl: String,
+    #[serde(default)]
+    pub jsonl: Option<String>,
+    /// A data directory (the one holding `hearth.sqlite`).
+    #[serde(default)]
+    pub store: Option<String>,
     /// Replay at most this many records (the first ones in file order, before any shuffle).
     #[serde(default)]
     pub limit: Option<usize>,
@@ -73,12 +78,28 @@ fn default_sink() -> String {
     "store".to_owned()
 }
 
+/// Where the stream comes from, its path resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamSource {
+    Jsonl(PathBuf),
+    /// A data directory; its store is opened read-only.
+    Store(PathBuf),
+}
+
+impl StreamSource {
+    pub fn path(&self) -> &Path {
+        match self {
+            StreamSource::Jsonl(p) | StreamSource::Store(p) => p,
+        }
+    }
+}
+
 /// A parsed experiment with the paths it names resolved.
 #[derive(Debug, Clone)]
 pub struct Experiment {
     pub file: PathBuf,
     pub spec: ExperimentSpec,
-    pub stream: PathBuf,
+    pub stream: StreamSource,
     /// Each variant's graph file, in the order of `spec.variants`.
     pub graphs: Vec<PathBuf>,
 }
@@ -140,9 +161,19 @@ impl Experiment {
         }
         let base = path.parent().unwrap_or(Path::new(""));
         let resolve = |p: &str| base.join(p);
+        let stream = match (&spec.stream.jsonl, &spec.stream.store) {
+            (Some(f), None) => StreamSource::Jsonl(resolve(f)),
+            (None, Some(d)) => StreamSource::Store(resolve(d)),
+            _ => {
+                return Err(field(
+                    "stream",
+                    "name exactly one of `jsonl` (a file) or `store` (a data directory)",
+                ));
+            }
+        };
         Ok(Experiment {
             file: path.to_path_buf(),
-            stream: resolve(&spec.stream.jsonl),
+            stream,
             graphs: spec.variants.iter().map(|v| resolve(&v.graph)).collect(),
             spec,
         })

@@ -1,4 +1,5 @@
-//! The recorded stream: JSONL records, each a prompt and response with optional gold labels.
+//! The recorded stream: JSONL records, each a prompt and response with optional gold labels, or a data
+//! directory's captured interactions and feedback (no gold).
 //!
 //! A record is `{"id", "prompt", "response"?, "user"?, "pii"?: [{"type", "value"}], "secrets"?: [{"value",
 //! "rule"?}], "unsafe"?: [category], "dup_group"?}`. Gold spans are matched by value: a span leaks when its
@@ -52,6 +53,9 @@ pub struct Record {
     pub unsafe_labels: Vec<String>,
     #[serde(default)]
     pub dup_group: Option<String>,
+    /// The sample as a store captured it; replayed as it is instead of one built from `prompt`/`response`.
+    #[serde(skip)]
+    pub captured: Option<Sample>,
 }
 
 fn default_user() -> String {
@@ -64,6 +68,9 @@ const EPOCH_MS: u64 = 1_767_225_600_000;
 impl Record {
     /// The sample curation sees: a grounded SFT pair, as capture would emit it.
     pub fn sample(&self, index: usize) -> Arc<Sample> {
+        if let Some(s) = &self.captured {
+            return Arc::new(s.clone());
+        }
         Arc::new(Sample {
             id: self.id.clone(),
             user: self.user.clone(),
@@ -117,6 +124,175 @@ pub fn read(path: &Path, limit: Option<usize>) -> Result<Vec<Record>, Experiment
             line: 1,
             col: 1,
             message: "the stream has no records".to_owned(),
+        });
+    }
+    Ok(records)
+}
+
+/// Reads a data directory's captured interactions and feedback as curation first saw them: each interaction
+/// becomes its self-generated sample, each piece of feedback its grounded one, in capture order. The store is
+/// opened read-only, so an experiment never changes the data it replays. Items whose raw text retention has
+/// already erased, and feedback on an interaction the store does not hold, have no sample and are skipped.
+pub fn read_store(dir: &Path, limit: Option<usize>) -> Result<Vec<Record>, ExperimentError> {
+    use rusqlite::{Connection, OpenFlags};
+
+    use crate::message::{Feedback, Interaction};
+    use crate::store::{Store, feedback_sample, interaction_sample};
+
+    let path = dir.join(Store::FILE_NAME);
+    let sq = |source| ExperimentError::Store {
+        path: path.clone(),
+        source,
+    };
+    let json = |table: &'static str, id: &str, source| ExperimentError::Captured {
+        path: path.clone(),
+        table,
+        id: id.to_owned(),
+        source,
+    };
+    if !path.is_file() {
+        return Err(ExperimentError::Io {
+            path: path.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no store here: `stream.store` names a data directory holding hearth.sqlite",
+            ),
+        });
+    }
+    // Without a write-ahead log no hearth has the store open, and `immutable` reads it without creating the
+    // `-wal` and `-shm` files a read-only WAL reader otherwise leaves beside it. With one, a hearth may be
+    // writing: read through the log, as any reader does.
+    let live = dir.join(format!("{}-wal", Store::FILE_NAME)).exists();
+    let uri = format!(
+        "file:{}?mode=ro{}",
+        path.display()
+            .to_string()
+            .replace('%', "%25")
+            .replace('?', "%3f")
+            .replace('#', "%23"),
+        if live { "" } else { "&immutable=1" }
+    );
+    let conn = Connection::open_with_flags(
+        &uri,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sq)?;
+    // A running hearth may be writing; wait for it rather than fail.
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(sq)?;
+    // Both tables are read in one snapshot, so feedback never names an interaction read later.
+    conn.execute_batch("BEGIN").map_err(sq)?;
+    type InteractionRow = (
+        i64,
+        String,
+        String,
+        Option<String>,
+        String,
+        Option<String>,
+        String,
+        i64,
+        i64,
+    );
+    let rows: Vec<InteractionRow> = conn
+        .prepare(
+            "SELECT rowid, id, user, adapter, prompt_json, response, sampling_json, created_at_unix_ms,
+                    latency_ms
+             FROM interactions WHERE prompt_json IS NOT NULL",
+        )
+        .and_then(|mut st| {
+            st.query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                    r.get(8)?,
+                ))
+            })?
+            .collect()
+        })
+        .map_err(sq)?;
+    let mut interactions = std::collections::HashMap::new();
+    // (created, source: interactions first, rowid) orders the samples as capture saw them.
+    let mut items: Vec<((i64, u8, i64), Sample)> = Vec::new();
+    for (rowid, id, user, adapter, prompt, response, sampling, created, latency) in rows {
+        let i = Interaction {
+            prompt: serde_json::from_str(&prompt).map_err(|e| json("interactions", &id, e))?,
+            sampling: serde_json::from_str(&sampling).map_err(|e| json("interactions", &id, e))?,
+            id,
+            user,
+            adapter,
+            response: response.unwrap_or_default(),
+            created_at_unix_ms: created.max(0) as u64,
+            latency_ms: latency.max(0) as u64,
+            commit: Default::default(),
+        };
+        items.push(((created, 0, rowid), interaction_sample(&i)));
+        interactions.insert(i.id.clone(), i);
+    }
+    let rows: Vec<(i64, String, String, String, String, i64)> = conn
+        .prepare(
+            "SELECT rowid, id, response_id, user, kind_json, created_at_unix_ms
+             FROM feedback WHERE kind_json IS NOT NULL",
+        )
+        .and_then(|mut st| {
+            st.query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            })?
+            .collect()
+        })
+        .map_err(sq)?;
+    conn.execute_batch("COMMIT").map_err(sq)?;
+    for (rowid, id, response_id, user, kind, created) in rows {
+        let Some(i) = interactions.get(&response_id) else {
+            continue;
+        };
+        let f = Feedback {
+            kind: serde_json::from_str(&kind).map_err(|e| json("feedback", &id, e))?,
+            id,
+            response_id,
+            user,
+            created_at_unix_ms: created.max(0) as u64,
+            commit: Default::default(),
+        };
+        items.push(((created, 1, rowid), feedback_sample(&f, i)));
+    }
+    items.sort_by_key(|(key, _)| *key);
+    let records: Vec<Record> = items
+        .into_iter()
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|(_, s)| Record {
+            id: s.id.clone(),
+            user: s.user.clone(),
+            prompt: String::new(),
+            response: String::new(),
+            pii: Vec::new(),
+            secrets: Vec::new(),
+            unsafe_labels: Vec::new(),
+            dup_group: None,
+            captured: Some(s),
+        })
+        .collect();
+    if records.is_empty() {
+        return Err(ExperimentError::Io {
+            path,
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the store holds no captured interaction or feedback to replay",
+            ),
         });
     }
     Ok(records)

@@ -331,3 +331,226 @@ fn experiment_command_writes_tables_and_plots() {
     let files = output::write(&r, &dir.path().join("lib")).unwrap();
     assert_eq!(files.len(), 11);
 }
+
+/// A data directory with captured interactions and feedback, as `hearth serve` would leave it.
+fn captured_store(dir: &Path) {
+    use hearth::message::{ChatMessage, Feedback, FeedbackKind, Interaction, Role};
+    let mut store = hearth::store::Store::open(dir).unwrap();
+    let turns = [
+        (
+            "i1",
+            "My email is jane.doe@example.org, remind me of the dentist.",
+            "Noted.",
+        ),
+        ("i2", "Suggest a name for a grey cat.", "How about Miso?"),
+        ("i3", "Suggest a name for a grey cat.", "How about Miso?"),
+        (
+            "i4",
+            "Summarise the plot of Hamlet in one line.",
+            "A prince avenges his father.",
+        ),
+    ];
+    for (n, (id, prompt, response)) in turns.iter().enumerate() {
+        store
+            .capture_interaction(&Interaction {
+                id: (*id).into(),
+                user: "alice".into(),
+                adapter: None,
+                prompt: vec![ChatMessage::new(Role::User, *prompt)],
+                response: (*response).into(),
+                sampling: serde_json::json!({"temperature": 0.7}),
+                created_at_unix_ms: 1_000 + n as u64,
+                latency_ms: 5,
+                commit: Default::default(),
+            })
+            .unwrap();
+    }
+    let feedback = [
+        (
+            "f1",
+            "i1",
+            FeedbackKind::Edit {
+                text: "Noted: dentist on Friday.".into(),
+            },
+        ),
+        ("f2", "i4", FeedbackKind::Thumbs { up: true }),
+        // On a response the store never captured: no sample to replay.
+        ("f3", "missing", FeedbackKind::Accepted),
+    ];
+    for (n, (id, response_id, kind)) in feedback.into_iter().enumerate() {
+        store
+            .capture_feedback(&Feedback {
+                id: id.into(),
+                response_id: response_id.into(),
+                user: "alice".into(),
+                kind,
+                created_at_unix_ms: 2_000 + n as u64,
+                commit: Default::default(),
+            })
+            .unwrap();
+    }
+}
+
+fn listing(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn experiment_replays_a_store_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    captured_store(&data);
+    let before = listing(&data);
+    let body = |limit: &str| {
+        format!(
+            "Experiment(\n    stream: (store: \"data\"{limit}),\n    variants: [(name: \"shipped\", graph: \"{}\")],\n)\n",
+            graph("curate.ron")
+        )
+    };
+    let path = dir.path().join("store.ron");
+    std::fs::write(&path, body("")).unwrap();
+    let r = run_file(&path, &dir.path().join("out"));
+    let m = variant(&r, "shipped");
+    // Four interactions and the two pieces of feedback whose interaction was captured.
+    assert_eq!(m.records, 6);
+    assert_eq!(m.unaccounted, 0);
+    assert!(m.admitted > 0 && m.decided > 0, "{m:?}");
+    assert!(
+        m.decisions.keys().any(|k| k.starts_with("dedup | ")),
+        "the repeated interaction is a duplicate: {:?}",
+        m.decisions
+    );
+    assert!(r.stream.ends_with("data"), "{}", r.stream);
+    // Nothing in the user's data directory changed, and nothing was added beside the store.
+    assert_eq!(listing(&data), before);
+    assert!(dir.path().join("out/runs/shipped/r0").is_dir());
+
+    // `limit` takes the first records in capture order.
+    std::fs::write(&path, body(", limit: 2")).unwrap();
+    let r = run_file(&path, &dir.path().join("out2"));
+    assert_eq!(variant(&r, "shipped").records, 2);
+
+    // A directory without a store, or a stream naming both sources, is refused with its place.
+    std::fs::write(
+        &path,
+        body("").replace("store: \"data\"", "store: \"elsewhere\""),
+    )
+    .unwrap();
+    let exp = Experiment::load(&path).unwrap();
+    let opts = RunOptions {
+        out: dir.path().join("bad"),
+        progress: false,
+    };
+    let text = run(&exp, &opts).unwrap_err().to_string();
+    assert!(
+        text.contains("elsewhere") && text.contains("hearth.sqlite"),
+        "{text}"
+    );
+    std::fs::write(
+        &path,
+        body("").replace("store: \"data\"", "store: \"data\", jsonl: \"s.jsonl\""),
+    )
+    .unwrap();
+    let text = Experiment::load(&path).unwrap_err().to_string();
+    assert!(text.contains("`stream`"), "{text}");
+}
+
+#[test]
+fn experiment_name_repeats_and_limit_reach_the_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, limit: usize, repeats: usize| {
+        let path = dir.path().join(format!("{name}.ron"));
+        std::fs::write(
+            &path,
+            format!(
+                "Experiment(\n    name: \"{name}\",\n    stream: (jsonl: \"{}\", limit: {limit}),\n    repeats: {repeats},\n    variants: [(name: \"a\", graph: \"{}\")],\n)\n",
+                stream_path(),
+                graph("curate.ron")
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let one = run_file(&write("first", 60, 1), &dir.path().join("one"));
+    let two = run_file(&write("second", 90, 3), &dir.path().join("two"));
+    assert_eq!((one.name.as_str(), two.name.as_str()), ("first", "second"));
+    let md = output::markdown(&one, &output::summarize(&one));
+    assert!(md.starts_with("## first\n"), "{md}");
+    assert_eq!((one.records, two.records), (60, 90));
+    assert_eq!(one.runs.len(), 1);
+    assert_eq!(two.runs.len(), 3);
+    assert_eq!(
+        two.runs.iter().map(|m| m.repeat).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    assert!(dir.path().join("two/runs/a/r2").is_dir());
+}
+
+#[test]
+fn experiment_shuffle_and_seed_change_the_replay_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_with = |tag: &str, opts: &str| {
+        let path = experiment(
+            dir.path(),
+            &format!(
+                "    {opts}\n    variants: [(name: \"a\", graph: \"{}\")],",
+                graph("curate.ron")
+            ),
+        );
+        run_file(&path, &dir.path().join(tag)).runs[0].clone()
+    };
+    let file_order = run_with("f1", "seed: 1, shuffle: false,");
+    // Without `shuffle` the seed is not used: file order every time.
+    let file_order_again = run_with("f2", "seed: 2, shuffle: false,");
+    assert_eq!(file_order.admitted_digest, file_order_again.admitted_digest);
+    let shuffled = run_with("s1", "seed: 1, shuffle: true,");
+    let reseeded = run_with("s2", "seed: 2, shuffle: true,");
+    assert_ne!(shuffled.admitted_digest, file_order.admitted_digest);
+    assert_ne!(shuffled.admitted_digest, reseeded.admitted_digest);
+    assert_eq!(
+        run_with("s3", "seed: 2, shuffle: true,").admitted_digest,
+        reseeded.admitted_digest
+    );
+}
+
+#[test]
+fn experiment_input_node_is_replaced_by_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_with = |tag: &str, input: &str| {
+        let path = experiment(
+            dir.path(),
+            &format!(
+                "    input: \"{input}\",\n    variants: [(name: \"a\", graph: \"{}\")],",
+                graph("curate.ron")
+            ),
+        );
+        run_file(&path, &dir.path().join(tag)).runs[0].clone()
+    };
+    let at_capture = run_with("capture", "capture");
+    // Standing in for `redact`, the stream skips redaction: its spans reach the sink.
+    let at_redact = run_with("redact", "redact");
+    assert!(at_capture.nodes.iter().any(|n| n.id == "redact"));
+    assert!(
+        at_redact
+            .nodes
+            .iter()
+            .all(|n| n.id != "redact" && n.id != "capture")
+    );
+    assert!(
+        at_redact.pii_span_leaks > at_capture.pii_span_leaks,
+        "{} vs {}",
+        at_redact.pii_span_leaks,
+        at_capture.pii_span_leaks
+    );
+}
