@@ -5,6 +5,7 @@
 //! gets a fresh data directory, and the stream's order depends on the seed alone. [`output`] writes CSV,
 //! JSON, a markdown table and SVG plots.
 
+pub mod downstream;
 pub mod output;
 pub mod plots;
 pub mod score;
@@ -80,6 +81,8 @@ pub enum ExperimentError {
     },
     #[error("{}: {message}", path.display())]
     Output { path: PathBuf, message: String },
+    #[error("downstream: {0}")]
+    Downstream(#[source] Box<downstream::DownstreamError>),
 }
 
 /// How to run an experiment, as the command line gives it.
@@ -102,6 +105,8 @@ pub struct Results {
     pub repeats: usize,
     pub variants: Vec<String>,
     pub runs: Vec<RunMetrics>,
+    /// One delta per variant with its gate legs, when the experiment has `downstream`.
+    pub downstream: Vec<downstream::DownstreamResult>,
 }
 
 impl Results {
@@ -149,6 +154,8 @@ pub fn run(exp: &Experiment, opts: &RunOptions) -> Result<Results, ExperimentErr
     let warm_dir = opts.out.join("runs").join(".warmup");
     run_one(exp, 0, 0, spec.seed, &records, warm, &warm_dir, &progress)?;
     let mut runs = Vec::new();
+    // Each variant's first repeat's admitted samples, for `downstream`.
+    let mut first_admitted: Vec<Vec<crate::message::Sample>> = Vec::new();
     for repeat in 0..spec.repeats {
         let seed = spec.seed.wrapping_add(repeat as u64);
         let order = stream::order(records.len(), spec.shuffle, seed);
@@ -167,7 +174,7 @@ pub fn run(exp: &Experiment, opts: &RunOptions) -> Result<Results, ExperimentErr
                 .join("runs")
                 .join(&v.name)
                 .join(format!("r{repeat}"));
-            let metrics = run_one(
+            let (metrics, admitted) = run_one(
                 exp,
                 i,
                 repeat,
@@ -178,6 +185,27 @@ pub fn run(exp: &Experiment, opts: &RunOptions) -> Result<Results, ExperimentErr
                 &progress,
             )?;
             runs.push(metrics);
+            if repeat == 0 && spec.downstream.is_some() {
+                first_admitted.push(admitted.iter().map(|s| (**s).clone()).collect());
+            }
+        }
+    }
+    let mut downstream_results = Vec::new();
+    if let (Some(d), Some(model)) = (&spec.downstream, &exp.downstream_model) {
+        progress.set_message("downstream: loading the base");
+        let base = downstream::load_base(model)?;
+        for (v, admitted) in spec.variants.iter().zip(&first_admitted) {
+            progress.set_message(format!("downstream: {}", v.name));
+            let dir = opts.out.join("runs").join(&v.name).join("r0");
+            downstream_results.push(downstream::train_and_judge(
+                d,
+                exp.downstream_probes.as_deref(),
+                &base,
+                &v.name,
+                admitted,
+                &dir.join("deltas"),
+                &opts.out.join("runs").join(".eval"),
+            )?);
         }
     }
     progress.finish_and_clear();
@@ -190,6 +218,7 @@ pub fn run(exp: &Experiment, opts: &RunOptions) -> Result<Results, ExperimentErr
         repeats: spec.repeats,
         variants: spec.variants.iter().map(|v| v.name.clone()).collect(),
         runs,
+        downstream: downstream_results,
     })
 }
 
@@ -203,7 +232,7 @@ fn run_one(
     samples: Arc<Vec<Arc<crate::message::Sample>>>,
     dir: &Path,
     progress: &ProgressBar,
-) -> Result<RunMetrics, ExperimentError> {
+) -> Result<(RunMetrics, Vec<Arc<crate::message::Sample>>), ExperimentError> {
     let name = &exp.spec.variants[index].name;
     let run_err = |message: String| ExperimentError::Run {
         variant: name.clone(),
@@ -239,7 +268,7 @@ fn run_one(
             (id, t)
         })
         .collect();
-    Ok(score::score(score::RunInput {
+    let metrics = score::score(score::RunInput {
         variant: name,
         repeat,
         seed,
@@ -248,5 +277,6 @@ fn run_one(
         report: &report,
         timings,
         wall_seconds,
-    }))
+    });
+    Ok((metrics, collected.admitted))
 }

@@ -348,7 +348,67 @@ pub fn markdown(results: &Results, summary: &[VariantSummary]) -> String {
             );
         }
     }
+    if !results.downstream.is_empty() {
+        md.push_str(&downstream_markdown(results));
+    }
     md
+}
+
+/// One delta per variant: what it trained on, and the gate's legs against the bare base.
+fn downstream_markdown(results: &Results) -> String {
+    let mut md = String::from(
+        "\n### Downstream: one delta per variant (first repeat's admitted set), gate legs against the base\n\n\
+         | variant | samples | held out | steps | loss first → last | personal gain | gate |\n\
+         |---|---:|---:|---:|---|---:|---|\n",
+    );
+    let loss = |l: Option<f64>| l.map_or("–".to_owned(), |l| format!("{l:.3}"));
+    for d in &results.downstream {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} → {} | {:.4} | {} |",
+            d.variant,
+            d.samples,
+            d.held_out,
+            d.steps,
+            loss(d.first_loss),
+            loss(d.last_loss),
+            d.personal_gain,
+            if d.passed { "pass" } else { "fail" }
+        );
+    }
+    md.push_str("\n| variant | leg | base | candidate | tolerance | passed |\n|---|---|---:|---:|---:|---|\n");
+    for d in &results.downstream {
+        for l in &d.legs {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.4} | {:.4} | {} | {} |",
+                d.variant, l.leg, l.baseline, l.candidate, l.tolerance, l.passed
+            );
+        }
+    }
+    md
+}
+
+/// The gate's legs per variant, one row each.
+fn downstream_csv(results: &Results) -> String {
+    let mut out = String::from("variant,samples,steps,leg,baseline,candidate,tolerance,passed\n");
+    for d in &results.downstream {
+        for l in &d.legs {
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{}",
+                csv_field(&d.variant),
+                d.samples,
+                d.steps,
+                csv_field(&l.leg),
+                l.baseline,
+                l.candidate,
+                l.tolerance,
+                l.passed
+            );
+        }
+    }
+    out
 }
 
 /// The SVG plots by file name: leaks, admitted share, throughput and per-node p99 latency, each bar a mean
@@ -446,7 +506,8 @@ pub fn plots(
     Ok(out)
 }
 
-/// Writes `results.{json,md}`, `runs.csv`, `nodes.csv`, `decisions.csv`, `leaks.csv` and the plots into
+/// Writes `results.{json,md}`, `runs.csv`, `nodes.csv`, `decisions.csv`, `leaks.csv`, `downstream.csv`
+/// (with `downstream`) and the plots into
 /// `dir`, returning the paths written.
 pub fn write(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, ExperimentError> {
     let summary = summarize(results);
@@ -474,6 +535,9 @@ pub fn write(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, ExperimentEr
         ("decisions.csv".to_owned(), decisions_csv(results)),
         ("leaks.csv".to_owned(), leaks_csv(results)),
     ];
+    if !results.downstream.is_empty() {
+        files.push(("downstream.csv".to_owned(), downstream_csv(results)));
+    }
     files.extend(plots(results, &summary).map_err(|e| out_err(dir, format!("plot: {e}")))?);
     let mut written = Vec::new();
     for (name, text) in files {

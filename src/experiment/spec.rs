@@ -32,6 +32,9 @@ pub struct ExperimentSpec {
     #[serde(default = "default_sink")]
     pub sink: String,
     pub variants: Vec<VariantSpec>,
+    /// Train one delta per variant on its admitted set and report the gate's legs; off when absent.
+    #[serde(default)]
+    pub downstream: Option<super::downstream::DownstreamSpec>,
 }
 
 /// The stream every variant is fed: exactly one of a JSONL file of records with optional gold labels, or a
@@ -102,6 +105,9 @@ pub struct Experiment {
     pub stream: StreamSource,
     /// Each variant's graph file, in the order of `spec.variants`.
     pub graphs: Vec<PathBuf>,
+    /// `downstream.model` and `downstream.probes`, resolved.
+    pub downstream_model: Option<PathBuf>,
+    pub downstream_probes: Option<PathBuf>,
 }
 
 impl Experiment {
@@ -171,8 +177,19 @@ impl Experiment {
                 ));
             }
         };
+        if let Some(d) = &spec.downstream {
+            d.train
+                .validate()
+                .map_err(|e| field("downstream.train", &e.to_string()))?;
+        }
         Ok(Experiment {
             file: path.to_path_buf(),
+            downstream_model: spec.downstream.as_ref().map(|d| resolve(&d.model)),
+            downstream_probes: spec
+                .downstream
+                .as_ref()
+                .and_then(|d| d.probes.as_deref())
+                .map(resolve),
             stream,
             graphs: spec.variants.iter().map(|v| resolve(&v.graph)).collect(),
             spec,

@@ -554,3 +554,81 @@ fn experiment_input_node_is_replaced_by_the_stream() {
         at_capture.pii_span_leaks
     );
 }
+
+#[test]
+fn experiment_downstream_trains_and_gates_one_delta_per_variant() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, _, _) = crate::train_util::tiny(dir.path());
+    // A tiny model and a few steps: this checks the wiring, not what a real delta learns.
+    let run_with = |tag: &str, steps: usize, min_gain: f64| {
+        let path = experiment(
+            dir.path(),
+            &format!(
+                "    downstream: (
+        model: \"{}\",
+        train: (steps: {steps}, batch_size: 2, max_seq_len: 48, warmup_steps: 0),
+        gate: (min_personal_gain: {min_gain}, general_probes: 2, general_max_tokens: 4, max_new_tokens: 4,
+               max_personal_probes: 4),
+    ),
+    variants: [
+        (name: \"shipped\", graph: \"{g}\"),
+        (name: \"no_redact\", graph: \"{g}\", order: [\"guard\", \"secret_filter\", \"dedup\"]),
+    ],",
+                model.display(),
+                g = graph("curate.ron")
+            ),
+        );
+        let out = dir.path().join(tag);
+        let r = run_file(&path, &out);
+        (r, out)
+    };
+    let (r, out) = run_with("a", 2, -1000.0);
+    assert_eq!(r.downstream.len(), 2);
+    for (d, name) in r.downstream.iter().zip(["shipped", "no_redact"]) {
+        assert_eq!(d.variant, name);
+        // Trained on what this variant admitted in its first repeat.
+        assert_eq!(d.samples as u64, variant(&r, name).admitted);
+        assert_eq!(d.steps, 2);
+        assert!(d.held_out > 0 && d.last_loss.is_some(), "{d:?}");
+        assert!(Path::new(&d.delta).starts_with(out.join("runs").join(name).join("r0")));
+        assert!(Path::new(&d.delta).join("provenance.json").is_file());
+        let legs: Vec<&str> = d.legs.iter().map(|l| l.leg.as_str()).collect();
+        assert!(
+            legs.contains(&"personalisation") && legs.contains(&"base_perplexity"),
+            "{legs:?}"
+        );
+        let personal = d.legs.iter().find(|l| l.leg == "personalisation").unwrap();
+        assert!(personal.passed, "{personal:?}");
+    }
+    // Different admitted sets train different deltas.
+    assert_ne!(r.downstream[0].delta, r.downstream[1].delta);
+    let files = output::write(&r, &out).unwrap();
+    assert!(files.iter().any(|f| f.ends_with("downstream.csv")));
+    let md = std::fs::read_to_string(out.join("results.md")).unwrap();
+    assert!(
+        md.contains("### Downstream") && md.contains("| no_redact | personalisation |"),
+        "{md}"
+    );
+
+    // The recipe and the gate's settings are read: more steps, and a gain no delta reaches.
+    let (r, _) = run_with("b", 3, 1000.0);
+    for d in &r.downstream {
+        assert_eq!(d.steps, 3);
+        let personal = d.legs.iter().find(|l| l.leg == "personalisation").unwrap();
+        assert!(!personal.passed && !d.passed, "{d:?}");
+    }
+
+    // A recipe the trainer would refuse is refused when the file is read, naming the field.
+    let path = experiment(
+        dir.path(),
+        &format!(
+            "    downstream: (model: \"m.gguf\", train: (holdout_fraction: 1.5)),\n    variants: [(name: \"a\", graph: \"{}\")],",
+            graph("curate.ron")
+        ),
+    );
+    let text = Experiment::load(&path).unwrap_err().to_string();
+    assert!(
+        text.contains("`downstream.train`") && text.contains("holdout_fraction"),
+        "{text}"
+    );
+}
