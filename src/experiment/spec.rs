@@ -66,6 +66,11 @@ pub struct VariantSpec {
     /// Replaces a node's kind and parameters, e.g. `{"dedup": Dedup(threshold: 0.7)}`.
     #[serde(default)]
     pub set: BTreeMap<String, ActorKind>,
+    /// Sets single parameters of a node, keeping the rest as the graph file has them:
+    /// `{"dedup.threshold": 0.9, "guard.policy.controversial": "Drop"}` (enum values as strings).
+    /// Applied after `set`.
+    #[serde(default)]
+    pub params: BTreeMap<String, ron::Value>,
 }
 
 fn default_name() -> String {

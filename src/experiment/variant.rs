@@ -80,6 +80,21 @@ pub fn build(
         };
         node.value.kind = kind.clone();
     }
+    for (key, value) in &spec.params {
+        let (id, param) = key.split_once('.').unwrap_or((key.as_str(), ""));
+        let Some(node) = file.nodes.iter_mut().find(|n| n.value.id == id) else {
+            return Err(variant_err(
+                "params",
+                format!(
+                    "`{key}`: no node `{id}` in {} (nodes: {})",
+                    path.display(),
+                    ids(&file)
+                ),
+            ));
+        };
+        node.value.kind = with_param(&node.value.kind, param, value)
+            .map_err(|m| variant_err("params", format!("`{key}`: {m}")))?;
+    }
 
     let input = exp.spec.input.as_str();
     let sink = exp.spec.sink.as_str();
@@ -147,6 +162,63 @@ pub fn build(
         timings,
         collected,
     })
+}
+
+/// `kind` with the parameter at the dotted `path` set to `value`. The kind goes through its JSON form, so any
+/// parameter a graph file can write can be set; the result is read back to make sure the kind took it.
+fn with_param(kind: &ActorKind, path: &str, value: &ron::Value) -> Result<ActorKind, String> {
+    if path.is_empty() {
+        return Err("name a parameter: `node.parameter`".to_owned());
+    }
+    let value = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    let mut json = serde_json::to_value(kind).map_err(|e| e.to_string())?;
+    // An externally tagged variant: `{"Dedup": {...params}}`.
+    let Some(params) = json
+        .as_object_mut()
+        .and_then(|o| o.values_mut().next())
+        .filter(|p| p.is_object())
+    else {
+        return Err("this node's kind has no parameters".to_owned());
+    };
+    let mut at = params;
+    let keys: Vec<&str> = path.split('.').collect();
+    for (i, k) in keys.iter().enumerate() {
+        let Some(obj) = at.as_object_mut() else {
+            return Err(format!(
+                "`{}` is not a group of parameters",
+                keys[..i].join(".")
+            ));
+        };
+        if i + 1 == keys.len() {
+            obj.insert((*k).to_owned(), value.clone());
+            break;
+        }
+        at = obj
+            .entry((*k).to_owned())
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    }
+    let kind: ActorKind = serde_json::from_value(json).map_err(|e| e.to_string())?;
+    let back = serde_json::to_value(&kind).map_err(|e| e.to_string())?;
+    let read = back
+        .as_object()
+        .and_then(|o| o.values().next())
+        .and_then(|p| keys.iter().try_fold(p, |v, k| v.get(k)));
+    let same = match (read, &value) {
+        // f32 parameters come back rounded.
+        (Some(serde_json::Value::Number(a)), serde_json::Value::Number(b)) => {
+            let (a, b) = (
+                a.as_f64().unwrap_or(f64::NAN),
+                b.as_f64().unwrap_or(f64::NAN),
+            );
+            (a - b).abs() <= 1e-6 * b.abs().max(1.0)
+        }
+        (Some(a), b) => a == b,
+        (None, _) => false,
+    };
+    if !same {
+        return Err(format!("no parameter `{path}` takes {value}"));
+    }
+    Ok(kind)
 }
 
 fn port(s: &str) -> Option<PortRef> {

@@ -632,3 +632,68 @@ fn experiment_downstream_trains_and_gates_one_delta_per_variant() {
         "{text}"
     );
 }
+
+#[test]
+fn experiment_params_set_one_parameter_and_keep_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = experiment(
+        dir.path(),
+        &format!(
+            "    variants: [
+        (name: \"shipped\", graph: \"{g}\"),
+        (name: \"loose\", graph: \"{g}\", params: {{\"dedup.threshold\": 0.5, \"dedup.cluster_threshold\": 0.5}}),
+        (name: \"strict_guard\", graph: \"{g}\", params: {{\"guard.policy.controversial\": \"Drop\"}}),
+    ],",
+            g = graph("curate.ron")
+        ),
+    );
+    let r = run_file(&path, &dir.path().join("out"));
+    let reason = |m: &hearth::experiment::RunMetrics, what: &str| {
+        m.decisions
+            .iter()
+            .filter(|(k, _)| k.contains(what))
+            .map(|(_, n)| *n)
+            .sum::<u64>()
+    };
+    let shipped = variant(&r, "shipped");
+    assert!(reason(variant(&r, "loose"), "near duplicate") > reason(shipped, "near duplicate"));
+    // The guard's other settings stay as the graph has them; only controversial prompts move from
+    // quarantine to drop.
+    let strict = variant(&r, "strict_guard");
+    assert!(
+        reason(shipped, "guard | quarantined") > 0,
+        "{:?}",
+        shipped.decisions
+    );
+    assert_eq!(
+        reason(strict, "guard | quarantined"),
+        0,
+        "{:?}",
+        strict.decisions
+    );
+    assert_eq!(strict.admitted, shipped.admitted);
+
+    for (params, says) in [
+        ("\"dedup.thresold\": 0.5", "thresold"),
+        ("\"dedupe.threshold\": 0.5", "no node `dedupe`"),
+        ("\"dedup\": 0.5", "name a parameter"),
+    ] {
+        let path = experiment(
+            dir.path(),
+            &format!(
+                "    variants: [(name: \"v\", graph: \"{}\", params: {{{params}}})],",
+                graph("curate.ron")
+            ),
+        );
+        let exp = Experiment::load(&path).unwrap();
+        let opts = RunOptions {
+            out: dir.path().join("bad"),
+            progress: false,
+        };
+        let text = run(&exp, &opts).unwrap_err().to_string();
+        assert!(
+            text.contains("variant `v`: `params`") && text.contains(says),
+            "{text}"
+        );
+    }
+}
