@@ -436,6 +436,28 @@ fn experiment_replays_a_store_read_only() {
     assert_eq!(listing(&data), before);
     assert!(dir.path().join("out/runs/shipped/r0").is_dir());
 
+    // With a hearth still holding the store open, what it captured sits in the write-ahead log; the replay
+    // reads through it.
+    {
+        use hearth::message::{ChatMessage, Interaction, Role};
+        let mut live = hearth::store::Store::open(&data).unwrap();
+        live.capture_interaction(&Interaction {
+            id: "i5".into(),
+            user: "alice".into(),
+            adapter: None,
+            prompt: vec![ChatMessage::new(Role::User, "Which planet is largest?")],
+            response: "Jupiter.".into(),
+            sampling: serde_json::json!({}),
+            created_at_unix_ms: 3_000,
+            latency_ms: 5,
+            commit: Default::default(),
+        })
+        .unwrap();
+        assert!(data.join("hearth.sqlite-wal").exists());
+        let r = run_file(&path, &dir.path().join("live"));
+        assert_eq!(variant(&r, "shipped").records, 7);
+    }
+
     // `limit` takes the first records in capture order.
     std::fs::write(&path, body(", limit: 2")).unwrap();
     let r = run_file(&path, &dir.path().join("out2"));
