@@ -6,6 +6,12 @@
 //! the previous served state exactly, however many times it is repeated, down to the base alone (or to the
 //! oldest state retention keeps, then the base alone). Retention ([`Store::prune_deltas`]) deletes what no
 //! rollback can reach.
+//!
+//! Per-user deltas: a delta may belong to one user (`user`, from its provenance). Each user has a served state
+//! of their own, a chain of `serving_log` rows apart from the common chain (`user` NULL) that everyone else
+//! is served from; promotion, rollback and retention work on the delta's own chain, so one user's deltas
+//! never move another's. A user whose own chain serves nothing (never promoted, or rolled back past their
+//! first delta) is served the common state.
 
 use std::path::{Path, PathBuf};
 
@@ -66,6 +72,8 @@ pub struct DeltaRecord {
     pub recipe_sha256: String,
     pub data_digest: String,
     pub parent: Option<String>,
+    /// The user whose own delta this is; `None`: the common delta.
+    pub user: Option<String>,
     pub status: DeltaStatus,
     pub provenance: serde_json::Value,
     /// The eval gate's verdict, bound to this delta's bytes, base, recipe and data.
@@ -89,7 +97,8 @@ impl DeltaRecord {
     }
 }
 
-/// What is served now: a delta over the base, or the base alone (`delta_id: None`).
+/// What is served now on one chain: a delta over the base, or the base alone (`delta_id: None`; on a user's
+/// chain: the common state).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ServedState {
     /// The `serving_log` row that entered this state; `None` before any promotion.
@@ -101,11 +110,12 @@ pub struct ServedState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeltaRetention {
-    /// Deltas kept that no rollback can reach (rejected by the gate, or rolled back), newest first: kept to
-    /// show why they lost; older ones are deleted.
+    /// Deltas kept that no rollback can reach (rejected by the gate, or rolled back), newest first, per user
+    /// (and for the common deltas): kept to show why they lost; older ones are deleted.
     pub keep_rejected: usize,
-    /// Served states `hearth deltas rollback` can walk back through, the current one included; past them a
-    /// rollback reaches the base alone. `None`: every served state since the first promotion.
+    /// Served states `hearth deltas rollback` can walk back through, the current one included, per user (and
+    /// on the common chain); past them a rollback reaches the base alone. `None`: every served state since
+    /// the first promotion.
     pub keep_served: Option<usize>,
 }
 
@@ -148,30 +158,40 @@ impl Store {
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(&sq)?;
-        // The rollback chain: the last row, then each row's `previous`.
+        // The rollback chains, one per user and the common one: the chain's last row, then each row's
+        // `previous`.
         let mut chain: Vec<(i64, Option<String>)> = Vec::new();
-        let mut next: Option<i64> = tx
-            .query_row("SELECT MAX(seq) FROM serving_log", [], |r| r.get(0))
+        let heads: Vec<i64> = tx
+            .prepare("SELECT MAX(seq) FROM serving_log GROUP BY user")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
             .map_err(&sq)?;
-        while let Some(seq) = next {
-            let (delta, previous): (Option<String>, Option<i64>) = tx
-                .query_row(
-                    "SELECT delta_id, previous FROM serving_log WHERE seq = ?1",
-                    [seq],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .map_err(&sq)?;
-            chain.push((seq, delta));
-            if retention.keep_served.is_some_and(|k| chain.len() >= k) && previous.is_some() {
-                // The oldest state kept: a rollback from it reaches the base alone.
-                tx.execute(
-                    "UPDATE serving_log SET previous = NULL WHERE seq = ?1",
-                    [seq],
-                )
-                .map_err(&sq)?;
-                break;
+        for head in heads {
+            let start = chain.len();
+            let mut next = Some(head);
+            while let Some(seq) = next {
+                let (delta, previous): (Option<String>, Option<i64>) = tx
+                    .query_row(
+                        "SELECT delta_id, previous FROM serving_log WHERE seq = ?1",
+                        [seq],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(&sq)?;
+                chain.push((seq, delta));
+                if retention
+                    .keep_served
+                    .is_some_and(|k| chain.len() - start >= k)
+                    && previous.is_some()
+                {
+                    // The oldest state kept: a rollback from it reaches the base alone.
+                    tx.execute(
+                        "UPDATE serving_log SET previous = NULL WHERE seq = ?1",
+                        [seq],
+                    )
+                    .map_err(&sq)?;
+                    break;
+                }
+                next = previous;
             }
-            next = previous;
         }
         let on_chain: std::collections::HashSet<String> =
             chain.iter().filter_map(|(_, d)| d.clone()).collect();
@@ -193,39 +213,31 @@ impl Store {
                 [],
             )
             .map_err(&sq)?;
-        let rows: Vec<(String, String, String)> = tx
+        let rows: Vec<(String, String, String, Option<String>)> = tx
             .prepare(
-                "SELECT id, path, status FROM deltas WHERE status != 'candidate'
+                "SELECT id, path, status, user FROM deltas WHERE status != 'candidate'
                  ORDER BY created_at_unix_ms DESC, rowid DESC",
             )
             .and_then(|mut s| {
-                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
                     .collect()
             })
             .map_err(&sq)?;
-        let mut rejected_kept = 0;
+        // Per user, so one user's rejections never push out another's.
+        let mut rejected_kept: std::collections::HashMap<Option<String>, usize> =
+            Default::default();
         let mut pruned = Vec::new();
-        for (id, path, status) in rows {
+        for (id, path, status, user) in rows {
             if on_chain.contains(&id) {
                 continue;
             }
             // A promoted delta off the chain left it by truncation: nothing can serve it again.
-            if status != "promoted" && rejected_kept < retention.keep_rejected {
-                rejected_kept += 1;
+            let kept = rejected_kept.entry(user).or_default();
+            if status != "promoted" && *kept < retention.keep_rejected {
+                *kept += 1;
                 continue;
             }
-            tx.execute("DELETE FROM eval_results WHERE delta_id = ?1", [&id])
-                .map_err(&sq)?;
-            tx.execute("DELETE FROM deltas WHERE id = ?1", [&id])
-                .map_err(&sq)?;
-            // Only a directory named for the delta is removed: it was made for it by `save_delta`.
-            if Path::new(&path).file_name() == Some(std::ffi::OsStr::new(&id)) {
-                tx.execute(
-                    "INSERT OR IGNORE INTO file_trash (path, at_unix_ms) VALUES (?1, ?2)",
-                    params![path, now],
-                )
-                .map_err(&sq)?;
-            }
+            delete_delta_rows(&tx, &id, &path, now, &sq)?;
             pruned.push(id);
         }
         tx.commit().map_err(&sq)?;
@@ -238,7 +250,7 @@ impl Store {
 
     /// Removes every file or directory listed in `file_trash`, then its row. One already gone counts as
     /// removed (a crash after the removal, before the row's deletion).
-    fn empty_file_trash(&mut self) -> Result<(), StoreError> {
+    pub(super) fn empty_file_trash(&mut self) -> Result<(), StoreError> {
         let paths: Vec<String> = self.ids("SELECT path FROM file_trash ORDER BY rowid", [])?;
         for path in paths {
             let p = PathBuf::from(&path);
@@ -259,17 +271,19 @@ impl Store {
         Ok(())
     }
 
-    /// Records a trained delta as a candidate. Returns false if it was recorded before (a replay).
+    /// Records a trained delta as a candidate, as the user's own when `provenance` names a `user`. Returns
+    /// false if it was recorded before (a replay).
     pub fn record_delta(
         &mut self,
         delta: &Delta,
         provenance: &serde_json::Value,
     ) -> Result<bool, StoreError> {
+        let user = provenance.get("user").and_then(|u| u.as_str());
         let n = self
             .conn
             .execute(
                 "INSERT OR IGNORE INTO deltas (id, path, base_sha256, recipe_sha256, data_digest, parent, status,
-                 provenance_json, created_at_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'candidate', ?7, ?8)",
+                 provenance_json, created_at_unix_ms, user) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'candidate', ?7, ?8, ?9)",
                 params![
                     delta.id,
                     delta.path,
@@ -278,7 +292,8 @@ impl Store {
                     delta.data_digest,
                     delta.parent,
                     json(provenance),
-                    now_unix_ms() as i64
+                    now_unix_ms() as i64,
+                    user
                 ],
             )
             .map_err(self.sq())?;
@@ -321,8 +336,9 @@ impl Store {
         tx.commit().map_err(&sq)
     }
 
-    /// Makes `delta_id` the served delta. Refuses a delta without a verdict or with a failing one; the caller
-    /// (the eval gate) has checked that the verdict is bound to this delta's bytes and to the served base.
+    /// Makes `delta_id` the served delta on its own chain (its user's, or the common one). Refuses a delta
+    /// without a verdict or with a failing one; the caller (the eval gate) has checked that the verdict is
+    /// bound to this delta's bytes and to the served base.
     pub fn promote(&mut self, delta_id: &str, reason: &str) -> Result<ServedState, StoreError> {
         let record = self
             .delta(delta_id)?
@@ -341,11 +357,16 @@ impl Store {
         let now = now_unix_ms() as i64;
         let tx = self.conn.transaction().map_err(&sq)?;
         let current: Option<i64> = tx
-            .query_row("SELECT MAX(seq) FROM serving_log", [], |r| r.get(0))
+            .query_row(
+                "SELECT MAX(seq) FROM serving_log WHERE user IS ?1",
+                [&record.user],
+                |r| r.get(0),
+            )
             .map_err(&sq)?;
         tx.execute(
-            "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms) VALUES (?1, 'promote', ?2, ?3, ?4)",
-            params![delta_id, current, reason, now],
+            "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms, user)
+             VALUES (?1, 'promote', ?2, ?3, ?4, ?5)",
+            params![delta_id, current, reason, now, record.user],
         )
         .map_err(&sq)?;
         let seq = tx.last_insert_rowid();
@@ -361,16 +382,27 @@ impl Store {
         })
     }
 
-    /// Restores the state served before the current one. The delta left is marked `rolled_back`. Returns
-    /// `None` when nothing was ever promoted (the base alone is already served).
+    /// Restores the common state served before the current one. The delta left is marked `rolled_back`.
+    /// Returns `None` when nothing was ever promoted (the base alone is already served).
     pub fn rollback(&mut self, reason: &str) -> Result<Option<ServedState>, StoreError> {
+        self.rollback_for(None, reason)
+    }
+
+    /// [`Store::rollback`] on one user's chain (`None`: the common one). Rolled back past the user's first
+    /// delta, the user is served the common state again.
+    pub fn rollback_for(
+        &mut self,
+        user: Option<&str>,
+        reason: &str,
+    ) -> Result<Option<ServedState>, StoreError> {
         let sq = sq_err(&self.path);
         let now = now_unix_ms() as i64;
         let tx = self.conn.transaction().map_err(&sq)?;
         let current: Option<(i64, Option<String>, Option<i64>)> = tx
             .query_row(
-                "SELECT seq, delta_id, previous FROM serving_log ORDER BY seq DESC LIMIT 1",
-                [],
+                "SELECT seq, delta_id, previous FROM serving_log WHERE user IS ?1
+                 ORDER BY seq DESC LIMIT 1",
+                [user],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()
@@ -394,8 +426,9 @@ impl Store {
             None => (None, None),
         };
         tx.execute(
-            "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms) VALUES (?1, 'rollback', ?2, ?3, ?4)",
-            params![restored, before, reason, now],
+            "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms, user)
+             VALUES (?1, 'rollback', ?2, ?3, ?4, ?5)",
+            params![restored, before, reason, now, user],
         )
         .map_err(&sq)?;
         let seq = tx.last_insert_rowid();
@@ -419,13 +452,50 @@ impl Store {
         }))
     }
 
-    /// The served state: the last `serving_log` row.
+    /// The common served state: the last row of the common chain.
     pub fn served(&self) -> Result<ServedState, StoreError> {
+        self.served_on(None)
+    }
+
+    /// What `user` is served: their own chain's state when it serves a delta, else the common state.
+    pub fn served_for(&self, user: &str) -> Result<ServedState, StoreError> {
+        let own = self.served_on(Some(user))?;
+        if own.delta_id.is_some() {
+            return Ok(own);
+        }
+        self.served()
+    }
+
+    /// The served state of every user with a chain of their own, by user.
+    pub fn served_users(&self) -> Result<Vec<(String, ServedState)>, StoreError> {
+        self.conn
+            .prepare(
+                "SELECT s.user, s.seq, s.delta_id FROM serving_log s
+                 JOIN (SELECT user, MAX(seq) AS seq FROM serving_log WHERE user IS NOT NULL GROUP BY user) h
+                 ON s.seq = h.seq ORDER BY s.user",
+            )
+            .and_then(|mut s| {
+                s.query_map([], |r| {
+                    Ok((
+                        r.get(0)?,
+                        ServedState {
+                            seq: Some(r.get(1)?),
+                            delta_id: r.get(2)?,
+                        },
+                    ))
+                })?
+                .collect()
+            })
+            .map_err(self.sq())
+    }
+
+    /// The state of one chain (`None`: the common one), without falling back.
+    pub fn served_on(&self, user: Option<&str>) -> Result<ServedState, StoreError> {
         let row: Option<(i64, Option<String>)> = self
             .conn
             .query_row(
-                "SELECT seq, delta_id FROM serving_log ORDER BY seq DESC LIMIT 1",
-                [],
+                "SELECT seq, delta_id FROM serving_log WHERE user IS ?1 ORDER BY seq DESC LIMIT 1",
+                [user],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
@@ -477,12 +547,13 @@ impl Store {
             Option<String>,
             i64,
             Option<i64>,
+            Option<String>,
         );
         let row: Option<Row> = self
             .conn
             .query_row(
                 "SELECT path, base_sha256, recipe_sha256, data_digest, parent, status, provenance_json, verdict_json,
-                 created_at_unix_ms, promoted_at_unix_ms FROM deltas WHERE id = ?1",
+                 created_at_unix_ms, promoted_at_unix_ms, user FROM deltas WHERE id = ?1",
                 [id],
                 |r| {
                     Ok((
@@ -496,6 +567,7 @@ impl Store {
                         r.get(7)?,
                         r.get(8)?,
                         r.get(9)?,
+                        r.get(10)?,
                     ))
                 },
             )
@@ -512,6 +584,7 @@ impl Store {
             verdict,
             created,
             promoted,
+            user,
         )) = row
         else {
             return Ok(None);
@@ -550,6 +623,7 @@ impl Store {
             recipe_sha256: recipe,
             data_digest: data,
             parent,
+            user,
             status: DeltaStatus::parse(&status),
             provenance: parse("provenance_json", &provenance)?,
             verdict: verdict
@@ -561,4 +635,52 @@ impl Store {
             promoted_at_unix_ms: promoted.map(|p| p as u64),
         }))
     }
+}
+
+/// Deletes a delta's rows (its eval results, then the delta) and lists its adapter directory in `file_trash`,
+/// inside the caller's transaction.
+fn delete_delta_rows(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    path: &str,
+    now: i64,
+    sq: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Result<(), StoreError> {
+    tx.execute("DELETE FROM eval_results WHERE delta_id = ?1", [id])
+        .map_err(sq)?;
+    tx.execute("DELETE FROM deltas WHERE id = ?1", [id])
+        .map_err(sq)?;
+    // Only a directory named for the delta is removed: it was made for it by `save_delta`.
+    if Path::new(path).file_name() == Some(std::ffi::OsStr::new(id)) {
+        tx.execute(
+            "INSERT OR IGNORE INTO file_trash (path, at_unix_ms) VALUES (?1, ?2)",
+            params![path, now],
+        )
+        .map_err(sq)?;
+    }
+    Ok(())
+}
+
+/// Deletes every delta of `user` with its verdicts and the user's served states, inside the caller's
+/// transaction; the adapter directories wait in `file_trash` for [`Store::empty_file_trash`]. Returns the
+/// deltas deleted.
+pub(super) fn purge_user_deltas(
+    tx: &rusqlite::Transaction<'_>,
+    user: &str,
+    sq: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Result<usize, StoreError> {
+    tx.execute("DELETE FROM serving_log WHERE user = ?1", [user])
+        .map_err(sq)?;
+    let rows: Vec<(String, String)> = tx
+        .prepare("SELECT id, path FROM deltas WHERE user = ?1")
+        .and_then(|mut s| {
+            s.query_map([user], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
+        .map_err(sq)?;
+    let now = now_unix_ms() as i64;
+    for (id, path) in &rows {
+        delete_delta_rows(tx, id, path, now, sq)?;
+    }
+    Ok(rows.len())
 }

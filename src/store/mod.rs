@@ -107,6 +107,13 @@ const MIGRATIONS: &[&str] = &[
     // Admission time is what the training window ages by.
     "CREATE TABLE file_trash (path TEXT PRIMARY KEY, at_unix_ms INTEGER NOT NULL);
      CREATE INDEX training_set_by_admission ON training_set(admitted_at_unix_ms);",
+    // 4: per-user deltas. A delta's `user` (NULL: the common delta everyone without their own is served), and
+    // the served state per user: each `serving_log` row belongs to one user's chain (NULL: the common chain,
+    // all there was before), and its `previous` is a row of the same chain.
+    "ALTER TABLE deltas ADD COLUMN user TEXT;
+     ALTER TABLE serving_log ADD COLUMN user TEXT;
+     CREATE INDEX deltas_by_user ON deltas(user);
+     CREATE INDEX serving_log_by_user ON serving_log(user, seq);",
 ];
 
 /// Counts for reports: how many items sit in each curation state, and why items were dropped.
@@ -138,6 +145,8 @@ pub struct PurgeCounts {
     pub curation: usize,
     pub training_set: usize,
     pub quarantine: usize,
+    /// The user's own deltas (rows, verdicts and adapter directories) and their served states.
+    pub deltas: usize,
 }
 
 pub struct Store {
@@ -586,8 +595,10 @@ impl Store {
             interactions: tx
                 .execute("DELETE FROM interactions WHERE user = ?1", [user])
                 .map_err(&sq)?,
+            deltas: deltas::purge_user_deltas(&tx, user, &sq)?,
         };
         tx.commit().map_err(&sq)?;
+        self.empty_file_trash()?;
         // A purge is rare and must be complete: rebuild the file so no freed page keeps the user's text.
         self.conn.execute_batch("VACUUM;").map_err(&sq)?;
         self.checkpoint()?;
