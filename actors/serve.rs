@@ -4,7 +4,8 @@
 //! Thin over [`crate::serve`]. Requests come from HTTP, not from edges, so this is a source: `produce`
 //! forwards what the generation threads completed (the outbox is per worker and not `Sync`, hence the
 //! channel). A `Delta` on `deltas` (the trainer/eval feedback edge) loads that adapter and makes it the
-//! default: a hot swap that requests already running do not notice.
+//! default: a hot swap that requests already running do not notice. A user's own delta (its provenance names
+//! the user) is routed to that user's requests alone.
 //!
 //! The store's served state is the source of truth: `hearth deltas promote|rollback` change it while the
 //! process runs, and the serve actor follows within a second. It serves a delta only if that delta adapts
@@ -137,9 +138,14 @@ impl Actor<Message> for Serve {
         _out: &mut Outbox,
     ) -> Result<(), ActorError> {
         let delta = crate::message::expect_delta(port, message)?;
-        self.server()?
-            .swap_to(Some(delta))
-            .with_context(|| format!("swap to delta `{}`", delta.id))
+        let user = crate::train::artifact::delta_user(std::path::Path::new(&delta.path))
+            .with_context(|| format!("read whose delta `{}` is", delta.id))?;
+        let server = self.server()?;
+        match user {
+            Some(user) => server.swap_user(&user, Some(delta)),
+            None => server.swap_to(Some(delta)),
+        }
+        .with_context(|| format!("swap to delta `{}`", delta.id))
     }
 
     fn on_start(&mut self, out: &mut Outbox) -> Result<(), ActorError> {

@@ -139,14 +139,24 @@ enum QuarantineAction {
 
 #[derive(Subcommand)]
 enum DeltasAction {
-    /// Every delta with its status and personalisation gain; `*` marks the served one.
-    List,
+    /// Every delta with its status, owner and personalisation gain; `*` marks each served one (the common one,
+    /// and each user's own).
+    List {
+        /// Only this user's own deltas.
+        #[arg(long)]
+        user: Option<String>,
+    },
     /// One delta's provenance, verdict and eval legs, as JSON.
     Show { id: String },
-    /// Serve a delta whose eval verdict passed and is bound to its exact bytes, base, recipe and data.
+    /// Serve a delta whose eval verdict passed and is bound to its exact bytes, base, recipe and data (a
+    /// user's own delta: to that user).
     Promote { id: String },
-    /// Restore the state served before the current one (down to the base alone).
-    Rollback,
+    /// Restore the state served before the current one (down to the base alone; with `--user`, that user's
+    /// own, down to the common delta).
+    Rollback {
+        #[arg(long)]
+        user: Option<String>,
+    },
     /// Merge deltas in ΔW = scale·B·A into a new candidate delta of rank `--rank`, for the eval gate to judge.
     Merge {
         /// linear (weighted mean), task_arithmetic (weighted sum), ties or dare.
@@ -408,19 +418,26 @@ fn quarantine(action: QuarantineAction, data_dir: &Path) -> anyhow::Result<ExitC
 fn deltas(action: DeltasAction, data_dir: &Path) -> anyhow::Result<ExitCode> {
     let mut store = open_store(data_dir)?;
     match action {
-        DeltasAction::List => {
+        DeltasAction::List { user } => {
             let served = store.served()?.delta_id;
+            let users = store.served_users()?;
             for d in store.deltas()? {
-                let mark = if served.as_deref() == Some(d.id.as_str()) {
-                    "*"
-                } else {
-                    " "
+                if user.is_some() && d.user != user {
+                    continue;
+                }
+                let on_chain = match &d.user {
+                    None => served.as_deref() == Some(d.id.as_str()),
+                    Some(u) => users
+                        .iter()
+                        .any(|(v, s)| v == u && s.delta_id.as_deref() == Some(d.id.as_str())),
                 };
+                let mark = if on_chain { "*" } else { " " };
                 let gain = d.verdict.as_ref().and_then(|v| v["personal_gain"].as_f64());
                 println!(
-                    "{mark} {}  {:<11}  samples={}  gain={}  parent={}",
+                    "{mark} {}  {:<11}  user={}  samples={}  gain={}  parent={}",
                     d.id,
                     d.status.as_str(),
+                    d.user.as_deref().unwrap_or("(common)"),
                     d.provenance["num_samples"],
                     gain.map_or("-".to_owned(), |g| format!("{g:+.4}")),
                     d.parent.as_deref().unwrap_or("base")
@@ -440,13 +457,22 @@ fn deltas(action: DeltasAction, data_dir: &Path) -> anyhow::Result<ExitCode> {
             hearth::eval::promote_checked(&mut store, &id, "promoted by a person")?;
             println!("serving {id} (a running serve node follows within a second)");
         }
-        DeltasAction::Rollback => match store.rollback("rolled back by a person")? {
-            Some(s) => println!(
-                "serving {} (a running serve node follows within a second)",
-                s.delta_id.as_deref().unwrap_or("the base alone")
-            ),
-            None => println!("nothing to roll back: serving the base alone"),
-        },
+        DeltasAction::Rollback { user } => {
+            let alone = if user.is_some() {
+                "the common delta"
+            } else {
+                "the base alone"
+            };
+            match store.rollback_for(user.as_deref(), "rolled back by a person")? {
+                Some(s) => println!(
+                    "serving {}{} (a running serve node follows within a second)",
+                    s.delta_id.as_deref().unwrap_or(alone),
+                    user.as_deref()
+                        .map_or(String::new(), |u| format!(" to user `{u}`"))
+                ),
+                None => println!("nothing to roll back: serving {alone}"),
+            }
+        }
         DeltasAction::Merge {
             method,
             rank,

@@ -63,20 +63,30 @@ impl Gate {
             .collect())
     }
 
-    /// Scores the candidate against the served state, records the verdict and promotes on a pass.
+    /// Scores the candidate against the served state, records the verdict and promotes on a pass. A user's
+    /// own delta is judged against what that user is served now, on that user's held-out data, and promoted on
+    /// their chain alone.
     pub fn judge(&mut self, delta: &Delta) -> Result<Verdict> {
         let base = self.base.clone();
         let mut store = Store::open(&self.data_dir)?;
         let dir = Path::new(&delta.path);
         let provenance = read_provenance(&dir.join("provenance.json"))?;
-        store.record_delta(delta, &serde_json::to_value(&provenance)?)?;
+        let user = crate::train::artifact::delta_user(dir)?;
+        let mut recorded = serde_json::to_value(&provenance)?;
+        if let Some(u) = &user {
+            recorded["user"] = u.as_str().into();
+        }
+        store.record_delta(delta, &recorded)?;
         let (probes, probe_sha) = ProbeSet::frozen_for_base(
             &self.data_dir.join("eval"),
             &base.sha256,
             self.probes.as_deref(),
         )?;
         let adapter_sha = adapter_sha256(dir)?;
-        let served = store.served()?;
+        let served = match &user {
+            Some(u) => store.served_for(u)?,
+            None => store.served()?,
+        };
         let served_adapter = match &served.delta_id {
             Some(id) => {
                 let r = store.delta(id)?.ok_or_else(|| EvalError::Binding {
@@ -87,7 +97,10 @@ impl Gate {
             }
             None => None,
         };
-        let training = store.training_set()?;
+        let mut training = store.training_set()?;
+        if let Some(u) = &user {
+            training.retain(|s| s.user == *u);
+        }
         let cfg = &self.cfg;
         let personal = personal_probes(
             &training,

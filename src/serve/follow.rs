@@ -1,6 +1,8 @@
 //! Serving follows the store's served state: `hearth deltas promote|rollback` and the gate change it while
-//! the process runs, and a server applies each change within a poll interval.
+//! the process runs, and a server applies each change within a poll interval: the common served state as the
+//! default adapter, and each user's own as that user's route.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,8 @@ pub struct ServedFollower {
     data_dir: PathBuf,
     /// The `serving_log` row last applied.
     applied: Option<i64>,
+    /// Per user, the row of their chain last applied.
+    applied_users: HashMap<String, i64>,
     last_poll: Option<Instant>,
     /// Kept open once the data directory has a store: it is read every second.
     store: Option<Store>,
@@ -24,6 +28,7 @@ impl ServedFollower {
         ServedFollower {
             data_dir: data_dir.to_path_buf(),
             applied: None,
+            applied_users: HashMap::new(),
             last_poll: None,
             store: None,
         }
@@ -46,22 +51,46 @@ impl ServedFollower {
             return Ok(());
         };
         let served = store.served()?;
-        if served.seq.is_none() || served.seq == self.applied {
-            return Ok(());
+        if served.seq.is_some() && served.seq != self.applied {
+            let delta = Self::delta(store, served.delta_id.as_deref())?;
+            self.applied = served.seq;
+            if let Err(e) = server.swap_to(delta.as_ref()) {
+                tracing::error!(node, error = %e, "cannot serve the store's served state");
+            }
         }
-        let delta = match &served.delta_id {
-            Some(id) => Some(
-                store
-                    .delta(id)?
-                    .ok_or_else(|| ServeError::ServedUnknown(id.clone()))?
-                    .to_delta(),
-            ),
-            None => None,
-        };
-        self.applied = served.seq;
-        if let Err(e) = server.swap_to(delta.as_ref()) {
-            tracing::error!(node, error = %e, "cannot serve the store's served state");
+        let users = store.served_users()?;
+        // A user whose chain is gone (purged) is served the default again.
+        let gone: Vec<String> = self
+            .applied_users
+            .keys()
+            .filter(|u| !users.iter().any(|(v, _)| v == *u))
+            .cloned()
+            .collect();
+        for user in gone {
+            self.applied_users.remove(&user);
+            server.swap_user(&user, None)?;
+        }
+        for (user, state) in users {
+            let Some(seq) = state.seq else { continue };
+            if self.applied_users.get(&user) == Some(&seq) {
+                continue;
+            }
+            let delta = Self::delta(store, state.delta_id.as_deref())?;
+            self.applied_users.insert(user.clone(), seq);
+            if let Err(e) = server.swap_user(&user, delta.as_ref()) {
+                tracing::error!(node, user, error = %e, "cannot serve the user's served state");
+            }
         }
         Ok(())
+    }
+
+    fn delta(store: &Store, id: Option<&str>) -> Result<Option<crate::message::Delta>, ServeError> {
+        id.map(|id| {
+            store
+                .delta(id)?
+                .ok_or_else(|| ServeError::ServedUnknown(id.to_owned()))
+                .map(|d| d.to_delta())
+        })
+        .transpose()
     }
 }

@@ -173,7 +173,8 @@ pub enum PromptInput {
 /// A validated generation request.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
-    /// `None` or the base name: the default adapter (if one is set) on the base; otherwise that adapter.
+    /// `None` or the base name: the requesting `user`'s own adapter if one is routed to them, else the default
+    /// adapter (if one is set) on the base; otherwise that adapter.
     pub model: Option<String>,
     pub prompt: PromptInput,
     pub user: String,
@@ -331,6 +332,9 @@ pub struct Engine {
     tok: Arc<Tokenizer>,
     registry: AdapterRegistry,
     default_adapter: RwLock<Option<String>>,
+    /// Per-user routes: the resident adapter that answers a user's requests for the base (their own promoted
+    /// delta) in place of the default.
+    user_adapters: RwLock<HashMap<String, String>>,
     config: ServeConfig,
     queue: Sender<Job>,
     queue_rx: Receiver<Job>,
@@ -452,6 +456,61 @@ impl Engine {
         }
     }
 
+    /// The adapter routed to `user`, if any.
+    pub fn user_adapter(&self, user: &str) -> Option<String> {
+        self.user_adapters
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(user)
+            .cloned()
+    }
+
+    /// Every per-user route, by user.
+    pub fn user_adapters(&self) -> Vec<(String, String)> {
+        let mut routes: Vec<_> = self
+            .user_adapters
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(u, a)| (u.clone(), a.clone()))
+            .collect();
+        routes.sort();
+        routes
+    }
+
+    /// Routes `user`'s requests for the base to `id` (which must be resident), or back to the default.
+    /// Returns the adapter routed before.
+    pub fn set_user_adapter(
+        &self,
+        user: &str,
+        id: Option<&str>,
+    ) -> Result<Option<String>, ServeError> {
+        if let Some(id) = id
+            && self.registry.get(id).is_none()
+        {
+            return Err(ServeError::UnknownAdapter(id.to_owned()));
+        }
+        let mut routes = self
+            .user_adapters
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        Ok(match id {
+            Some(id) => routes.insert(user.to_owned(), id.to_owned()),
+            None => routes.remove(user),
+        })
+    }
+
+    /// Whether anything still answers with `id`: the default or a user's route.
+    fn adapter_in_use(&self, id: &str) -> bool {
+        self.default_adapter().as_deref() == Some(id)
+            || self
+                .user_adapters
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .any(|a| a == id)
+    }
+
     /// Loads a PEFT adapter directory under `id`, replacing any adapter of that id; requests already
     /// admitted keep the set they started with. Returns whether an adapter was replaced.
     pub fn load_adapter(&self, id: &str, dir: &Path) -> Result<bool, ServeError> {
@@ -520,15 +579,22 @@ impl Engine {
         if d.as_deref() == Some(id) {
             *d = None;
         }
+        self.user_adapters
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, a| a != id);
         Ok(())
     }
 
-    /// Which adapter (if any) answers a request for `model`, and its snapshot.
-    fn resolve(&self, model: Option<&str>) -> Result<Option<(String, Arc<LoraSet>)>, ServeError> {
+    /// Which adapter (if any) answers `user`'s request for `model`, and its snapshot.
+    fn resolve(
+        &self,
+        model: Option<&str>,
+        user: &str,
+    ) -> Result<Option<(String, Arc<LoraSet>)>, ServeError> {
         let name = match model {
-            None => self.default_adapter(),
-            Some(m) if m == self.config.model_name => self.default_adapter(),
-            Some(m) => Some(m.to_owned()),
+            Some(m) if m != self.config.model_name => Some(m.to_owned()),
+            _ => self.user_adapter(user).or_else(|| self.default_adapter()),
         };
         let Some(name) = name else { return Ok(None) };
         match self.registry.get(&name) {
@@ -573,7 +639,7 @@ impl Engine {
         if self.closing.load(Ordering::Acquire) {
             return Err(ServeError::Closed);
         }
-        let resolved = self.resolve(req.model.as_deref())?;
+        let resolved = self.resolve(req.model.as_deref(), &req.user)?;
         let resolved = match &req.lora {
             Some(mix) => self.mixed(mix)?,
             None => resolved,
@@ -870,6 +936,7 @@ impl Server {
             tok: tok.into(),
             registry: AdapterRegistry::new(),
             default_adapter: RwLock::new(None),
+            user_adapters: RwLock::new(HashMap::new()),
             config,
             queue,
             queue_rx,
@@ -935,6 +1002,41 @@ impl Server {
         engine.load_adapter(&delta.id, Path::new(&delta.path))?;
         engine.set_default_adapter(Some(&delta.id))?;
         tracing::info!(adapter = %delta.id, "hot-swapped the default adapter");
+        Ok(())
+    }
+
+    /// Serves `delta` to `user` from their next request on (`None`: the default again), as [`Server::swap_to`]
+    /// does for everyone. The adapter the user was routed to before is unloaded unless something still
+    /// answers with it, so resident adapters stay one per routed user.
+    pub fn swap_user(&self, user: &str, delta: Option<&Delta>) -> Result<(), ServeError> {
+        let engine = &self.engine;
+        let before = match delta {
+            None => engine.set_user_adapter(user, None)?,
+            Some(delta) => {
+                if engine.user_adapter(user).as_deref() == Some(delta.id.as_str()) {
+                    return Ok(());
+                }
+                if let Some(served) = &self.base_sha256
+                    && delta.base_sha256 != *served
+                {
+                    return Err(ServeError::OtherBase {
+                        delta: delta.id.clone(),
+                        adapts: delta.base_sha256.clone(),
+                        served: served.clone(),
+                    });
+                }
+                if engine.registry.get(&delta.id).is_none() {
+                    engine.load_adapter(&delta.id, Path::new(&delta.path))?;
+                }
+                engine.set_user_adapter(user, Some(&delta.id))?
+            }
+        };
+        if let Some(old) = before
+            && !engine.adapter_in_use(&old)
+        {
+            let _ = engine.registry.remove(&old);
+        }
+        tracing::info!(user, adapter = ?delta.map(|d| &d.id), "routed the user's requests");
         Ok(())
     }
 

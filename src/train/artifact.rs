@@ -63,8 +63,22 @@ pub fn staging_dir(root: &Path) -> Result<PathBuf> {
 /// file, and renames the directory into place, so a reader never sees half a delta. Identical bytes already
 /// published (a rerun) are kept and ours dropped. Returns the [`Delta`] message.
 pub fn publish_delta(root: &Path, tmp: &Path, provenance: &Provenance) -> Result<Delta> {
+    publish_delta_for(root, tmp, provenance, None)
+}
+
+/// [`publish_delta`] for one user's own delta: `provenance.json` also names the `user`.
+fn publish_delta_for(
+    root: &Path,
+    tmp: &Path,
+    provenance: &Provenance,
+    user: Option<&str>,
+) -> Result<Delta> {
     let prov_path = tmp.join("provenance.json");
-    std::fs::write(&prov_path, serde_json::to_vec_pretty(provenance)?)
+    let mut json = serde_json::to_value(provenance)?;
+    if let Some(u) = user {
+        json["user"] = u.into();
+    }
+    std::fs::write(&prov_path, serde_json::to_vec_pretty(&json)?)
         .map_err(|e| io_err(&prov_path, e))?;
     for entry in std::fs::read_dir(tmp).map_err(|e| io_err(tmp, e))? {
         let p = entry.map_err(|e| io_err(tmp, e))?.path();
@@ -98,7 +112,18 @@ pub fn save_delta(
     root: &Path,
     adapter: &LoraSet,
     model: &ModelConfig,
+    provenance: Provenance,
+) -> Result<Delta> {
+    save_delta_for(root, adapter, model, provenance, None)
+}
+
+/// [`save_delta`] for one user's own delta (`None`: the common delta); the user is kept in `provenance.json`.
+pub fn save_delta_for(
+    root: &Path,
+    adapter: &LoraSet,
+    model: &ModelConfig,
     mut provenance: Provenance,
+    user: Option<&str>,
 ) -> Result<Delta> {
     let tmp = staging_dir(root)?;
     adapter.save_peft(&tmp, model)?;
@@ -109,5 +134,18 @@ pub fn save_delta(
     if !adapter.config.use_dora {
         adapter.save_gguf(tmp.join(GGUF_FILE), model)?;
     }
-    publish_delta(root, &tmp, &provenance)
+    publish_delta_for(root, &tmp, &provenance, user)
+}
+
+/// The user a delta directory's `provenance.json` names as its owner; `None`: a common delta (or an adapter
+/// without provenance, which no trainer made for a user).
+pub fn delta_user(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join("provenance.json");
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(&path, e)),
+    };
+    let json: serde_json::Value = serde_json::from_slice(&bytes)?;
+    Ok(json.get("user").and_then(|u| u.as_str()).map(str::to_owned))
 }

@@ -3,11 +3,16 @@
 //! training window on its own thread, continuing from the served delta, and publishes a delta. Usable
 //! without the engine; the `trainer` actor is glue over [`Cycles`].
 //!
+//! Per-user deltas (`per_user`): each user with at least `per_user.min_samples` samples in the window gets
+//! a delta of their own, trained on their samples alone (plus the recipe's replay) and continuing from the
+//! delta served to them; the samples of everyone else train the common delta, as without `per_user`. A
+//! cycle trains one of them: the one with the most new samples, once `min_samples` new ones wait for it.
+//!
 //! Bounded over weeks: the buffer holds only the training window (the last `max_samples`, none older than
 //! `max_age_secs`), and training-set rows outside it are deleted from the store, so neither memory, the
 //! store nor a cycle's encoding grows with the age of the installation.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 use super::artifact::recipe_sha256;
-use super::{LoraTrainer, Provenance, Result, StepReport, TrainConfig, TrainError, save_delta};
+use super::{LoraTrainer, Provenance, Result, StepReport, TrainConfig, TrainError};
 use crate::message::{Delta, Sample};
 use crate::model::{Base, LoraSet};
 use crate::store::Store;
@@ -51,9 +56,21 @@ pub struct TrainerSettings {
     /// `/proc/loadavg`; where that cannot be read, the machine counts as idle). `None`: any time.
     #[serde(default)]
     pub idle_load: Option<f64>,
+    /// Train a delta per user (see [`PerUser`]); `None`: one common delta for everyone.
+    #[serde(default)]
+    pub per_user: Option<PerUser>,
     /// Boxed: the recipe is large next to other kinds' parameters.
     #[serde(default)]
     pub train: Box<TrainConfig>,
+}
+
+/// Per-user deltas: who gets a delta of their own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerUser {
+    /// A user with at least this many samples in the training window gets their own delta; users with fewer
+    /// share the common delta.
+    pub min_samples: usize,
 }
 
 fn default_min_samples() -> usize {
@@ -107,6 +124,7 @@ impl TrainerSettings {
             window: self.window.clone(),
             min_interval: Duration::from_secs(self.min_interval_secs),
             idle_load: self.idle_load,
+            per_user: self.per_user.clone(),
             data_dir: data_dir.to_path_buf(),
             out_dir: self
                 .out_dir
@@ -128,6 +146,7 @@ impl Default for TrainerSettings {
             window: TrainingWindow::default(),
             min_interval_secs: 0,
             idle_load: None,
+            per_user: None,
             train: Box::default(),
         }
     }
@@ -163,6 +182,8 @@ pub struct CycleSettings {
     pub min_interval: Duration,
     /// Start only while the load average per CPU is below this.
     pub idle_load: Option<f64>,
+    /// Per-user deltas; `None`: one common delta.
+    pub per_user: Option<PerUser>,
     /// The store and the default model.
     pub data_dir: PathBuf,
     /// Where deltas are written.
@@ -179,7 +200,8 @@ pub struct Cycles {
     seen: VecDeque<(u64, Sample)>,
     /// Ids in `seen`: a sample both reloaded from the store and received again counts once.
     seen_ids: HashSet<String>,
-    new_since_cycle: usize,
+    /// Samples that arrived since their delta's last cycle, by user.
+    new_by_user: HashMap<String, usize>,
     /// When the last cycle started (Unix ms); after a restart, when the store's last delta was made.
     last_cycle_unix_ms: Option<u64>,
     /// When the store's training set was last cut to the window.
@@ -201,7 +223,7 @@ impl Cycles {
             base,
             seen: VecDeque::new(),
             seen_ids: HashSet::new(),
-            new_since_cycle: 0,
+            new_by_user: HashMap::new(),
             last_cycle_unix_ms: None,
             last_prune: None,
             idle: None,
@@ -219,7 +241,7 @@ impl Cycles {
     fn add_admitted(&mut self, admitted_unix_ms: u64, sample: &Sample) {
         if self.seen_ids.insert(sample.id.clone()) {
             self.seen.push_back((admitted_unix_ms, sample.clone()));
-            self.new_since_cycle += 1;
+            *self.new_by_user.entry(sample.user.clone()).or_default() += 1;
             self.evict();
         }
     }
@@ -333,29 +355,86 @@ impl Cycles {
     /// and the schedule allows (`min_interval` since the last cycle; the machine idle, with `idle_load`).
     pub fn maybe_start(&mut self) -> Result<()> {
         self.sweep()?;
-        if self.running.is_some()
-            || self.seen.is_empty()
-            || self.new_since_cycle < self.settings.min_samples.max(1)
-            || !self.interval_passed()
-            || !self.verdict_known()?
-            || !self.machine_idle()
-        {
+        if self.running.is_some() || self.seen.is_empty() {
             return Ok(());
         }
-        self.new_since_cycle = 0;
+        let Some(group) = self.next_group() else {
+            return Ok(());
+        };
+        if !self.interval_passed() || !self.verdict_known()? || !self.machine_idle() {
+            return Ok(());
+        }
+        let samples: Vec<Sample> = self
+            .window()
+            .filter(|s| group.users.contains(&s.user))
+            .cloned()
+            .collect();
+        if self.settings.per_user.is_none() {
+            self.new_by_user.clear();
+        }
+        for u in &group.users {
+            self.new_by_user.remove(u);
+        }
         self.last_cycle_unix_ms = Some(crate::clock::now_unix_ms());
-        let samples: Vec<Sample> = self.window().cloned().collect();
         let (settings, base) = (self.settings.clone(), self.base.clone());
         let pool = super::background_pool(settings.threads)?;
+        let user = group.user;
         let handle = std::thread::Builder::new()
             .name(format!("trainer-{}", settings.name))
-            .spawn(move || pool.install(|| run(&settings, &*base()?, &samples)))
+            .spawn(move || {
+                pool.install(|| run_for(&settings, &*base()?, &samples, user.as_deref()))
+            })
             .map_err(|e| TrainError::Io {
                 path: "trainer thread".to_owned(),
                 source: e,
             })?;
         self.running = Some(handle);
         Ok(())
+    }
+
+    /// The delta the next cycle trains, if `min_samples` new samples wait for one: the user's own or the
+    /// common one, whichever has the most new samples (the first user by name on a tie; common before users).
+    fn next_group(&self) -> Option<Group> {
+        let min = self.settings.min_samples.max(1);
+        let mut in_window: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in self.window() {
+            *in_window.entry(s.user.as_str()).or_default() += 1;
+        }
+        let new = |u: &str| self.new_by_user.get(u).copied().unwrap_or(0);
+        let own_min = self.settings.per_user.as_ref().map(|p| p.min_samples);
+        let (own, shared): (Vec<_>, Vec<_>) = in_window
+            .iter()
+            .partition(|(_, n)| own_min.is_some_and(|m| **n >= m));
+        let mut best: Option<(usize, Group)> = None;
+        let shared_new: usize = if own_min.is_none() {
+            // Without per-user deltas, everything that arrived counts, as it always has (even samples the
+            // window has dropped again).
+            self.new_by_user.values().sum()
+        } else {
+            shared.iter().map(|(u, _)| new(u)).sum()
+        };
+        if shared_new >= min {
+            best = Some((
+                shared_new,
+                Group {
+                    user: None,
+                    users: shared.iter().map(|(u, _)| u.to_string()).collect(),
+                },
+            ));
+        }
+        for (u, _) in own {
+            let n = new(u);
+            if n >= min && best.as_ref().is_none_or(|(b, _)| n > *b) {
+                best = Some((
+                    n,
+                    Group {
+                        user: Some(u.to_string()),
+                        users: HashSet::from([u.to_string()]),
+                    },
+                ));
+            }
+        }
+        best.map(|(_, g)| g)
     }
 
     fn interval_passed(&self) -> bool {
@@ -412,6 +491,12 @@ impl Cycles {
     }
 }
 
+/// The samples one cycle trains and the delta they make: a user's own (`user`), or the common one.
+struct Group {
+    user: Option<String>,
+    users: HashSet<String>,
+}
+
 /// The 1-minute load average divided by the CPUs, from `/proc/loadavg`; `None` where it cannot be read.
 pub fn load_per_cpu() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
@@ -426,11 +511,23 @@ pub fn served_parent(
     base: &Base,
     recipe: &TrainConfig,
 ) -> Result<Option<(String, LoraSet)>> {
+    served_parent_for(data_dir, base, recipe, None)
+}
+
+/// The delta served on `user`'s own chain (`None`: the common one), if the store has one for this base: what a
+/// new cycle of that delta continues from. A user's first delta starts from the base, so that it holds their
+/// data alone.
+pub fn served_parent_for(
+    data_dir: &Path,
+    base: &Base,
+    recipe: &TrainConfig,
+    user: Option<&str>,
+) -> Result<Option<(String, LoraSet)>> {
     if !data_dir.join(Store::FILE_NAME).exists() {
         return Ok(None);
     }
     let store = Store::open(data_dir)?;
-    let Some(id) = store.served()?.delta_id else {
+    let Some(id) = store.served_on(user)?.delta_id else {
         return Ok(None);
     };
     let Some(record) = store.delta(&id)? else {
@@ -451,15 +548,30 @@ pub fn served_parent(
 /// One cycle: trains on `samples` from the served delta (or the base), writes the delta, and records it
 /// in the store (when the data directory has one) as a candidate.
 pub fn run(settings: &CycleSettings, base: &Base, samples: &[Sample]) -> Result<Delta> {
-    let delta = train_and_save(settings, base, samples);
+    run_for(settings, base, samples, None)
+}
+
+/// [`run`] for one user's own delta (`None`: the common delta), continuing from the delta served to them.
+pub fn run_for(
+    settings: &CycleSettings,
+    base: &Base,
+    samples: &[Sample],
+    user: Option<&str>,
+) -> Result<Delta> {
+    let delta = train_and_save(settings, base, samples, user);
     // The cycle's peak stays idle until the next one: give it back.
     crate::malloc::release_free_memory();
     delta
 }
 
-fn train_and_save(settings: &CycleSettings, base: &Base, samples: &[Sample]) -> Result<Delta> {
+fn train_and_save(
+    settings: &CycleSettings,
+    base: &Base,
+    samples: &[Sample],
+    user: Option<&str>,
+) -> Result<Delta> {
     let recipe = &settings.recipe;
-    let parent = served_parent(&settings.data_dir, base, recipe)?;
+    let parent = served_parent_for(&settings.data_dir, base, recipe, user)?;
     let mut trainer = LoraTrainer::new(
         &base.model,
         &base.tok,
@@ -497,18 +609,22 @@ fn train_and_save(settings: &CycleSettings, base: &Base, samples: &[Sample]) -> 
         metrics: serde_json::to_value(&report)?,
         created_at_unix_ms: crate::clock::now_unix_ms(),
     };
-    let delta = save_delta(
+    let delta = super::artifact::save_delta_for(
         &settings.out_dir,
         &adapter,
         base.model.config(),
         provenance.clone(),
+        user,
     )?;
     if settings.data_dir.join(Store::FILE_NAME).exists() {
         let mut prov = serde_json::to_value(&provenance)?;
         prov["delta_id"] = delta.id.clone().into();
+        if let Some(u) = user {
+            prov["user"] = u.into();
+        }
         Store::open(&settings.data_dir)?.record_delta(&delta, &prov)?;
     }
-    tracing::info!(node = %node, delta = %delta.id, steps = report.steps, "delta trained");
+    tracing::info!(node = %node, delta = %delta.id, user, steps = report.steps, "delta trained");
     Ok(delta)
 }
 

@@ -10,3 +10,4 @@ mod e2e;
 mod personal;
 mod retention;
 mod store;
+mod per_user;
