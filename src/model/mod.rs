@@ -18,7 +18,7 @@ pub mod spin_pool;
 pub mod tokenizer;
 pub mod transformer;
 
-pub use base::{Base, BaseCache};
+pub use base::{Base, BaseCache, Requantize};
 pub use chat::{ChatFamily, ChatMessage, ChatPrompt, ChatTemplate, Role, encode_chat, render_chat};
 pub use generate::{
     CachedPrefix, GenerateConfig, GenerateOutput, Sampler, StopReason, TokenEvent, generate,

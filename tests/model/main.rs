@@ -7,6 +7,7 @@ mod chat_templates;
 mod exactness;
 mod generate;
 mod gguf;
+mod kquant;
 mod lora;
 mod q8_layout;
 mod real;

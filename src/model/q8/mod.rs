@@ -17,6 +17,7 @@
 
 use crate::model::spin_pool::SharedSlice;
 
+pub mod kquant;
 pub mod panels;
 pub use panels::{PanelWeights, matmul_panels, matvec_panels_many, panels_usable};
 
@@ -299,6 +300,42 @@ fn transpose_columns(w: &[u8], n_out: usize, row_bytes: usize, b: usize, dst: &m
             }
         }
     }
+}
+
+/// A dense f32 weight `[n_out, k]` as Q8_0 `[k, n_out]` (blocks along `n_out`, a multiple of 32): the
+/// transpose a backward pass multiplies by (see [`transpose_requantized`]) for weights whose type has no
+/// transpose of its own, quantized as activations are (d = amax/127, round to nearest, d stored as f16).
+pub fn transpose_quantized(w: &[f32], n_out: usize, k: usize) -> Result<Vec<u8>, Q8Error> {
+    if k == 0 || n_out == 0 || !n_out.is_multiple_of(QK8_0) || w.len() != n_out * k {
+        return Err(Q8Error(format!(
+            "q8_0 transpose: {} values are not {n_out} rows of {k}, or {n_out} rows are no multiple of 32",
+            w.len()
+        )));
+    }
+    let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
+    let mut out = vec![0u8; k * out_row_bytes];
+    use rayon::prelude::*;
+    // One unit per input column (one row of the transpose); its reads stride by k but share cache lines with
+    // the neighbouring columns that the same thread tends to take next.
+    out.par_chunks_mut(out_row_bytes)
+        .with_min_len(16)
+        .enumerate()
+        .for_each(|(c, dst)| {
+            let mut vals = [0f32; QK8_0];
+            for (ob, blk) in dst.chunks_exact_mut(BLOCK_BYTES).enumerate() {
+                for (j, v) in vals.iter_mut().enumerate() {
+                    *v = w[(ob * QK8_0 + j) * k + c];
+                }
+                let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+                blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                for (q, v) in blk[2..].iter_mut().zip(&vals) {
+                    *q = round_half_away(v * inv) as i8 as u8;
+                }
+            }
+        });
+    Ok(out)
 }
 
 /// [`matmul`] on activations already quantized.
@@ -791,6 +828,32 @@ mod tests {
             }
         }
         assert!(transpose_requantized(&packed[..BLOCK_BYTES * 3], 1, k).is_err());
+    }
+
+    /// The quantized transpose of a dense weight holds every value within half a step of its block's scale
+    /// (plus that scale's f16 rounding), at the transposed place; sizes that do not fit are errors.
+    #[test]
+    fn transpose_quantized_is_the_transpose() {
+        let (n, k) = (64, 40);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 509) as f32 - 254.0) / 97.0)
+            .collect();
+        let t = transpose_quantized(&w, n, k).unwrap();
+        let mut back = vec![0f32; k * n];
+        dequantize(&t, n, &mut back).unwrap();
+        for c in 0..k {
+            for o in 0..n {
+                let block = (o / QK8_0 * QK8_0..(o / QK8_0 + 1) * QK8_0).map(|j| w[j * k + c]);
+                let step = block.fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                let (got, want) = (back[c * n + o], w[o * k + c]);
+                assert!(
+                    (got - want).abs() <= 0.57 * step,
+                    "[{c}][{o}]: {got} vs {want}"
+                );
+            }
+        }
+        assert!(transpose_quantized(&w[..k * 48], 48, k).is_err());
+        assert!(transpose_quantized(&w[1..], n, k).is_err());
     }
 
     /// The parallel expansion gives candle's dequantized values bit for bit.

@@ -96,11 +96,11 @@ struct HeadLogps {
 impl HeadLogps {
     /// `x_rows · Wᵀ` for `m` rows of `hidden` values, `[m, vocab]`.
     fn logits(&self, x_rows: Vec<f32>, m: usize) -> candle_core::Result<Vec<f32>> {
-        if let Some(w) = self.head.q8_0() {
+        if let Some(w) = self.head.int8() {
             let mut y = vec![0f32; m * self.vocab];
             let xq = crate::model::q8::QuantizedRows::new(&x_rows, self.hidden)
                 .map_err(candle_core::Error::wrap)?;
-            w.q8_0_matmul(&xq, &mut y)
+            w.int8_matmul(&xq, &mut y)
                 .map_err(candle_core::Error::wrap)?;
             return Ok(y);
         }
@@ -108,10 +108,10 @@ impl HeadLogps {
         x.matmul(&self.dense()?.t()?)?.flatten_all()?.to_vec1()
     }
 
-    /// What the backward pass multiplies by: a Q8_0 head's transpose requantized for the int8 kernel (see
-    /// `q8_0_input_grad` in the `weight` module), when the vocabulary is a multiple of 32; else the dense head.
+    /// What the backward pass multiplies by: an int8 head's transpose requantized for the int8 kernel (see
+    /// `int8_input_grad` in the `weight` module), when the vocabulary is a multiple of 32; else the dense head.
     fn backward_weight(&self) -> candle_core::Result<BackwardWeight<'_>> {
-        if let Some(w) = self.head.q8_0()
+        if let Some(w) = self.head.int8()
             && self.vocab.is_multiple_of(crate::model::q8::QK8_0)
         {
             return Ok(BackwardWeight::Transposed(self.transposed.get(&w)?));

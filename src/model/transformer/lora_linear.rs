@@ -1,4 +1,4 @@
-//! A frozen Q8_0 projection plus a training LoRA pair as one graph node: `y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ`.
+//! A frozen int8 projection (Q8_0 or a type of `q8::kquant`) plus a training LoRA pair as one graph node: `y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ`.
 //!
 //! Composed from candle ops the same product is six nodes (the input and output reshapes, the base product, two
 //! LoRA matmuls and their sum), and candle 0.11's backward gives every node's gradient a zero-filled tensor plus
@@ -17,7 +17,7 @@ use super::train_ops::{cpu_storage, values};
 use super::weight::{QuantWeight, TransposeCache};
 use crate::model::q8::QuantizedRows;
 
-/// The fused node; see the module doc. Built only for Q8_0 weights whose output count is a multiple of 32
+/// The fused node; see the module doc. Built only for int8 weights whose output count is a multiple of 32
 /// (the int8 backward's requirement, `int8_backward_fits`).
 pub(super) struct LoraLinearGrad {
     pub(super) w: QuantWeight,
@@ -67,7 +67,7 @@ impl CustomOp3 for LoraLinearGrad {
         let b = values(s3, l3, "lora-linear: B")?;
         let mut y = vec![0f32; m * n_out];
         let xq = QuantizedRows::new(x, k).map_err(candle_core::Error::wrap)?;
-        self.w.q8_0_matmul(&xq, &mut y)?;
+        self.w.int8_matmul(&xq, &mut y)?;
         let mut xa = vec![0f32; m * r];
         gemm(
             &mut xa,
@@ -136,7 +136,7 @@ impl CustomOp3 for LoraLinearGrad {
         let mut da = vec![0f32; r * k];
         gemm(&mut da, false, gbm.t(), xm, s, true)?;
         let mut dx = vec![0f32; m * k];
-        super::weight::q8_0_input_grad_into(&self.w, &self.transposed, gv, m, &mut dx)?;
+        super::weight::int8_input_grad_into(&self.w, &self.transposed, gv, m, &mut dx)?;
         gemm(&mut dx, true, gbm, am, s, true)?;
         let device = x.device();
         Ok((

@@ -7,10 +7,10 @@
 //!
 //! Two op flavours share one code path: serving uses candle-nn's fused kernels (no backward), while
 //! [`Transformer::forward_train`] uses differentiable equivalents (`train_ops`, and the head's log-softmax in
-//! `head`). Quantized matmuls go through `QMatMulGrad`, whose backward multiplies by the weight (Q8_0: its
-//! requantized transpose, in int8; other types: the dequantized weight), so LoRA parameters receive
-//! gradients through frozen quantized layers (plain `QMatMul` silently drops them). In training, a Q8_0
-//! projection and its LoRA pair are one node (`lora_linear`), whose backward computes `dx`, `dA` and `dB` itself,
+//! `head`). Quantized matmuls go through `QMatMulGrad`, whose backward multiplies by the weight (Q8_0 and the
+//! types of `q8::kquant`: its requantized transpose, in int8; other types: the dequantized weight), so LoRA
+//! parameters receive gradients through frozen quantized layers (plain `QMatMul` silently drops them). In
+//! training, an int8 projection and its LoRA pair are one node (`lora_linear`), whose backward computes `dx`, `dA` and `dB` itself,
 //! and so is the attention core between the projections (`attention_train`).
 
 use std::sync::Arc;
@@ -209,6 +209,12 @@ impl Transformer {
     }
 
     pub fn from_gguf_file(g: &mut GgufFile) -> Result<Self> {
+        Self::from_gguf_file_with(g, super::Requantize::Off)
+    }
+
+    /// [`Self::from_gguf_file`], re-encoding the weights as `requantize` says (see [`Self::requantized`];
+    /// the file's weights and their re-encoded copy are both held for a moment).
+    pub fn from_gguf_file_with(g: &mut GgufFile, requantize: super::Requantize) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(&g.content)?;
         let (h, q, kv, ff) = (
             cfg.hidden_size,
@@ -345,6 +351,9 @@ impl Transformer {
             kv_precision: KvPrecision::default(),
             huge_pages: HugePageReport::default(),
         };
+        if requantize == super::Requantize::Q8_0 {
+            model = model.requantized(GgmlDType::Q8_0)?;
+        }
         if std::env::var("HEARTH_HUGE_PAGES").as_deref() != Ok("off") {
             model.huge_pages = model.collapse_weights_into_huge_pages()?;
         }

@@ -9,7 +9,8 @@ use candle_core::{DType, Device, Tensor};
 use super::lora_linear;
 use super::lora_rows::add_lora_rows;
 use super::weight::{
-    QMatMulGrad, QuantWeight, TransposeCache, Weight, frozen_matmul, int8_backward_fits,
+    QMatMulGrad, QuantWeight, TransposeCache, Weight, frozen_matmul, has_int8_kernel,
+    int8_backward_fits,
 };
 use super::with_f32_slice;
 use crate::model::lora::LoraPair;
@@ -94,18 +95,18 @@ impl QLinear {
             Some(p) => self.dora_factor(p)?,
             None => None,
         };
-        if let Some(w) = self.weight.q8_0()
+        if let Some(w) = self.weight.int8()
             && no_grad
-            && let Some(y) = q8_0_forward(&w, &x2, lora, dora.as_ref())?
+            && let Some(y) = int8_forward(&w, &x2, lora, dora.as_ref())?
         {
             let mut out_dims = lead.to_vec();
             out_dims.push(self.out_features);
             return Ok(y.reshape(out_dims)?);
         }
-        if let (Some(p), Some(w)) = (lora, self.weight.q8_0())
+        if let (Some(p), Some(w)) = (lora, self.weight.int8())
             && int8_backward_fits(&w)
         {
-            // Training through a Q8_0 weight: one fused node, in `x`'s own shape (see `lora_linear`).
+            // Training through an int8 weight: one fused node, in `x`'s own shape (see `lora_linear`).
             let op = lora_linear::LoraLinearGrad {
                 w,
                 transposed: self.transposed.clone(),
@@ -120,7 +121,7 @@ impl QLinear {
             });
         }
         let y = match &self.weight {
-            Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS && q.dtype() != GgmlDType::Q8_0 => {
+            Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS && !has_int8_kernel(q.dtype()) => {
                 frozen_matmul(&x2, &q.dequantize(x2.device())?)?
             }
             Weight::Quant(q) => x2.contiguous()?.apply_op1(QMatMulGrad {
@@ -181,12 +182,11 @@ impl QLinear {
     }
 }
 
-/// From this many rows (prefill, training) a quantized weight other than Q8_0 is dequantized for the call
-/// and multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, far slower than one
-/// f32 gemm over all of them. The f32 copy is transient. Q8_0 weights skip this at any row count:
-/// hearth's kernel (`q8`) multiplies the packed blocks in int8 (its AVX-512 VNNI panel kernel is faster
-/// than candle's f32 gemm on the dequantized weight), both forward and, through [`TransposeCache`],
-/// backward.
+/// From this many rows (prefill, training) a quantized weight without an int8 kernel is dequantized for the
+/// call and multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, far slower than
+/// one f32 gemm over all of them. The f32 copy is transient. Q8_0 and the types of `q8::kquant` skip this at
+/// any row count: hearth's kernels (`q8`) multiply the packed blocks in int8, both forward and, through
+/// [`TransposeCache`], backward.
 const PREFILL_DEQUANT_ROWS: usize = 16;
 
 /// Up to this many rows (decode steps, small batches) the LoRA delta is computed directly on the
@@ -204,10 +204,10 @@ fn lora_delta_direct(x2: &Tensor, p: &LoraPair) -> Result<Option<Tensor>> {
     }
 }
 
-/// `x·Wᵀ (+ scale·B·A·x)` for a Q8_0 weight through hearth's kernel in one pass and one tensor: the LoRA delta
+/// `x·Wᵀ (+ scale·B·A·x)` for an int8 weight through hearth's kernel in one pass and one tensor: the LoRA delta
 /// is added into the kernel's output buffer, where through candle it costs two tensors and an add per
 /// projection. `None` when an input is not contiguous f32 on CPU.
-fn q8_0_forward(
+fn int8_forward(
     w: &QuantWeight,
     x2: &Tensor,
     lora: Option<&LoraPair>,
@@ -219,7 +219,7 @@ fn q8_0_forward(
     let y = with_f32_slice(&x2, |x| -> Result<Option<Vec<f32>>> {
         let xq = QuantizedRows::new(x, k).map_err(ModelError::from)?;
         let mut y = vec![0f32; n * n_out];
-        Ok(q8_0_into(w, x, &xq, lora, dora, &mut y)?.then_some(y))
+        Ok(int8_into(w, x, &xq, lora, dora, &mut y)?.then_some(y))
     });
     match y.transpose()?.flatten() {
         Some(y) => Ok(Some(Tensor::from_vec(y, (n, n_out), x2.device())?)),
@@ -227,9 +227,9 @@ fn q8_0_forward(
     }
 }
 
-/// [`q8_0_forward`] into `y` for `x` (rows of `in` values) already quantized as `xq`. `false` when a LoRA or
+/// [`int8_forward`] into `y` for `x` (rows of `in` values) already quantized as `xq`. `false` when a LoRA or
 /// DoRA tensor is not contiguous f32 on CPU; `y` then holds no usable result.
-fn q8_0_into(
+fn int8_into(
     w: &QuantWeight,
     x: &[f32],
     xq: &QuantizedRows,
@@ -237,7 +237,7 @@ fn q8_0_into(
     dora: Option<&Tensor>,
     y: &mut [f32],
 ) -> Result<bool> {
-    w.q8_0_matmul(xq, y).map_err(ModelError::from)?;
+    w.int8_matmul(xq, y).map_err(ModelError::from)?;
     Ok(adapt_rows(x, lora, dora, y))
 }
 

@@ -1,12 +1,13 @@
 //! A frozen weight as the model keeps it, and the products with it that candle lacks: a quantized matmul
-//! with a backward pass (int8 for Q8_0, through a cached transpose), and a dense one that skips the weight's
-//! gradient.
+//! with a backward pass (int8 for Q8_0 and the types of [`kquant`], through a cached transpose), and a dense
+//! one that skips the weight's gradient.
 
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 
+use crate::model::q8::kquant::{self, KQuant};
 use crate::model::q8::{self, PanelWeights, QuantizedRows};
 use crate::model::{ModelError, Result};
 
@@ -44,10 +45,11 @@ impl Weight {
         })
     }
 
-    /// A Q8_0 weight in either layout, for hearth's int8 kernels; `None` for other types.
-    pub(super) fn q8_0(&self) -> Option<QuantWeight> {
+    /// A weight hearth's int8 kernels multiply: Q8_0 in either layout, or a type of [`kquant`]; `None` for
+    /// other types.
+    pub(super) fn int8(&self) -> Option<QuantWeight> {
         match self {
-            Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0 => Some(QuantWeight::Gguf(q.clone())),
+            Weight::Quant(q) if has_int8_kernel(q.dtype()) => Some(QuantWeight::Gguf(q.clone())),
             Weight::Panels(p) => Some(QuantWeight::Panels(p.clone())),
             _ => None,
         }
@@ -85,6 +87,11 @@ pub(super) struct QMatMulGrad {
     pub(super) transposed: Arc<TransposeCache>,
 }
 
+/// Whether hearth's int8 kernels multiply this GGUF type (Q8_0, and those of [`kquant`]).
+pub(super) fn has_int8_kernel(dtype: GgmlDType) -> bool {
+    dtype == GgmlDType::Q8_0 || KQuant::of(dtype).is_some()
+}
+
 /// The weight of a [`QMatMulGrad`]: a GGUF tensor, or Q8_0 panels.
 #[derive(Clone)]
 pub(super) enum QuantWeight {
@@ -109,22 +116,38 @@ impl QuantWeight {
         }
     }
 
-    /// `y = x·Wᵀ` (`[m, n_out]`) for a Q8_0 weight through hearth's int8 kernels.
-    pub(super) fn q8_0_matmul(&self, x: &QuantizedRows, y: &mut [f32]) -> candle_core::Result<()> {
+    /// Whether the int8 kernels multiply this weight (see [`has_int8_kernel`]).
+    fn is_int8(&self) -> bool {
+        match self {
+            QuantWeight::Gguf(q) => has_int8_kernel(q.dtype()),
+            QuantWeight::Panels(_) => true,
+        }
+    }
+
+    /// `y = x·Wᵀ` (`[m, n_out]`) through hearth's int8 kernels, for a weight [`Weight::int8`] gives.
+    pub(super) fn int8_matmul(&self, x: &QuantizedRows, y: &mut [f32]) -> candle_core::Result<()> {
         match self {
             QuantWeight::Gguf(q) => {
                 let (n_out, _) = q.shape().dims2()?;
                 let bytes = q.data()?;
-                q8::matmul_quantized(&bytes, n_out, x, y).map_err(candle_core::Error::wrap)
+                match KQuant::of(q.dtype()) {
+                    Some(kind) => kquant::matmul(kind, &bytes, n_out, x, y),
+                    None if q.dtype() == GgmlDType::Q8_0 => {
+                        q8::matmul_quantized(&bytes, n_out, x, y)
+                    }
+                    None => candle_core::bail!("int8 matmul: no kernel for {:?}", q.dtype()),
+                }
+                .map_err(candle_core::Error::wrap)
             }
             QuantWeight::Panels(p) => q8::matmul_panels(p, x, y).map_err(candle_core::Error::wrap),
         }
     }
 }
 
-/// [`q8::transpose_requantized`] of a layer's weight, kept for the layer's lifetime once training has
-/// needed it: +1 byte per weight, a quarter of what a dequantized f32 copy would cost, where rebuilding it
-/// every backward pass is a large share of the product's time. Serving never builds it.
+/// [`q8::transpose_requantized`] of a layer's weight (a type of [`kquant`]: [`q8::transpose_quantized`] of
+/// its dequantized values), kept for the layer's lifetime once training has needed it: +1 byte per weight, a
+/// quarter of what a dequantized f32 copy would cost, where rebuilding it every backward pass is a large
+/// share of the product's time. Serving never builds it.
 #[derive(Default)]
 pub(super) struct TransposeCache(std::sync::OnceLock<Vec<u8>>);
 
@@ -136,16 +159,21 @@ impl std::fmt::Debug for TransposeCache {
 }
 
 impl TransposeCache {
-    /// The transpose of Q8_0 `w` (`[n_out, k]`), built on first use.
+    /// The Q8_0 transpose of int8 weight `w` (`[n_out, k]`), built on first use.
     pub(super) fn get(&self, w: &QuantWeight) -> candle_core::Result<&[u8]> {
         if let Some(t) = self.0.get() {
             return Ok(t);
         }
         let (n_out, k) = w.dims()?;
-        let Some(bytes) = w.q8_0_bytes()? else {
-            candle_core::bail!("qmatmul-grad: only a Q8_0 weight has an int8 transpose");
-        };
-        let t = q8::transpose_requantized(&bytes, n_out, k).map_err(candle_core::Error::wrap)?;
+        let t = match (w.q8_0_bytes()?, w) {
+            (Some(bytes), _) => q8::transpose_requantized(&bytes, n_out, k),
+            (None, QuantWeight::Gguf(q)) if w.is_int8() => {
+                let dense: Vec<f32> = dequantize(q)?.flatten_all()?.to_vec1()?;
+                q8::transpose_quantized(&dense, n_out, k)
+            }
+            _ => candle_core::bail!("qmatmul-grad: only an int8 weight has an int8 transpose"),
+        }
+        .map_err(candle_core::Error::wrap)?;
         // Two threads may build it at once; both results are the same bytes.
         Ok(self.0.get_or_init(|| t))
     }
@@ -161,7 +189,7 @@ impl CustomOp1 for QMatMulGrad {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        if let Some(r) = q8_0_fwd(&self.w, storage, layout) {
+        if let Some(r) = int8_fwd(&self.w, storage, layout) {
             return r;
         }
         match &self.w {
@@ -178,7 +206,7 @@ impl CustomOp1 for QMatMulGrad {
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
-        if let Some(dx) = q8_0_input_grad(&self.w, &self.transposed, grad_res)? {
+        if let Some(dx) = int8_input_grad(&self.w, &self.transposed, grad_res)? {
             return Ok(Some(dx));
         }
         let w = match &self.w {
@@ -189,10 +217,10 @@ impl CustomOp1 for QMatMulGrad {
     }
 }
 
-/// `dy · W` for a Q8_0 weight through the int8 kernel, multiplying by the weight's transpose requantized along
+/// `dy · W` for an int8 weight through the int8 kernel, multiplying by the weight's transpose requantized along
 /// the output axis (see [`TransposeCache`]). `None` when [`int8_backward_fits`] says no (the caller takes the
 /// f32 route).
-fn q8_0_input_grad(
+fn int8_input_grad(
     w: &QuantWeight,
     transposed: &TransposeCache,
     dy: &Tensor,
@@ -210,23 +238,23 @@ fn q8_0_input_grad(
     let m: usize = lead.iter().product();
     let dyv: Vec<f32> = dy.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     let mut dx = vec![0f32; m * k];
-    q8_0_input_grad_into(w, transposed, &dyv, m, &mut dx)?;
+    int8_input_grad_into(w, transposed, &dyv, m, &mut dx)?;
     let mut shape = lead.to_vec();
     shape.push(k);
     Ok(Some(Tensor::from_vec(dx, shape, dy.device())?))
 }
 
-/// Whether a weight takes the int8 backward: Q8_0 with a multiple of 32 outputs (the transpose's blocks run
-/// along them).
+/// Whether a weight takes the int8 backward: an int8 weight with a multiple of 32 outputs (the transpose's
+/// blocks run along them).
 pub(super) fn int8_backward_fits(w: &QuantWeight) -> bool {
-    !matches!(w, QuantWeight::Gguf(q) if q.dtype() != GgmlDType::Q8_0)
+    w.is_int8()
         && w.dims()
             .is_ok_and(|(n_out, _)| n_out.is_multiple_of(q8::QK8_0))
 }
 
 /// `dx = dy · W` (`dy` `[m, n_out]`, `dx` `[m, k]`) through the int8 kernel, for a weight
 /// [`int8_backward_fits`] accepts.
-pub(super) fn q8_0_input_grad_into(
+pub(super) fn int8_input_grad_into(
     w: &QuantWeight,
     transposed: &TransposeCache,
     dy: &[f32],
@@ -257,14 +285,14 @@ fn dequantize_panels(p: &PanelWeights) -> candle_core::Result<Tensor> {
     Tensor::from_vec(p.dequantize(), (p.n_out(), p.k()), &Device::Cpu)
 }
 
-/// Products with a Q8_0 weight through [`q8`] (see there for why); `None` hands the call to candle (not
-/// Q8_0, or not a contiguous f32 `[m, k]` input).
-fn q8_0_fwd(
+/// Products with an int8 weight through [`q8`] (see there for why); `None` hands the call to candle (no
+/// int8 kernel for the type, or not a contiguous f32 `[m, k]` input).
+fn int8_fwd(
     w: &QuantWeight,
     storage: &CpuStorage,
     layout: &Layout,
 ) -> Option<candle_core::Result<(CpuStorage, Shape)>> {
-    if matches!(w, QuantWeight::Gguf(q) if q.dtype() != GgmlDType::Q8_0) {
+    if !w.is_int8() {
         return None;
     }
     let (n_out, k) = w.dims().ok()?;
@@ -280,7 +308,7 @@ fn q8_0_fwd(
     let mut y = vec![0f32; m * n_out];
     let done = QuantizedRows::new(x, k)
         .map_err(candle_core::Error::wrap)
-        .and_then(|xq| w.q8_0_matmul(&xq, &mut y));
+        .and_then(|xq| w.int8_matmul(&xq, &mut y));
     Some(done.map(|()| (CpuStorage::F32(y), Shape::from((m, n_out)))))
 }
 

@@ -1,0 +1,154 @@
+//! Models stored as Q4_0, Q4_K, Q5_K and Q6_K: their own int8 kernels (prefill, decode and the training
+//! backward) against the f32 route on the same weight values, and `Requantize::Q8_0` at load.
+
+use crate::train_util;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+use hearth::model::transformer::Weight;
+use hearth::model::{
+    Arch, GgufFile, LoraConfig, LoraSet, LoraTarget, Requantize, TinySpec, Transformer,
+    write_tiny_model,
+};
+use train_util::with_random_b;
+
+const TYPES: [GgmlDType; 4] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
+/// A tiny Llama whose rows fill whole 256-weight K-quant blocks.
+fn write(dir: &std::path::Path, dtype: GgmlDType) -> std::path::PathBuf {
+    let mut spec = TinySpec::new(Arch::Llama);
+    spec.hidden_size = 256;
+    spec.intermediate_size = 512;
+    spec.head_dim = 64;
+    spec.dtype = dtype;
+    let path = dir.join(format!("{dtype:?}.gguf"));
+    write_tiny_model(&path, &spec).unwrap();
+    path
+}
+
+fn load(path: &std::path::Path, requantize: Requantize) -> Transformer {
+    let mut g = GgufFile::open(path).unwrap();
+    Transformer::from_gguf_file_with(&mut g, requantize).unwrap()
+}
+
+/// `|a - b| / |b|` over all values.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let d: f32 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f32>();
+    let n: f32 = b.iter().map(|y| y * y).sum::<f32>();
+    (d / n).sqrt()
+}
+
+/// Logits of a 20-token prefill (the many-row product) and of three decode steps after it (one row).
+fn prefill_and_decode(m: &Transformer) -> Vec<Vec<f32>> {
+    let mut cache = m.new_cache();
+    let mut out = Vec::new();
+    let mut input: Vec<u32> = (0..20).map(|i| (i * 37 % 200) as u32 + 1).collect();
+    for step in 0..4 {
+        let t = Tensor::from_vec(input.clone(), (1, input.len()), &Device::Cpu).unwrap();
+        let logits = m.forward(&t, Some(&mut cache), None).unwrap();
+        out.push(logits.flatten_all().unwrap().to_vec1().unwrap());
+        input = vec![(step * 41 + 7) as u32];
+    }
+    out
+}
+
+fn first_q(m: &Transformer) -> &Weight {
+    m.blocks()[0].linear(LoraTarget::Q).weight()
+}
+
+/// Each type, kept packed, computes the model its dequantized weights define (every weight dense f32) within
+/// the activations' int8 rounding, in prefill and in decode steps. A wrong scale, sub-block order or minimum
+/// moves the logits by far more than that.
+#[test]
+fn kquant_models_match_their_dequantized_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in TYPES {
+        let m = load(&write(dir.path(), dtype), Requantize::Off);
+        assert!(matches!(first_q(&m), Weight::Quant(q) if q.dtype() == dtype));
+        let dense = m.merged(None).unwrap();
+        for (step, (a, b)) in prefill_and_decode(&m)
+            .iter()
+            .zip(&prefill_and_decode(&dense))
+            .enumerate()
+        {
+            let d = rel_diff(a, b);
+            assert!(d < 0.02, "{dtype:?} step {step}: relative difference {d}");
+        }
+    }
+}
+
+/// `Requantize::Q8_0` re-encodes every K-quant weight as Q8_0 (panels where the CPU has their kernel) and
+/// computes the same model within the requantization's rounding; `Off` keeps the file's types.
+#[test]
+fn requantize_at_load_re_encodes_as_q8_0() {
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        let path = write(dir.path(), dtype);
+        let (native, re) = (load(&path, Requantize::Off), load(&path, Requantize::Q8_0));
+        assert!(matches!(first_q(&native), Weight::Quant(q) if q.dtype() == dtype));
+        for m in &re.blocks()[..] {
+            for t in LoraTarget::ALL {
+                let q8 = match m.linear(t).weight() {
+                    Weight::Panels(_) => true,
+                    Weight::Quant(q) => q.dtype() == GgmlDType::Q8_0,
+                    Weight::Dense(_) => false,
+                };
+                assert!(q8, "{dtype:?} {t:?} not Q8_0 after requantize");
+            }
+        }
+        for (step, (a, b)) in prefill_and_decode(&re)
+            .iter()
+            .zip(&prefill_and_decode(&native))
+            .enumerate()
+        {
+            let d = rel_diff(a, b);
+            assert!(d < 0.05, "{dtype:?} step {step}: relative difference {d}");
+            assert!(
+                d > 0.0,
+                "{dtype:?} step {step}: requantized logits are the file's"
+            );
+        }
+    }
+}
+
+/// Training through K-quant layers multiplies in int8 both ways (the backward by the weight's transpose,
+/// dequantized once and quantized to Q8_0 along the output axis). The LoRA gradients agree with the exact
+/// f32 route on the same weight values within that rounding, for every tensor.
+#[test]
+fn kquant_backward_matches_the_f32_route() {
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        let m = load(&write(dir.path(), dtype), Requantize::Off);
+        let dense = m.merged(None).unwrap();
+        let fresh = LoraSet::fresh(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 1).unwrap();
+        let adapter = with_random_b(&fresh, 2);
+        let len = 24;
+        let seq: Vec<u32> = (0..=len as u32).map(|i| (i * 53 + 3) % 290).collect();
+        let ids = Tensor::from_slice(&seq[..len], (1, len), &Device::Cpu).unwrap();
+        let targets = Tensor::from_slice(&seq[1..], len, &Device::Cpu).unwrap();
+        let grads = |model: &Transformer| -> Vec<(String, Vec<f32>)> {
+            let (set, vars) = adapter.to_vars().unwrap();
+            let logits = model.forward_train(&ids, Some(&set)).unwrap();
+            let loss =
+                candle_nn::loss::cross_entropy(&logits.squeeze(0).unwrap(), &targets).unwrap();
+            let g = loss.backward().unwrap();
+            vars.iter()
+                .map(|(k, v)| {
+                    let t = g.get(v.as_tensor()).unwrap();
+                    (k.clone(), t.flatten_all().unwrap().to_vec1().unwrap())
+                })
+                .collect()
+        };
+        let (int8, exact) = (grads(&m), grads(&dense));
+        for ((name, a), (_, b)) in int8.iter().zip(&exact) {
+            assert!(b.iter().any(|v| *v != 0.0), "{dtype:?} {name}: no gradient");
+            let d = rel_diff(a, b);
+            assert!(d <= 0.08, "{dtype:?} {name}: relative difference {d}");
+        }
+    }
+}
