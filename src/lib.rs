@@ -15,6 +15,7 @@ pub mod eval;
 pub mod experiment;
 pub mod federate;
 pub mod files;
+pub mod gpu;
 pub mod malloc;
 pub mod message;
 pub mod model;

@@ -1,0 +1,641 @@
+//! One host function per kernel: checks the shapes against the buffers (a short buffer is an error, never an
+//! out-of-bounds launch), then launches on the GPU's stream. Results are read with [`Gpu::download`].
+
+use super::{Arg, Buffer, Gpu, GpuError, Pod};
+
+/// Threads per block: a multiple of every warp width (32 on NVIDIA and RDNA, 64 on CDNA).
+const BLOCK: u32 = 256;
+/// Input rows per `q8_matmul` / `q8_matmul_t` block (`HEARTH_ROWS` in the kernels).
+const ROWS: usize = 8;
+/// Bytes per Q8_0 block and weights per block, as GGUF stores them.
+const Q8_BYTES: usize = 34;
+const QK: usize = 32;
+/// Shared memory a block may use without opting in on every vendor (48 KiB).
+const SHARED_LIMIT: usize = 48 * 1024;
+
+fn need<T: Pod>(op: &'static str, what: &str, buf: &Buffer<T>, n: usize) -> Result<(), GpuError> {
+    if buf.len() < n {
+        return Err(GpuError::Shape {
+            op,
+            reason: format!("{what} holds {} values, the shape needs {n}", buf.len()),
+        });
+    }
+    Ok(())
+}
+
+fn dim(op: &'static str, what: &str, v: usize) -> Result<i32, GpuError> {
+    if v == 0 || v > i32::MAX as usize {
+        return Err(GpuError::Shape {
+            op,
+            reason: format!("{what} = {v} is out of range"),
+        });
+    }
+    Ok(v as i32)
+}
+
+fn blocks(n: usize) -> u32 {
+    n.div_ceil(BLOCK as usize) as u32
+}
+
+/// `y[r][o] = Σ_i x[r][i] · W[o][i]` for a Q8_0 weight `[n_out, k]` in its GGUF bytes; `x` is `[m, k]`, `y`
+/// `[m, n_out]`. Decode is `m = 1`; prefill passes its rows at once.
+pub fn q8_matmul(
+    gpu: &Gpu,
+    w: &Buffer<u8>,
+    x: &Buffer<f32>,
+    y: &Buffer<f32>,
+    (m, k, n_out): (usize, usize, usize),
+) -> Result<(), GpuError> {
+    const OP: &str = "q8_matmul";
+    if !k.is_multiple_of(QK) {
+        return Err(GpuError::Shape {
+            op: OP,
+            reason: format!("k = {k} is not a multiple of {QK}"),
+        });
+    }
+    let (mi, ki, ni) = (dim(OP, "m", m)?, dim(OP, "k", k)?, dim(OP, "n_out", n_out)?);
+    need(OP, "the weight", w, n_out * k / QK * Q8_BYTES)?;
+    need(OP, "x", x, m * k)?;
+    need(OP, "y", y, m * n_out)?;
+    gpu.launch(
+        OP,
+        (n_out as u32, m.div_ceil(ROWS) as u32, 1),
+        BLOCK,
+        0,
+        &[
+            w.arg(),
+            x.arg(),
+            y.arg(),
+            Arg::I32(ni),
+            Arg::I32(ki),
+            Arg::I32(mi),
+        ],
+    )
+}
+
+/// Training's product with a Q8_0 weight's transpose: `dx[r][i] = Σ_o dy[r][o] · W[o][i]`, `W` `[n_out, k]`
+/// in its GGUF bytes, `dy` `[m, n_out]`, `dx` `[m, k]`.
+pub fn q8_matmul_t(
+    gpu: &Gpu,
+    w: &Buffer<u8>,
+    dy: &Buffer<f32>,
+    dx: &Buffer<f32>,
+    (m, k, n_out): (usize, usize, usize),
+) -> Result<(), GpuError> {
+    const OP: &str = "q8_matmul_t";
+    if !k.is_multiple_of(QK) {
+        return Err(GpuError::Shape {
+            op: OP,
+            reason: format!("k = {k} is not a multiple of {QK}"),
+        });
+    }
+    let (mi, ki, ni) = (dim(OP, "m", m)?, dim(OP, "k", k)?, dim(OP, "n_out", n_out)?);
+    need(OP, "the weight", w, n_out * k / QK * Q8_BYTES)?;
+    need(OP, "dy", dy, m * n_out)?;
+    need(OP, "dx", dx, m * k)?;
+    gpu.launch(
+        OP,
+        (blocks(k), m.div_ceil(ROWS) as u32, 1),
+        BLOCK,
+        0,
+        &[
+            w.arg(),
+            dy.arg(),
+            dx.arg(),
+            Arg::I32(ni),
+            Arg::I32(ki),
+            Arg::I32(mi),
+        ],
+    )
+}
+
+/// RMSNorm of `rows` rows of `n`: `y = x / sqrt(mean(x²) + eps) · w`.
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    w: &Buffer<f32>,
+    y: &Buffer<f32>,
+    (rows, n): (usize, usize),
+    eps: f32,
+) -> Result<(), GpuError> {
+    const OP: &str = "rms_norm";
+    let ni = dim(OP, "n", n)?;
+    dim(OP, "rows", rows)?;
+    need(OP, "x", x, rows * n)?;
+    need(OP, "w", w, n)?;
+    need(OP, "y", y, rows * n)?;
+    gpu.launch(
+        OP,
+        (rows as u32, 1, 1),
+        BLOCK,
+        0,
+        &[x.arg(), w.arg(), y.arg(), Arg::I32(ni), Arg::F32(eps)],
+    )
+}
+
+/// RMSNorm's backward: `dx` (`[rows, n]`) and the weight's gradient `dw` (`[n]`, summed over rows).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_backward(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    w: &Buffer<f32>,
+    dy: &Buffer<f32>,
+    dx: &Buffer<f32>,
+    dw: &Buffer<f32>,
+    (rows, n): (usize, usize),
+    eps: f32,
+) -> Result<(), GpuError> {
+    const OP: &str = "rms_norm_backward";
+    let ni = dim(OP, "n", n)?;
+    let ri = dim(OP, "rows", rows)?;
+    for (what, b, len) in [
+        ("x", x, rows * n),
+        ("dy", dy, rows * n),
+        ("dx", dx, rows * n),
+    ] {
+        need(OP, what, b, len)?;
+    }
+    need(OP, "w", w, n)?;
+    need(OP, "dw", dw, n)?;
+    let rinv = gpu.zeros::<f32>(rows)?;
+    gpu.launch(
+        OP,
+        (rows as u32, 1, 1),
+        BLOCK,
+        0,
+        &[
+            x.arg(),
+            w.arg(),
+            dy.arg(),
+            dx.arg(),
+            rinv.arg(),
+            Arg::I32(ni),
+            Arg::F32(eps),
+        ],
+    )?;
+    gpu.launch(
+        "rms_norm_backward_weight",
+        (blocks(n), 1, 1),
+        BLOCK,
+        0,
+        &[
+            x.arg(),
+            dy.arg(),
+            rinv.arg(),
+            dw.arg(),
+            Arg::I32(ri),
+            Arg::I32(ni),
+        ],
+    )?;
+    // `rinv` is freed on return: wait for the kernels that read it.
+    gpu.synchronize()
+}
+
+/// Which way [`rope`] turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rotation {
+    Forward,
+    /// The inverse rotation: the embedding's backward.
+    Inverse,
+}
+
+/// Rotary embedding in place on `x` `[rows, heads, hd]`, row `t` at position `pos[t]`; `cos`/`sin` are
+/// `[positions, hd / 2]` tables. `interleaved` pairs `(2i, 2i+1)` (Llama GGUFs), otherwise `(i, i + hd/2)`.
+/// Positions are device values (one captured decode graph replays at every step): each must be below the
+/// tables' `positions`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    cos: &Buffer<f32>,
+    sin: &Buffer<f32>,
+    pos: &Buffer<i32>,
+    (rows, heads, hd): (usize, usize, usize),
+    interleaved: bool,
+    rotation: Rotation,
+) -> Result<(), GpuError> {
+    const OP: &str = "rope";
+    if !hd.is_multiple_of(2) {
+        return Err(GpuError::Shape {
+            op: OP,
+            reason: format!("head dim {hd} is odd"),
+        });
+    }
+    let (hi, di) = (dim(OP, "heads", heads)?, dim(OP, "hd", hd)?);
+    dim(OP, "rows", rows)?;
+    need(OP, "x", x, rows * heads * hd)?;
+    need(OP, "pos", pos, rows)?;
+    need(OP, "cos", cos, hd / 2)?;
+    need(OP, "sin", sin, cos.len())?;
+    let sign = match rotation {
+        Rotation::Forward => 1.0,
+        Rotation::Inverse => -1.0,
+    };
+    gpu.launch(
+        OP,
+        ((rows * heads) as u32, 1, 1),
+        (hd as u32 / 2).next_multiple_of(64).min(BLOCK),
+        0,
+        &[
+            x.arg(),
+            cos.arg(),
+            sin.arg(),
+            pos.arg(),
+            Arg::I32(hi),
+            Arg::I32(di),
+            Arg::I32(interleaved as i32),
+            Arg::F32(sign),
+        ],
+    )
+}
+
+/// Attention shapes for one decode step.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Positions the cache holds room for.
+    pub capacity: usize,
+}
+
+/// One new token's attention over the KV cache (`[kv_heads, capacity, head_dim]` each), grouped-query:
+/// `out[h] = softmax(q[h] · K[h / g]ᵀ · scale) · V[h / g]` over the first `len[0]` positions (a device value).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode(
+    gpu: &Gpu,
+    q: &Buffer<f32>,
+    k_cache: &Buffer<f32>,
+    v_cache: &Buffer<f32>,
+    out: &Buffer<f32>,
+    len: &Buffer<i32>,
+    s: AttentionShape,
+    scale: f32,
+) -> Result<(), GpuError> {
+    const OP: &str = "attention_decode";
+    let (hi, kvi, di, ci) = (
+        dim(OP, "heads", s.heads)?,
+        dim(OP, "kv_heads", s.kv_heads)?,
+        dim(OP, "head_dim", s.head_dim)?,
+        dim(OP, "capacity", s.capacity)?,
+    );
+    if !s.heads.is_multiple_of(s.kv_heads) {
+        return Err(GpuError::Shape {
+            op: OP,
+            reason: format!("{} heads over {} kv heads", s.heads, s.kv_heads),
+        });
+    }
+    let shared = (32 + s.capacity) * 4;
+    if shared > SHARED_LIMIT {
+        return Err(GpuError::Shape {
+            op: OP,
+            reason: format!(
+                "a cache of {} positions needs {shared} bytes of scores (limit {SHARED_LIMIT})",
+                s.capacity
+            ),
+        });
+    }
+    need(OP, "q", q, s.heads * s.head_dim)?;
+    need(OP, "out", out, s.heads * s.head_dim)?;
+    let cache = s.kv_heads * s.capacity * s.head_dim;
+    need(OP, "k_cache", k_cache, cache)?;
+    need(OP, "v_cache", v_cache, cache)?;
+    need(OP, "len", len, 1)?;
+    gpu.launch(
+        OP,
+        (s.heads as u32, 1, 1),
+        BLOCK,
+        shared as u32,
+        &[
+            q.arg(),
+            k_cache.arg(),
+            v_cache.arg(),
+            out.arg(),
+            len.arg(),
+            Arg::I32(hi),
+            Arg::I32(kvi),
+            Arg::I32(di),
+            Arg::I32(ci),
+            Arg::F32(scale),
+        ],
+    )
+}
+
+/// `out = silu(g) · u`, elementwise over `n` values.
+pub fn silu_mul(
+    gpu: &Gpu,
+    g: &Buffer<f32>,
+    u: &Buffer<f32>,
+    out: &Buffer<f32>,
+    n: usize,
+) -> Result<(), GpuError> {
+    const OP: &str = "silu_mul";
+    let ni = dim(OP, "n", n)?;
+    for (what, b) in [("g", g), ("u", u), ("out", out)] {
+        need(OP, what, b, n)?;
+    }
+    gpu.launch(
+        OP,
+        (blocks(n), 1, 1),
+        BLOCK,
+        0,
+        &[g.arg(), u.arg(), out.arg(), Arg::I32(ni)],
+    )
+}
+
+/// The backward of [`silu_mul`]: `dg` and `du` from `dy`.
+pub fn silu_mul_backward(
+    gpu: &Gpu,
+    g: &Buffer<f32>,
+    u: &Buffer<f32>,
+    dy: &Buffer<f32>,
+    (dg, du): (&Buffer<f32>, &Buffer<f32>),
+    n: usize,
+) -> Result<(), GpuError> {
+    const OP: &str = "silu_mul_backward";
+    let ni = dim(OP, "n", n)?;
+    for (what, b) in [("g", g), ("u", u), ("dy", dy), ("dg", dg), ("du", du)] {
+        need(OP, what, b, n)?;
+    }
+    gpu.launch(
+        OP,
+        (blocks(n), 1, 1),
+        BLOCK,
+        0,
+        &[g.arg(), u.arg(), dy.arg(), dg.arg(), du.arg(), Arg::I32(ni)],
+    )
+}
+
+/// Row softmax over `rows × cols`; `causal` masks square per-head blocks (row `r` keeps columns
+/// `0..=r % cols`), as training's attention does.
+pub fn softmax_rows(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    y: &Buffer<f32>,
+    (rows, cols): (usize, usize),
+    causal: bool,
+) -> Result<(), GpuError> {
+    const OP: &str = "softmax_rows";
+    let ci = dim(OP, "cols", cols)?;
+    dim(OP, "rows", rows)?;
+    need(OP, "x", x, rows * cols)?;
+    need(OP, "y", y, rows * cols)?;
+    gpu.launch(
+        OP,
+        (rows as u32, 1, 1),
+        BLOCK,
+        0,
+        &[x.arg(), y.arg(), Arg::I32(ci), Arg::I32(causal as i32)],
+    )
+}
+
+/// Softmax's backward from its output `y`: `dx = y · (dy - Σ y·dy)` per row.
+pub fn softmax_backward(
+    gpu: &Gpu,
+    y: &Buffer<f32>,
+    dy: &Buffer<f32>,
+    dx: &Buffer<f32>,
+    (rows, cols): (usize, usize),
+) -> Result<(), GpuError> {
+    const OP: &str = "softmax_backward";
+    let ci = dim(OP, "cols", cols)?;
+    dim(OP, "rows", rows)?;
+    for (what, b) in [("y", y), ("dy", dy), ("dx", dx)] {
+        need(OP, what, b, rows * cols)?;
+    }
+    gpu.launch(
+        OP,
+        (rows as u32, 1, 1),
+        BLOCK,
+        0,
+        &[y.arg(), dy.arg(), dx.arg(), Arg::I32(ci)],
+    )
+}
+
+/// Strides of one operand of [`gemm`]: element `(i, l)` of `A` is at `i·row + l·col`.
+#[derive(Clone, Copy)]
+struct Strides {
+    row: usize,
+    col: usize,
+}
+
+/// `C = beta·C + alpha·A·B`, `C` row-major `[m, n]`, `A` `[m, k]` and `B` `[k, n]` given by strides.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    gpu: &Gpu,
+    a: (&Buffer<f32>, Strides),
+    b: (&Buffer<f32>, Strides),
+    c: &Buffer<f32>,
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    beta: f32,
+) -> Result<(), GpuError> {
+    let s = |v: usize| v as i32;
+    gpu.launch(
+        "lora_gemm",
+        (blocks(m * n), 1, 1),
+        BLOCK,
+        0,
+        &[
+            a.0.arg(),
+            b.0.arg(),
+            c.arg(),
+            Arg::I32(s(m)),
+            Arg::I32(s(n)),
+            Arg::I32(s(k)),
+            Arg::I32(s(a.1.row)),
+            Arg::I32(s(a.1.col)),
+            Arg::I32(s(b.1.row)),
+            Arg::I32(s(b.1.col)),
+            Arg::F32(alpha),
+            Arg::F32(beta),
+        ],
+    )
+}
+
+/// Shapes of a LoRA pair on a projection `[n, k]`: `A` `[r, k]`, `B` `[n, r]`, over `m` input rows.
+#[derive(Debug, Clone, Copy)]
+pub struct LoraShape {
+    pub m: usize,
+    pub k: usize,
+    pub rank: usize,
+    pub n: usize,
+}
+
+impl LoraShape {
+    fn check(&self, op: &'static str) -> Result<(), GpuError> {
+        for (what, v) in [
+            ("m", self.m),
+            ("k", self.k),
+            ("rank", self.rank),
+            ("n", self.n),
+        ] {
+            dim(op, what, v)?;
+        }
+        if self.m * self.k.max(self.n) > i32::MAX as usize {
+            return Err(GpuError::Shape {
+                op,
+                reason: "more than 2^31 values".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The unmerged LoRA delta added to a projection's output: `t = x·Aᵀ` (kept for the backward), then
+/// `y += scale · t·Bᵀ`.
+#[allow(clippy::too_many_arguments)]
+pub fn lora_forward(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    a: &Buffer<f32>,
+    b: &Buffer<f32>,
+    t: &Buffer<f32>,
+    y: &Buffer<f32>,
+    s: LoraShape,
+    scale: f32,
+) -> Result<(), GpuError> {
+    const OP: &str = "lora_forward";
+    s.check(OP)?;
+    let LoraShape { m, k, rank: r, n } = s;
+    need(OP, "x", x, m * k)?;
+    need(OP, "a", a, r * k)?;
+    need(OP, "b", b, n * r)?;
+    need(OP, "t", t, m * r)?;
+    need(OP, "y", y, m * n)?;
+    let st = |row, col| Strides { row, col };
+    gemm(gpu, (x, st(k, 1)), (a, st(1, k)), t, (m, r, k), 1.0, 0.0)?;
+    gemm(gpu, (t, st(r, 1)), (b, st(1, r)), y, (m, n, r), scale, 1.0)
+}
+
+/// Gradients of one LoRA pair.
+pub struct LoraGrads<'a> {
+    /// `[r, k]`, overwritten.
+    pub da: &'a Buffer<f32>,
+    /// `[n, r]`, overwritten.
+    pub db: &'a Buffer<f32>,
+    /// `[m, k]`, the delta's part added to the input gradient.
+    pub dx: &'a Buffer<f32>,
+}
+
+/// The backward of [`lora_forward`] from `dy` `[m, n]` and the forward's `t`: with `u = scale · dy·B`,
+/// `dB = scale · dyᵀ·t`, `dA = uᵀ·x`, `dx += u·A`.
+#[allow(clippy::too_many_arguments)]
+pub fn lora_backward(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    a: &Buffer<f32>,
+    b: &Buffer<f32>,
+    t: &Buffer<f32>,
+    dy: &Buffer<f32>,
+    grads: LoraGrads<'_>,
+    s: LoraShape,
+    scale: f32,
+) -> Result<(), GpuError> {
+    const OP: &str = "lora_backward";
+    s.check(OP)?;
+    let LoraShape { m, k, rank: r, n } = s;
+    need(OP, "x", x, m * k)?;
+    need(OP, "a", a, r * k)?;
+    need(OP, "b", b, n * r)?;
+    need(OP, "t", t, m * r)?;
+    need(OP, "dy", dy, m * n)?;
+    need(OP, "da", grads.da, r * k)?;
+    need(OP, "db", grads.db, n * r)?;
+    need(OP, "dx", grads.dx, m * k)?;
+    let st = |row, col| Strides { row, col };
+    let u = gpu.zeros::<f32>(m * r)?;
+    gemm(
+        gpu,
+        (dy, st(n, 1)),
+        (b, st(r, 1)),
+        &u,
+        (m, r, n),
+        scale,
+        0.0,
+    )?;
+    gemm(
+        gpu,
+        (dy, st(1, n)),
+        (t, st(r, 1)),
+        grads.db,
+        (n, r, m),
+        scale,
+        0.0,
+    )?;
+    gemm(
+        gpu,
+        (&u, st(1, r)),
+        (x, st(k, 1)),
+        grads.da,
+        (r, k, m),
+        1.0,
+        0.0,
+    )?;
+    gemm(
+        gpu,
+        (&u, st(r, 1)),
+        (a, st(k, 1)),
+        grads.dx,
+        (m, k, r),
+        1.0,
+        1.0,
+    )?;
+    // `u` is freed on return: wait for the products that read it.
+    gpu.synchronize()
+}
+
+/// `x += d` over `n` values (the residual add).
+pub fn add_into(gpu: &Gpu, x: &Buffer<f32>, d: &Buffer<f32>, n: usize) -> Result<(), GpuError> {
+    const OP: &str = "add_into";
+    let ni = dim(OP, "n", n)?;
+    need(OP, "x", x, n)?;
+    need(OP, "d", d, n)?;
+    gpu.launch(
+        OP,
+        (blocks(n), 1, 1),
+        BLOCK,
+        0,
+        &[x.arg(), d.arg(), Arg::I32(ni)],
+    )
+}
+
+/// Writes one token's `src` `[kv_heads, head_dim]` into `cache` `[kv_heads, capacity, head_dim]` at position
+/// `len[0]` (a device value; the caller keeps it below `capacity` and moves it on with [`advance`]).
+pub fn kv_append(
+    gpu: &Gpu,
+    cache: &Buffer<f32>,
+    src: &Buffer<f32>,
+    len: &Buffer<i32>,
+    s: AttentionShape,
+) -> Result<(), GpuError> {
+    const OP: &str = "kv_append";
+    let (kvi, di, ci) = (
+        dim(OP, "kv_heads", s.kv_heads)?,
+        dim(OP, "head_dim", s.head_dim)?,
+        dim(OP, "capacity", s.capacity)?,
+    );
+    need(OP, "cache", cache, s.kv_heads * s.capacity * s.head_dim)?;
+    need(OP, "src", src, s.kv_heads * s.head_dim)?;
+    need(OP, "len", len, 1)?;
+    gpu.launch(
+        OP,
+        (blocks(s.kv_heads * s.head_dim), 1, 1),
+        BLOCK,
+        0,
+        &[
+            cache.arg(),
+            src.arg(),
+            len.arg(),
+            Arg::I32(kvi),
+            Arg::I32(ci),
+            Arg::I32(di),
+        ],
+    )
+}
+
+/// `len[0] += by` on the device, after a step's cache writes.
+pub fn advance(gpu: &Gpu, len: &Buffer<i32>, by: i32) -> Result<(), GpuError> {
+    need("advance", "len", len, 1)?;
+    gpu.launch("advance", (1, 1, 1), 64, 0, &[len.arg(), Arg::I32(by)])
+}

@@ -1,0 +1,536 @@
+//! Every kernel against a CPU reference computed here in f64: forward kernels against the formula (the
+//! quantized products against hearth's own Q8_0 dequantization), backward kernels against central finite
+//! differences of the f64 forward, so a wrong derivation cannot agree with itself.
+
+use half::f16;
+use hearth::gpu::ops::{self, AttentionShape, LoraGrads, LoraShape, Rotation};
+use hearth::gpu::{Buffer, Gpu};
+use hearth::model::q8;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::gpus;
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+/// Max |got - want| within `tol` of the reference's scale.
+fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    let (i, err) = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs())
+        .enumerate()
+        .fold((0, 0.0), |a, (i, e)| if e > a.1 { (i, e) } else { a });
+    assert!(
+        err <= tol * scale,
+        "{what}: max error {err:.3e} at {i} (got {}, want {}), tolerance {:.1e}",
+        got[i],
+        want[i],
+        tol * scale
+    );
+}
+
+/// `d(Σ dy · f(x)) / dx` by central differences.
+fn numeric_grad(x: &[f64], dy: &[f64], f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {
+    let h = 1e-6;
+    (0..x.len())
+        .map(|i| {
+            let mut p = x.to_vec();
+            p[i] += h;
+            let up: f64 = f(&p).iter().zip(dy).map(|(a, b)| a * b).sum();
+            p[i] -= 2.0 * h;
+            let down: f64 = f(&p).iter().zip(dy).map(|(a, b)| a * b).sum();
+            (up - down) / (2.0 * h)
+        })
+        .collect()
+}
+
+/// Q8_0 bytes of `[n, k]` values, quantized as GGUF does (scale amax / 127 as f16, round to nearest).
+fn quantize(w: &[f32], k: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for row in w.chunks(k) {
+        for block in row.chunks(32) {
+            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = f16::from_f32(amax / 127.0);
+            let inv = if d.to_f32() == 0.0 {
+                0.0
+            } else {
+                1.0 / d.to_f32()
+            };
+            out.extend_from_slice(&d.to_bits().to_le_bytes());
+            out.extend(block.iter().map(|v| (v * inv).round() as i8 as u8));
+        }
+    }
+    out
+}
+
+fn up<T: hearth::gpu::Pod>(gpu: &Gpu, v: &[T]) -> Buffer<T> {
+    gpu.upload(v).unwrap()
+}
+
+fn down(gpu: &Gpu, b: &Buffer<f32>) -> Vec<f32> {
+    gpu.download(b).unwrap()
+}
+
+#[test]
+fn q8_matmul_matches_the_dequantized_product() {
+    for gpu in gpus("q8_matmul_matches_the_dequantized_product") {
+        for (m, k, n) in [(1, 576, 96), (11, 1536, 40), (8, 64, 3)] {
+            let bytes = quantize(&random(n * k, 1), k);
+            let mut w = vec![0f32; n * k];
+            q8::dequantize(&bytes, k, &mut w).unwrap();
+            let x = random(m * k, 2);
+            let want: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (r, o) = (i / n, i % n);
+                    (0..k)
+                        .map(|j| x[r * k + j] as f64 * w[o * k + j] as f64)
+                        .sum()
+                })
+                .collect();
+            let (wb, xb, yb) = (up(&gpu, &bytes), up(&gpu, &x), gpu.zeros(m * n).unwrap());
+            ops::q8_matmul(&gpu, &wb, &xb, &yb, (m, k, n)).unwrap();
+            close(
+                &format!("q8_matmul {m}x{k}x{n}"),
+                &down(&gpu, &yb),
+                &want,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn q8_matmul_t_matches_the_dequantized_transpose_product() {
+    for gpu in gpus("q8_matmul_t_matches_the_dequantized_transpose_product") {
+        for (m, k, n) in [(1, 576, 96), (13, 320, 50)] {
+            let bytes = quantize(&random(n * k, 3), k);
+            let mut w = vec![0f32; n * k];
+            q8::dequantize(&bytes, k, &mut w).unwrap();
+            let dy = random(m * n, 4);
+            let want: Vec<f64> = (0..m * k)
+                .map(|i| {
+                    let (r, j) = (i / k, i % k);
+                    (0..n)
+                        .map(|o| dy[r * n + o] as f64 * w[o * k + j] as f64)
+                        .sum()
+                })
+                .collect();
+            let (wb, dyb, dxb) = (up(&gpu, &bytes), up(&gpu, &dy), gpu.zeros(m * k).unwrap());
+            ops::q8_matmul_t(&gpu, &wb, &dyb, &dxb, (m, k, n)).unwrap();
+            close(
+                &format!("q8_matmul_t {m}x{k}x{n}"),
+                &down(&gpu, &dxb),
+                &want,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn q8_products_refuse_short_buffers() {
+    for gpu in gpus("q8_products_refuse_short_buffers") {
+        let (w, x, y) = (
+            gpu.zeros::<u8>(34).unwrap(),
+            gpu.zeros::<f32>(64).unwrap(),
+            gpu.zeros::<f32>(2).unwrap(),
+        );
+        let e = ops::q8_matmul(&gpu, &w, &x, &y, (1, 64, 2)).unwrap_err();
+        assert!(e.to_string().contains("the weight holds 34"), "{e}");
+        let e = ops::q8_matmul(&gpu, &w, &x, &y, (1, 48, 1)).unwrap_err();
+        assert!(e.to_string().contains("not a multiple of 32"), "{e}");
+    }
+}
+
+fn rms_norm_ref(x: &[f64], w: &[f64], n: usize, eps: f64) -> Vec<f64> {
+    x.chunks(n)
+        .flat_map(|r| {
+            let m = (r.iter().map(|v| v * v).sum::<f64>() / n as f64 + eps).sqrt();
+            r.iter().zip(w).map(move |(v, w)| v / m * w)
+        })
+        .collect()
+}
+
+#[test]
+fn rms_norm_and_its_backward_match_the_reference() {
+    for gpu in gpus("rms_norm_and_its_backward_match_the_reference") {
+        let (rows, n, eps) = (3, 576, 1e-5f32);
+        let (x, w, dy) = (random(rows * n, 5), random(n, 6), random(rows * n, 7));
+        let (xd, wd, dyd) = (f64s(&x), f64s(&w), f64s(&dy));
+        let (xb, wb, dyb) = (up(&gpu, &x), up(&gpu, &w), up(&gpu, &dy));
+        let yb = gpu.zeros(rows * n).unwrap();
+        ops::rms_norm(&gpu, &xb, &wb, &yb, (rows, n), eps).unwrap();
+        close(
+            "rms_norm",
+            &down(&gpu, &yb),
+            &rms_norm_ref(&xd, &wd, n, eps as f64),
+            1e-5,
+        );
+
+        let (dxb, dwb) = (gpu.zeros(rows * n).unwrap(), gpu.zeros(n).unwrap());
+        ops::rms_norm_backward(&gpu, &xb, &wb, &dyb, &dxb, &dwb, (rows, n), eps).unwrap();
+        let dx = numeric_grad(&xd, &dyd, |x| rms_norm_ref(x, &wd, n, eps as f64));
+        let dw = numeric_grad(&wd, &dyd, |w| rms_norm_ref(&xd, w, n, eps as f64));
+        close("rms_norm_backward dx", &down(&gpu, &dxb), &dx, 1e-4);
+        close("rms_norm_backward dw", &down(&gpu, &dwb), &dw, 1e-4);
+    }
+}
+
+fn rope_ref(
+    x: &[f64],
+    cos: &[f64],
+    sin: &[f64],
+    pos: &[i32],
+    hd: usize,
+    interleaved: bool,
+) -> Vec<f64> {
+    let half = hd / 2;
+    let heads_per_row = x.len() / pos.len() / hd;
+    let mut out = x.to_vec();
+    for (h, head) in out.chunks_mut(hd).enumerate() {
+        let p = pos[h / heads_per_row] as usize;
+        for i in 0..half {
+            let (a, b) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + half)
+            };
+            let (c, s) = (cos[p * half + i], sin[p * half + i]);
+            let (xa, xb) = (head[a], head[b]);
+            head[a] = xa * c - xb * s;
+            head[b] = xa * s + xb * c;
+        }
+    }
+    out
+}
+
+#[test]
+fn rope_rotates_both_layouts_and_inverts() {
+    for gpu in gpus("rope_rotates_both_layouts_and_inverts") {
+        let (rows, heads, hd, positions) = (4, 3, 64, 50);
+        let half = hd / 2;
+        let angle = |p: usize, i: usize| p as f64 / 10000f64.powf(2.0 * i as f64 / hd as f64);
+        let cos: Vec<f32> = (0..positions * half)
+            .map(|j| angle(j / half, j % half).cos() as f32)
+            .collect();
+        let sin: Vec<f32> = (0..positions * half)
+            .map(|j| angle(j / half, j % half).sin() as f32)
+            .collect();
+        let pos = vec![0i32, 7, 31, 49];
+        let x = random(rows * heads * hd, 8);
+        let (cb, sb, pb) = (up(&gpu, &cos), up(&gpu, &sin), up(&gpu, &pos));
+        for interleaved in [true, false] {
+            let xb = up(&gpu, &x);
+            let shape = (rows, heads, hd);
+            ops::rope(
+                &gpu,
+                &xb,
+                &cb,
+                &sb,
+                &pb,
+                shape,
+                interleaved,
+                Rotation::Forward,
+            )
+            .unwrap();
+            let want = rope_ref(&f64s(&x), &f64s(&cos), &f64s(&sin), &pos, hd, interleaved);
+            close(
+                &format!("rope interleaved={interleaved}"),
+                &down(&gpu, &xb),
+                &want,
+                1e-5,
+            );
+            ops::rope(
+                &gpu,
+                &xb,
+                &cb,
+                &sb,
+                &pb,
+                shape,
+                interleaved,
+                Rotation::Inverse,
+            )
+            .unwrap();
+            close("rope inverse", &down(&gpu, &xb), &f64s(&x), 1e-5);
+        }
+    }
+}
+
+#[test]
+fn attention_decode_matches_the_reference() {
+    for gpu in gpus("attention_decode_matches_the_reference") {
+        let s = AttentionShape {
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            capacity: 40,
+        };
+        let len = 29usize;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let q = random(s.heads * s.head_dim, 9);
+        let kc = random(s.kv_heads * s.capacity * s.head_dim, 10);
+        let vc = random(s.kv_heads * s.capacity * s.head_dim, 11);
+        let hd = s.head_dim;
+        let mut want = vec![0f64; s.heads * hd];
+        for h in 0..s.heads {
+            let kvh = h / (s.heads / s.kv_heads);
+            let base = kvh * s.capacity * hd;
+            let scores: Vec<f64> = (0..len)
+                .map(|t| {
+                    (0..hd)
+                        .map(|d| q[h * hd + d] as f64 * kc[base + t * hd + d] as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = scores.iter().map(|v| (v - mx).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                want[h * hd + d] = (0..len)
+                    .map(|t| e[t] * vc[base + t * hd + d] as f64)
+                    .sum::<f64>()
+                    / sum;
+            }
+        }
+        let (qb, kb, vb) = (up(&gpu, &q), up(&gpu, &kc), up(&gpu, &vc));
+        let (ob, lb) = (gpu.zeros(s.heads * hd).unwrap(), up(&gpu, &[len as i32]));
+        ops::attention_decode(&gpu, &qb, &kb, &vb, &ob, &lb, s, scale).unwrap();
+        close("attention_decode", &down(&gpu, &ob), &want, 1e-5);
+        // The length is read on the device: a shorter cache changes the result without a new launch shape.
+        gpu.write(&lb, &[5]).unwrap();
+        ops::attention_decode(&gpu, &qb, &kb, &vb, &ob, &lb, s, scale).unwrap();
+        let got = down(&gpu, &ob);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .any(|(g, w)| (*g as f64 - w).abs() > 1e-3)
+        );
+    }
+}
+
+fn silu_mul_ref(g: &[f64], u: &[f64]) -> Vec<f64> {
+    g.iter()
+        .zip(u)
+        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+        .collect()
+}
+
+#[test]
+fn silu_mul_and_its_backward_match_the_reference() {
+    for gpu in gpus("silu_mul_and_its_backward_match_the_reference") {
+        let n = 1000;
+        let (g, u, dy) = (random(n, 12), random(n, 13), random(n, 14));
+        let (gd, ud, dyd) = (f64s(&g), f64s(&u), f64s(&dy));
+        let (gb, ub, dyb) = (up(&gpu, &g), up(&gpu, &u), up(&gpu, &dy));
+        let ob = gpu.zeros(n).unwrap();
+        ops::silu_mul(&gpu, &gb, &ub, &ob, n).unwrap();
+        close("silu_mul", &down(&gpu, &ob), &silu_mul_ref(&gd, &ud), 1e-6);
+        let (dgb, dub) = (gpu.zeros(n).unwrap(), gpu.zeros(n).unwrap());
+        ops::silu_mul_backward(&gpu, &gb, &ub, &dyb, (&dgb, &dub), n).unwrap();
+        // Elementwise: the finite difference of each element alone.
+        let dg = numeric_grad(&gd, &dyd, |g| silu_mul_ref(g, &ud));
+        let du = numeric_grad(&ud, &dyd, |u| silu_mul_ref(&gd, u));
+        close("silu_mul_backward dg", &down(&gpu, &dgb), &dg, 1e-5);
+        close("silu_mul_backward du", &down(&gpu, &dub), &du, 1e-5);
+    }
+}
+
+fn softmax_ref(x: &[f64], cols: usize, causal: bool) -> Vec<f64> {
+    x.chunks(cols)
+        .enumerate()
+        .flat_map(|(r, row)| {
+            let valid = if causal { r % cols + 1 } else { cols };
+            let mx = row[..valid].iter().cloned().fold(f64::MIN, f64::max);
+            let sum: f64 = row[..valid].iter().map(|v| (v - mx).exp()).sum();
+            (0..cols).map(move |j| {
+                if j < valid {
+                    (row[j] - mx).exp() / sum
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn softmax_and_its_backward_match_the_reference() {
+    for gpu in gpus("softmax_and_its_backward_match_the_reference") {
+        let (rows, cols) = (2 * 24, 24);
+        let x = random(rows * cols, 15)
+            .iter()
+            .map(|v| v * 8.0)
+            .collect::<Vec<_>>();
+        let dy = random(rows * cols, 16);
+        let (xd, dyd) = (f64s(&x), f64s(&dy));
+        let xb = up(&gpu, &x);
+        for causal in [false, true] {
+            let yb = gpu.zeros(rows * cols).unwrap();
+            ops::softmax_rows(&gpu, &xb, &yb, (rows, cols), causal).unwrap();
+            let y = down(&gpu, &yb);
+            close(
+                &format!("softmax causal={causal}"),
+                &y,
+                &softmax_ref(&xd, cols, causal),
+                1e-6,
+            );
+            let (dyb, dxb) = (up(&gpu, &dy), gpu.zeros(rows * cols).unwrap());
+            ops::softmax_backward(&gpu, &yb, &dyb, &dxb, (rows, cols)).unwrap();
+            let dx = numeric_grad(&xd, &dyd, |x| softmax_ref(x, cols, causal));
+            close(
+                &format!("softmax_backward causal={causal}"),
+                &down(&gpu, &dxb),
+                &dx,
+                1e-5,
+            );
+        }
+    }
+}
+
+/// `y + scale · (x·Aᵀ)·Bᵀ`.
+fn lora_ref(x: &[f64], a: &[f64], b: &[f64], y: &[f64], s: LoraShape, scale: f64) -> Vec<f64> {
+    let LoraShape { m, k, rank: r, n } = s;
+    let t: Vec<f64> = (0..m * r)
+        .map(|i| (0..k).map(|l| x[i / r * k + l] * a[i % r * k + l]).sum())
+        .collect();
+    (0..m * n)
+        .map(|i| {
+            y[i] + scale
+                * (0..r)
+                    .map(|l| t[i / n * r + l] * b[i % n * r + l])
+                    .sum::<f64>()
+        })
+        .collect()
+}
+
+#[test]
+fn lora_forward_and_backward_match_the_reference() {
+    for gpu in gpus("lora_forward_and_backward_match_the_reference") {
+        let s = LoraShape {
+            m: 5,
+            k: 96,
+            rank: 8,
+            n: 40,
+        };
+        let scale = 2.0f32;
+        let LoraShape { m, k, rank: r, n } = s;
+        let (x, a, b, y, dy) = (
+            random(m * k, 17),
+            random(r * k, 18),
+            random(n * r, 19),
+            random(m * n, 20),
+            random(m * n, 21),
+        );
+        let (xd, ad, bd, yd, dyd) = (f64s(&x), f64s(&a), f64s(&b), f64s(&y), f64s(&dy));
+        let (xb, ab, bb, yb) = (up(&gpu, &x), up(&gpu, &a), up(&gpu, &b), up(&gpu, &y));
+        let tb = gpu.zeros(m * r).unwrap();
+        ops::lora_forward(&gpu, &xb, &ab, &bb, &tb, &yb, s, scale).unwrap();
+        let sd = scale as f64;
+        close(
+            "lora_forward",
+            &down(&gpu, &yb),
+            &lora_ref(&xd, &ad, &bd, &yd, s, sd),
+            1e-5,
+        );
+
+        let dx0 = random(m * k, 22);
+        let (dab, dbb, dxb) = (
+            gpu.zeros(r * k).unwrap(),
+            gpu.zeros(n * r).unwrap(),
+            up(&gpu, &dx0),
+        );
+        let grads = LoraGrads {
+            da: &dab,
+            db: &dbb,
+            dx: &dxb,
+        };
+        let dyb = up(&gpu, &dy);
+        ops::lora_backward(&gpu, &xb, &ab, &bb, &tb, &dyb, grads, s, scale).unwrap();
+        let da = numeric_grad(&ad, &dyd, |a| lora_ref(&xd, a, &bd, &yd, s, sd));
+        let db = numeric_grad(&bd, &dyd, |b| lora_ref(&xd, &ad, b, &yd, s, sd));
+        let dx: Vec<f64> = numeric_grad(&xd, &dyd, |x| lora_ref(x, &ad, &bd, &yd, s, sd))
+            .iter()
+            .zip(&dx0)
+            .map(|(g, d)| g + *d as f64)
+            .collect();
+        close("lora_backward da", &down(&gpu, &dab), &da, 1e-4);
+        close("lora_backward db", &down(&gpu, &dbb), &db, 1e-4);
+        close(
+            "lora_backward dx (accumulated)",
+            &down(&gpu, &dxb),
+            &dx,
+            1e-4,
+        );
+    }
+}
+
+/// A fresh adapter (B = 0, as PEFT and hearth initialise it) leaves the base output bitwise unchanged.
+#[test]
+fn a_fresh_adapter_is_bitwise_the_base() {
+    for gpu in gpus("a_fresh_adapter_is_bitwise_the_base") {
+        let s = LoraShape {
+            m: 3,
+            k: 64,
+            rank: 4,
+            n: 32,
+        };
+        let y = random(s.m * s.n, 23);
+        let (xb, ab) = (
+            up(&gpu, &random(s.m * s.k, 24)),
+            up(&gpu, &random(s.rank * s.k, 25)),
+        );
+        let (bb, tb, yb) = (
+            gpu.zeros(s.n * s.rank).unwrap(),
+            gpu.zeros(s.m * s.rank).unwrap(),
+            up(&gpu, &y),
+        );
+        ops::lora_forward(&gpu, &xb, &ab, &bb, &tb, &yb, s, 2.0).unwrap();
+        let got = down(&gpu, &yb);
+        assert!(got.iter().zip(&y).all(|(g, w)| g.to_bits() == w.to_bits()));
+    }
+}
+
+#[test]
+fn add_kv_append_and_advance_write_what_they_name() {
+    for gpu in gpus("add_kv_append_and_advance_write_what_they_name") {
+        let (x, d) = (random(300, 26), random(300, 27));
+        let (xb, db) = (up(&gpu, &x), up(&gpu, &d));
+        ops::add_into(&gpu, &xb, &db, 300).unwrap();
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&d)
+            .map(|(a, b)| *a as f64 + *b as f64)
+            .collect();
+        close("add_into", &down(&gpu, &xb), &want, 1e-7);
+
+        let s = AttentionShape {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            capacity: 5,
+        };
+        let cache = gpu.zeros::<f32>(2 * 5 * 8).unwrap();
+        let len = up(&gpu, &[0i32]);
+        for step in 0..3 {
+            let src: Vec<f32> = (0..16).map(|i| (step * 100 + i) as f32).collect();
+            ops::kv_append(&gpu, &cache, &up(&gpu, &src), &len, s).unwrap();
+            ops::advance(&gpu, &len, 1).unwrap();
+        }
+        assert_eq!(gpu.download(&len).unwrap(), vec![3]);
+        let c = down(&gpu, &cache);
+        // Head 1, position 2, dim 3 holds step 2's value for index 1·8 + 3.
+        assert_eq!(c[(5 + 2) * 8 + 3], 211.0);
+        assert_eq!(c[3 * 8], 0.0, "position 3 is not written yet");
+    }
+}

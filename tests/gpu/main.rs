@@ -1,0 +1,26 @@
+//! GPU kernels: every kernel compiles for every target this machine can compile for (NVRTC when
+//! libnvrtc loads, clang-19 for gfx1100/gfx1151 when it is installed), and on a GPU every kernel matches a
+//! CPU reference computed here. Each check skips with a printed notice when its library or device is absent.
+
+mod compile;
+mod device;
+mod kernels;
+mod throughput;
+
+use hearth::gpu::{Device, Gpu};
+
+/// The GPUs this machine opens (cuda:0, rocm:0); prints why when none does.
+pub fn gpus(test: &str) -> Vec<Gpu> {
+    let mut out = Vec::new();
+    let mut why = Vec::new();
+    for d in [Device::Cuda(0), Device::Rocm(0)] {
+        match Gpu::open(d) {
+            Ok(g) => out.push(g),
+            Err(e) => why.push(format!("{d}: {e}")),
+        }
+    }
+    if out.is_empty() {
+        eprintln!("{test}: skipped, no GPU opened ({})", why.join("; "));
+    }
+    out
+}
