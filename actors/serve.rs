@@ -96,7 +96,7 @@ impl Serve {
             let base = ctx
                 .resources
                 .get::<BaseCache>()
-                .get(&path)
+                .get_with(&path, p.requantize)
                 .context("load the model")?;
             let (server, addr) = p
                 .start(&base, &ctx.data_dir, &ctx.node_id, commit_timeout)

@@ -11,6 +11,7 @@ use super::{ServeConfig, ServeError, Server, default_model};
 use crate::access::ApiKey;
 use crate::model::Base;
 use crate::model::KvPrecision;
+use crate::model::Requantize;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -35,6 +36,9 @@ pub struct ServeSettings {
     pub kv_cache: KvPrecision,
     /// Bytes of finished requests' KV caches kept so that a chat's next turn prefills only its new tokens.
     pub prompt_cache_bytes: usize,
+    /// `Q8_0` re-encodes the base's block-quantized weights as Q8_0 at load (see [`Requantize`]); `Off`
+    /// keeps the file's types.
+    pub requantize: Requantize,
 }
 
 impl Default for ServeSettings {
@@ -51,6 +55,7 @@ impl Default for ServeSettings {
             adapters: Vec::new(),
             kv_cache: c.kv_cache,
             prompt_cache_bytes: c.prompt_cache_bytes,
+            requantize: Requantize::Off,
         }
     }
 }
@@ -164,4 +169,19 @@ pub fn take_running(key: &str) -> Option<Arc<Server>> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `requantize` is read from a graph's parameters, and is `Off` when absent.
+    #[test]
+    fn requantize_is_read() {
+        let s: ServeSettings = ron::from_str("(requantize: Q8_0)").unwrap();
+        assert_eq!(s.requantize, Requantize::Q8_0);
+        let s: ServeSettings = ron::from_str("()").unwrap();
+        assert_eq!(s.requantize, Requantize::Off);
+        assert!(ron::from_str::<ServeSettings>("(requantize: Q4K)").is_err());
+    }
 }
