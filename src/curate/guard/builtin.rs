@@ -62,7 +62,7 @@ impl std::fmt::Debug for BuiltinGuard {
 }
 
 impl BuiltinGuard {
-    /// Default thresholds (`GuardPolicy::default()`): Unsafe at score ≥ 0.4, Controversial ≥ 0.2.
+    /// Default thresholds (`GuardPolicy::default()`): Unsafe at score ≥ 0.8, Controversial ≥ 0.2.
     pub fn new() -> Result<Self, GuardError> {
         Self::from_policy(&GuardPolicy::default())
     }

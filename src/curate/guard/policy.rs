@@ -38,8 +38,10 @@ impl Default for GuardPolicy {
         Self {
             drop_categories: Category::ALL.to_vec(),
             controversial: ControversialAction::Quarantine,
-            threshold: 0.4,
-            controversial_band: 0.2,
+            // Drop only on high confidence; the wide band below sends doubtful prompts to a
+            // person instead of silently out of the training set.
+            threshold: 0.8,
+            controversial_band: 0.6,
             check_prompt: true,
             check_response: true,
         }

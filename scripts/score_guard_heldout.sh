@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The builtin guard on its dev split (data/guard/dev_prompts.jsonl, written by
+# scripts/gen_guard_dev.py) and on the hand-written held-out prompts
+# (data/guard/heldout_prompts.jsonl), side by side, plus the template held-out split.
+# Tune on dev only; the held-out texts are never printed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(cargo test --test curate -- --nocapture --test-threads 1 \
+  guard::builtin_on_dev_prompts guard::builtin_on_hand_written_held_out_prompts \
+  guard::builtin_held_out_report 2>&1)
+echo "$out" | grep -E '^(dev|held-out) \(|overall unsafe-vs-safe|builtin guard, held-out n=|test result'
