@@ -1,0 +1,143 @@
+//! The serving cost of per-user deltas: decode tokens/s through the serve engine with 1, 8 and 64 resident
+//! per-user adapters (each request routed by its `user` to that user's adapter, the users taken in turn), against
+//! the base alone, and the memory each resident adapter takes (its tensors' bytes, and the process's resident
+//! set growth while the adapters are installed).
+//!
+//! `cargo bench --bench serve_adapters`, on the default model (as `serve_decode`: `HEARTH_DATA_DIR`, or
+//! `HEARTH_GGUF=path`), one generation thread. `cargo test --benches` runs a tiny smoke version.
+
+mod bench_util;
+
+use bench_util::{bench_model, fixed_length_request};
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use hearth::model::{LoraConfig, LoraPair, LoraSet, LoraTarget};
+use hearth::serve::{ServeConfig, Server, StreamEvent};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// A rank-8 adapter on every projection with random A and B rounded to bf16 and held in f32, as an adapter
+/// loaded from a PEFT file is.
+fn random_adapter(model: &hearth::model::Transformer, seed: u64) -> Res<LoraSet> {
+    let fresh = LoraSet::fresh(model, LoraConfig::new(8, 16.0, &LoraTarget::ALL), seed)?;
+    let mut set = LoraSet::empty(fresh.config.clone());
+    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16)?.to_dtype(DType::F32);
+    for (&(l, t), p) in fresh.iter() {
+        let b = Tensor::randn(0f32, 0.01, p.b.dims(), &Device::Cpu)?;
+        set.insert(l, t, LoraPair::new(bf16(&p.a)?, bf16(&b)?, p.scale));
+    }
+    Ok(set)
+}
+
+/// The bytes an adapter's tensors hold.
+fn adapter_bytes(set: &LoraSet) -> usize {
+    set.iter()
+        .map(|(_, p)| {
+            p.a.elem_count() * p.a.dtype().size_in_bytes()
+                + p.b.elem_count() * p.b.dtype().size_in_bytes()
+        })
+        .sum()
+}
+
+/// The process's resident set in bytes (Linux; 0 elsewhere).
+fn rss_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// Decode tokens/s of one request from `user` (after its first token).
+fn decode(server: &Server, user: &str, prompt: &str, max_tokens: usize) -> Res<f64> {
+    let mut req = fixed_length_request(None, prompt, max_tokens);
+    req.user = user.to_owned();
+    let admitted = server.engine().submit(req, "bench")?;
+    let mut first = None;
+    loop {
+        match admitted.pipe.next_event() {
+            StreamEvent::Text(_) => {
+                first.get_or_insert_with(Instant::now);
+            }
+            StreamEvent::Done(c) => {
+                let end = Instant::now();
+                let secs = (end - first.unwrap_or(end)).as_secs_f64().max(1e-9);
+                return Ok(c.completion_tokens.saturating_sub(1) as f64 / secs);
+            }
+            StreamEvent::Failed(m) => return Err(m.into()),
+            StreamEvent::Uncommitted(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn main() -> Res<()> {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs a tiny smoke version.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let scratch = tempfile::tempdir()?;
+    let path = bench_model(smoke, scratch.path())?;
+    let server = Server::load(
+        &path,
+        ServeConfig {
+            model_name: "base".to_owned(),
+            threads: 1,
+            // Every request pays its own prefill: no adapter's cache helps another's.
+            prompt_cache_bytes: 0,
+            ..ServeConfig::default()
+        },
+    )?;
+    let model = server.engine().model();
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(2);
+    let (max_tokens, requests) = if smoke { (4, 2) } else { (64, 16) };
+    println!(
+        "model {} | {} generation thread, rayon {} threads | {max_tokens} tokens per request",
+        path.display(),
+        1,
+        rayon::current_num_threads()
+    );
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut installed = 0;
+    for n in [1usize, 8, 64] {
+        let before = rss_bytes();
+        let mut bytes = 0;
+        for i in installed..n {
+            let set = random_adapter(model, i as u64)?;
+            bytes += adapter_bytes(&set);
+            let id = format!("user{i}-delta");
+            server.engine().insert_adapter(&id, Arc::new(set))?;
+            server
+                .engine()
+                .set_user_adapter(&format!("user{i}"), Some(&id))?;
+        }
+        let added = n - installed;
+        let grown = rss_bytes().saturating_sub(before);
+        installed = n;
+        assert_eq!(server.engine().adapters().len(), n);
+        // Users in turn, so with many adapters each request reads another adapter's weights; each routed
+        // request follows one from a user without an adapter (the base alone), so that load from elsewhere on
+        // the machine weighs on both alike.
+        let (mut rates, mut base) = (Vec::new(), Vec::new());
+        for i in 0..requests {
+            base.push(decode(&server, "nobody", &prompt, max_tokens)?);
+            rates.push(decode(
+                &server,
+                &format!("user{}", i % n),
+                &prompt,
+                max_tokens,
+            )?);
+        }
+        let (rate, base) = (median(rates), median(base));
+        println!(
+            "resident adapters {n:>3} | decode {rate:7.1} tokens/s routed, {base:7.1} the base alone ({:+.1}%) | per adapter: {:.2} MiB of tensors, {:.2} MiB resident set growth",
+            (rate / base - 1.0) * 100.0,
+            bytes as f64 / added as f64 / (1 << 20) as f64,
+            grown as f64 / added as f64 / (1 << 20) as f64,
+        );
+    }
+    server.shutdown();
+    Ok(())
+}
