@@ -295,4 +295,44 @@ impl Runtime for CudaRuntime {
     fn describe(&self) -> String {
         format!("{} (sm_{}{})", self.name, self.cc.0, self.cc.1)
     }
+
+    fn begin_capture(&self) -> Result<(), GpuError> {
+        self.current()?;
+        // SAFETY: our own stream; relaxed mode lets other threads use the driver meanwhile.
+        unsafe {
+            drv::stream::begin_capture(
+                self.stream,
+                dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        }
+        .map_err(drv_err("cuStreamBeginCapture"))
+    }
+
+    fn end_capture(&self) -> Result<usize, GpuError> {
+        self.current()?;
+        // SAFETY: the stream is capturing (begin_capture succeeded).
+        let graph = unsafe { drv::stream::end_capture(self.stream) }
+            .map_err(drv_err("cuStreamEndCapture"))?;
+        // SAFETY: `graph` was just captured; the executable keeps what it needs, so the graph is destroyed.
+        let exec = unsafe { drv::graph::instantiate(graph, dsys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: as above.
+        unsafe {
+            let _ = drv::graph::destroy(graph);
+        }
+        Ok(exec.map_err(drv_err("cuGraphInstantiate"))? as usize)
+    }
+
+    fn replay(&self, graph: usize) -> Result<(), GpuError> {
+        self.current()?;
+        // SAFETY: `graph` is an executable graph from `end_capture`.
+        unsafe { drv::graph::launch(graph as dsys::CUgraphExec, self.stream) }
+            .map_err(drv_err("cuGraphLaunch"))
+    }
+
+    unsafe fn release(&self, graph: usize) {
+        if self.current().is_ok() {
+            // SAFETY: the caller's contract.
+            let _ = unsafe { drv::graph::exec_destroy(graph as dsys::CUgraphExec) };
+        }
+    }
 }

@@ -233,6 +233,40 @@ pub(crate) trait Runtime: Send + Sync {
     ) -> Result<(), GpuError>;
     fn synchronize(&self) -> Result<(), GpuError>;
     fn describe(&self) -> String;
+    /// Starts recording launches instead of running them.
+    fn begin_capture(&self) -> Result<(), GpuError> {
+        Err(GpuError::NotBuilt("graph capture on this vendor"))
+    }
+    /// Ends recording; the handle replays what was recorded.
+    fn end_capture(&self) -> Result<usize, GpuError> {
+        Err(GpuError::NotBuilt("graph capture on this vendor"))
+    }
+    fn replay(&self, _graph: usize) -> Result<(), GpuError> {
+        Err(GpuError::NotBuilt("graph capture on this vendor"))
+    }
+    /// # Safety
+    /// `graph` came from `end_capture` and is released once.
+    unsafe fn release(&self, _graph: usize) {}
+}
+
+/// Launches recorded once and replayed as one submission (a CUDA graph): a decode step costs one launch
+/// instead of hundreds. Buffers the recorded kernels touch must outlive it.
+pub struct Graph {
+    rt: Arc<dyn Runtime>,
+    handle: usize,
+}
+
+impl Graph {
+    pub fn replay(&self) -> Result<(), GpuError> {
+        self.rt.replay(self.handle)
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from this runtime's `end_capture` and only this graph owns it.
+        unsafe { self.rt.release(self.handle) }
+    }
 }
 
 /// An opened GPU: its context, with kernels compiled and loaded on first use.
@@ -291,6 +325,22 @@ impl Gpu {
             }
         }
         Ok(())
+    }
+
+    /// Records the launches `record` makes into a [`Graph`] (NVIDIA; other vendors return an error). `record`
+    /// must only launch kernels: copies and synchronisation are not recorded.
+    pub fn capture(
+        &self,
+        record: impl FnOnce(&Gpu) -> Result<(), GpuError>,
+    ) -> Result<Graph, GpuError> {
+        self.rt.begin_capture()?;
+        let recorded = record(self);
+        let handle = self.rt.end_capture()?;
+        let graph = Graph {
+            rt: self.rt.clone(),
+            handle,
+        };
+        recorded.map(|()| graph)
     }
 
     /// A device buffer holding `data`.

@@ -5,7 +5,7 @@
 //! depends on the bytes read and the launches, not on the values.
 //!
 //! `HEARTH_GPU_SHAPE` picks `smollm2-135m` (default) or `smollm2-1.7b`; `HEARTH_GPU_STEPS` the steps timed.
-//! Prints one JSON line.
+//! Runs the step launch by launch, then captured once as a graph and replayed. Prints one JSON line.
 
 use std::time::Instant;
 
@@ -73,6 +73,10 @@ fn decode_step_throughput() {
         let (h, hd) = (s.hidden, s.head_dim);
         let (qd, kvd) = (s.heads * hd, s.kv_heads * hd);
         let capacity = (steps + 8).min(8192);
+        assert!(
+            steps + 8 <= capacity,
+            "HEARTH_GPU_STEPS={steps}: at most 8184"
+        );
         let att = AttentionShape {
             heads: s.heads,
             kv_heads: s.kv_heads,
@@ -191,10 +195,35 @@ fn decode_step_throughput() {
         let secs = t.elapsed().as_secs_f64();
         let out = gpu.download(&logits).unwrap();
         assert!(out.iter().all(|v| v.is_finite()), "non-finite logits");
+        // The same step captured once and replayed: one submission per token.
+        gpu.write(&len, &[0]).unwrap();
+        let mut captured = 0usize;
+        let graph_secs = match gpu.capture(|_| {
+            step(&mut captured);
+            Ok(())
+        }) {
+            Ok(graph) => {
+                gpu.write(&len, &[0]).unwrap();
+                let t = Instant::now();
+                for _ in 0..steps {
+                    graph.replay().unwrap();
+                }
+                gpu.synchronize().unwrap();
+                let secs = t.elapsed().as_secs_f64();
+                let replayed = gpu.download(&logits).unwrap();
+                assert!(replayed.iter().all(|v| v.is_finite()), "non-finite logits");
+                Some(secs)
+            }
+            Err(e) => {
+                eprintln!("decode_step_throughput: no graph capture ({e})");
+                None
+            }
+        };
         let weight_bytes =
             s.layers * (2 * h * qd + 2 * h * kvd + 3 * h * s.ffn) / 32 * 34 + s.vocab * h / 32 * 34;
+        let graph = graph_secs.map_or("null".to_string(), |g| format!("{:.1}", steps as f64 / g));
         println!(
-            "{{\"test\":\"decode_step\",\"device\":\"{}\",\"shape\":\"{}\",\"steps\":{steps},\"tokens_per_s\":{:.1},\"ms_per_token\":{:.3},\"launches_per_token\":{},\"weight_gb_per_s\":{:.1}}}",
+            "{{\"test\":\"decode_step\",\"device\":\"{}\",\"shape\":\"{}\",\"steps\":{steps},\"tokens_per_s\":{:.1},\"graph_tokens_per_s\":{graph},\"ms_per_token\":{:.3},\"launches_per_token\":{},\"weight_gb_per_s\":{:.1}}}",
             gpu.describe(),
             s.name,
             steps as f64 / secs,
