@@ -1,5 +1,5 @@
-//! Models stored as Q4_0, Q4_K, Q5_K and Q6_K: their own int8 kernels (prefill, decode and the training
-//! backward) against the f32 route on the same weight values, and `Requantize::Q8_0` at load.
+//! Models stored as Q4_0, Q4_K, Q5_K and Q6_K against the f32 route on the same weight values (forward,
+//! and the training backward through the int8 transpose), and `Requantize::Q8_0` at load.
 
 use crate::train_util;
 
@@ -77,7 +77,8 @@ fn kquant_models_match_their_dequantized_weights() {
             .enumerate()
         {
             let d = rel_diff(a, b);
-            assert!(d < 0.02, "{dtype:?} step {step}: relative difference {d}");
+            // Decode steps go through candle's matvec, which quantizes activations per 256 values.
+            assert!(d < 0.05, "{dtype:?} step {step}: relative difference {d}");
         }
     }
 }
@@ -116,9 +117,10 @@ fn requantize_at_load_re_encodes_as_q8_0() {
     }
 }
 
-/// Training through K-quant layers multiplies in int8 both ways (the backward by the weight's transpose,
-/// dequantized once and quantized to Q8_0 along the output axis). The LoRA gradients agree with the exact
-/// f32 route on the same weight values within that rounding, for every tensor.
+/// Training a few rows through K-quant layers (below the rows from which the weight is dequantized for the
+/// call) multiplies the backward in int8, by the weight's transpose dequantized once and quantized to Q8_0
+/// along the output axis. The LoRA gradients agree with the exact f32 route on the same weight values
+/// within that rounding, for every tensor.
 #[test]
 fn kquant_backward_matches_the_f32_route() {
     let dir = tempfile::tempdir().unwrap();
@@ -127,7 +129,7 @@ fn kquant_backward_matches_the_f32_route() {
         let dense = m.merged(None).unwrap();
         let fresh = LoraSet::fresh(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 1).unwrap();
         let adapter = with_random_b(&fresh, 2);
-        let len = 24;
+        let len = 8;
         let seq: Vec<u32> = (0..=len as u32).map(|i| (i * 53 + 3) % 290).collect();
         let ids = Tensor::from_slice(&seq[..len], (1, len), &Device::Cpu).unwrap();
         let targets = Tensor::from_slice(&seq[1..], len, &Device::Cpu).unwrap();

@@ -100,6 +100,26 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 
 /// Decodes one row of `kind` blocks (`bytes`) into `out`.
 fn decode_row(kind: KQuant, bytes: &[u8], out: &mut Decoded) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::usable() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { decode_row_avx2(kind, bytes, out) };
+    }
+    decode_row_generic(kind, bytes, out)
+}
+
+/// [`decode_row_generic`] compiled with AVX2, where its per-block loops vectorize.
+///
+/// # Safety
+/// AVX2 and FMA are available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode_row_avx2(kind: KQuant, bytes: &[u8], out: &mut Decoded) {
+    decode_row_generic(kind, bytes, out)
+}
+
+#[inline(always)]
+fn decode_row_generic(kind: KQuant, bytes: &[u8], out: &mut Decoded) {
     let bw = kind.block_weights();
     let blocks = bytes.chunks_exact(kind.block_bytes());
     for (i, b) in blocks.enumerate() {

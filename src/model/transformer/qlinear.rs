@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use super::lora_linear;
 use super::lora_rows::add_lora_rows;
 use super::weight::{
-    QMatMulGrad, QuantWeight, TransposeCache, Weight, frozen_matmul, has_int8_kernel,
+    QMatMulGrad, QuantWeight, TransposeCache, Weight, forward_in_int8, frozen_matmul,
     int8_backward_fits,
 };
 use super::with_f32_slice;
@@ -121,7 +121,7 @@ impl QLinear {
             });
         }
         let y = match &self.weight {
-            Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS && !has_int8_kernel(q.dtype()) => {
+            Weight::Quant(q) if n >= PREFILL_DEQUANT_ROWS && !forward_in_int8(q.dtype()) => {
                 frozen_matmul(&x2, &q.dequantize(x2.device())?)?
             }
             Weight::Quant(q) => x2.contiguous()?.apply_op1(QMatMulGrad {
@@ -182,11 +182,11 @@ impl QLinear {
     }
 }
 
-/// From this many rows (prefill, training) a quantized weight without an int8 kernel is dequantized for the
-/// call and multiplied in f32: candle's quantized CPU matmul costs about one gemv per row, far slower than
-/// one f32 gemm over all of them. The f32 copy is transient. Q8_0 and the types of `q8::kquant` skip this at
-/// any row count: hearth's kernels (`q8`) multiply the packed blocks in int8, both forward and, through
-/// [`TransposeCache`], backward.
+/// From this many rows (prefill, training) a quantized weight whose forward is not int8
+/// (`forward_in_int8`) is dequantized for the call and multiplied in f32: candle's quantized CPU matmul
+/// costs about one gemv per row, far slower than one f32 gemm over all of them. The f32 copy is transient.
+/// Q8_0 weights skip this at any row count: hearth's kernel (`q8`) multiplies the packed blocks in int8,
+/// both forward and, through [`TransposeCache`], backward.
 const PREFILL_DEQUANT_ROWS: usize = 16;
 
 /// Up to this many rows (decode steps, small batches) the LoRA delta is computed directly on the

@@ -45,11 +45,11 @@ impl Weight {
         })
     }
 
-    /// A weight hearth's int8 kernels multiply: Q8_0 in either layout, or a type of [`kquant`]; `None` for
-    /// other types.
+    /// A weight whose forward products take hearth's int8 kernels (see [`forward_in_int8`]): Q8_0 in
+    /// either layout; `None` for other types.
     pub(super) fn int8(&self) -> Option<QuantWeight> {
         match self {
-            Weight::Quant(q) if has_int8_kernel(q.dtype()) => Some(QuantWeight::Gguf(q.clone())),
+            Weight::Quant(q) if forward_in_int8(q.dtype()) => Some(QuantWeight::Gguf(q.clone())),
             Weight::Panels(p) => Some(QuantWeight::Panels(p.clone())),
             _ => None,
         }
@@ -90,6 +90,14 @@ pub(super) struct QMatMulGrad {
 /// Whether hearth's int8 kernels multiply this GGUF type (Q8_0, and those of [`kquant`]).
 pub(super) fn has_int8_kernel(dtype: GgmlDType) -> bool {
     dtype == GgmlDType::Q8_0 || KQuant::of(dtype).is_some()
+}
+
+/// Whether forward products with this type take the int8 kernels: Q8_0 only. The [`kquant`] kernels
+/// decode each weight row with scalar code and are slower than candle's path (its quantized matvec for a
+/// few rows, the weight dequantized into one f32 gemm for more) until that decode is vectorized; the
+/// K-quants use them for the backward's transpose only (see [`TransposeCache`]).
+pub(super) fn forward_in_int8(dtype: GgmlDType) -> bool {
+    dtype == GgmlDType::Q8_0
 }
 
 /// The weight of a [`QMatMulGrad`]: a GGUF tensor, or Q8_0 panels.
@@ -292,7 +300,7 @@ fn int8_fwd(
     storage: &CpuStorage,
     layout: &Layout,
 ) -> Option<candle_core::Result<(CpuStorage, Shape)>> {
-    if !w.is_int8() {
+    if matches!(w, QuantWeight::Gguf(q) if !forward_in_int8(q.dtype())) {
         return None;
     }
     let (n_out, k) = w.dims().ok()?;
