@@ -3,11 +3,18 @@
 //! steady decode tokens/s (best of 3), without and with a rank-8 adapter on all projections.
 //! Set `RAYON_NUM_THREADS=1` for the single-thread serving figure. Under `cargo test --all-targets` (no
 //! `--bench` argument, an unoptimised build) it only smoke-tests a two-layer model for a few steps.
+//!
+//! First it times one weight's products at decode (1 row) and prefill (64 rows) sizes for each type with an
+//! int8 kernel (`q8::kquant`): that kernel, candle's path (its quantized matmul for one row; for many rows
+//! the weight dequantized and multiplied in f32, what hearth did before), and the weight requantized to
+//! Q8_0 through hearth's Q8_0 kernel. `HEARTH_BENCH_DTYPE=Q4K` (any `GgmlDType` name) stores the synthetic
+//! model's matrices in that type; `HEARTH_REQUANT_Q8=1` requantizes the model to Q8_0 at load.
 
 use std::time::Instant;
 
-use candle_core::quantized::GgmlDType;
-use candle_core::{Device, Tensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use hearth::model::q8::{self, PanelWeights, QuantizedRows, kquant};
 use hearth::model::{Arch, LoraConfig, LoraPair, LoraSet, LoraTarget, TinySpec, write_tiny_model};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let smoke = !std::env::args().any(|a| a == "--bench");
+    kernels(smoke)?;
     let dir = std::env::temp_dir().join(format!("hearth-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let path = match std::env::var("HEARTH_GGUF") {
@@ -32,7 +40,10 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             spec.num_heads = 8;
             spec.num_kv_heads = 4;
             spec.head_dim = 64;
-            spec.dtype = GgmlDType::Q8_0;
+            spec.dtype = match std::env::var("HEARTH_BENCH_DTYPE") {
+                Ok(name) => dtype_named(&name)?,
+                Err(_) => GgmlDType::Q8_0,
+            };
             write_tiny_model(&p, &spec)?;
             p
         }
@@ -107,5 +118,91 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn dtype_named(name: &str) -> Result<GgmlDType, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(match name {
+        "Q8_0" => GgmlDType::Q8_0,
+        "Q4_0" => GgmlDType::Q4_0,
+        "Q4K" => GgmlDType::Q4K,
+        "Q5K" => GgmlDType::Q5K,
+        "Q6K" => GgmlDType::Q6K,
+        "F32" => GgmlDType::F32,
+        other => {
+            return Err(format!("HEARTH_BENCH_DTYPE={other}: not a type this bench writes").into());
+        }
+    })
+}
+
+/// Best of `rounds` runs of `f`, in microseconds.
+fn best_us(rounds: usize, mut f: impl FnMut()) -> f64 {
+    (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// One weight's products per type: hearth's int8 kernel, candle's path, and the weight requantized to Q8_0.
+fn kernels(smoke: bool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (n_out, k, rounds) = if smoke {
+        (64, 256, 1)
+    } else {
+        (2048, 2048, 20)
+    };
+    let w: Vec<f32> = (0..n_out * k)
+        .map(|i| ((i * 7919 % 509) as f32 - 254.0) / 2000.0)
+        .collect();
+    let dense = Tensor::from_vec(w, (n_out, k), &Device::Cpu)?;
+    println!("one {n_out}x{k} weight, µs per product (best of {rounds}):");
+    for dtype in [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ] {
+        let q = QTensor::quantize(&dense, dtype)?;
+        let kind = kquant::KQuant::of(dtype).ok_or("no kernel")?;
+        let bytes = q.data()?.into_owned();
+        let q8 = QTensor::quantize(&q.dequantize(&Device::Cpu)?, GgmlDType::Q8_0)?;
+        let q8_bytes = q8.data()?.into_owned();
+        let panels = q8::panels_usable()
+            .then(|| PanelWeights::from_q8_0(&q8_bytes, n_out, k))
+            .transpose()?;
+        let qmm = QMatMul::from_qtensor(QTensor::quantize(&dense, dtype)?)?;
+        for m in [1usize, 64] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
+            let xv: Vec<f32> = x.flatten_all()?.to_vec1()?;
+            let mut y = vec![0f32; m * n_out];
+            let native = best_us(rounds, || {
+                let xq = QuantizedRows::new(&xv, k).expect("quantize");
+                kquant::matmul(kind, &bytes, n_out, &xq, &mut y).expect("kquant");
+            });
+            let candle = if m == 1 {
+                best_us(rounds, || {
+                    qmm.forward(&x).expect("candle");
+                })
+            } else {
+                best_us(rounds, || {
+                    let d = q.dequantize(&Device::Cpu).expect("dequantize");
+                    x.matmul(&d.t().expect("t")).expect("matmul");
+                })
+            };
+            let requant = best_us(rounds, || {
+                let xq = QuantizedRows::new(&xv, k).expect("quantize");
+                match &panels {
+                    Some(p) => q8::matmul_panels(p, &xq, &mut y).expect("panels"),
+                    None => q8::matmul_quantized(&q8_bytes, n_out, &xq, &mut y).expect("q8_0"),
+                }
+            });
+            println!(
+                "{:>6} m={m:>2}: int8 kernel {native:>9.1}  candle {candle:>9.1}  requantized Q8_0 {requant:>9.1}",
+                format!("{dtype:?}")
+            );
+        }
+    }
     Ok(())
 }
