@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 out=$(cargo test --test curate -- --nocapture --test-threads 1 \
   guard::builtin_on_dev_prompts guard::builtin_on_hand_written_held_out_prompts \
   guard::builtin_held_out_report 2>&1)
-echo "$out" | grep -E '^(dev|held-out) \(|overall unsafe-vs-safe|builtin guard, held-out n=|test result'
+echo "$out" | grep -oE '(dev|held-out) \(.*|overall unsafe-vs-safe.*|builtin guard, held-out n=.*|test result.*'
