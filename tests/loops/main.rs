@@ -7,7 +7,7 @@ mod train_util;
 
 mod durability;
 mod e2e;
+mod per_user;
 mod personal;
 mod retention;
 mod store;
-mod per_user;

@@ -92,7 +92,7 @@ fn requantize_at_load_re_encodes_as_q8_0() {
         let path = write(dir.path(), dtype);
         let (native, re) = (load(&path, Requantize::Off), load(&path, Requantize::Q8_0));
         assert!(matches!(first_q(&native), Weight::Quant(q) if q.dtype() == dtype));
-        for m in &re.blocks()[..] {
+        for m in re.blocks() {
             for t in LoraTarget::ALL {
                 let q8 = match m.linear(t).weight() {
                     Weight::Panels(_) => true,
