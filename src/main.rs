@@ -97,8 +97,9 @@ enum Command {
     },
     /// Run a federation coordinator from a RON settings file (secrets come from a file or the environment).
     Coordinator { settings: PathBuf },
-    /// Replay one recorded stream through several graph variants and write CSV, JSON, markdown and SVG
-    /// results (see docs/experiments/README.md).
+    /// Replay one recorded stream (a labelled JSONL file, or a store's captured interactions and feedback,
+    /// read-only) through several graph variants and write CSV, JSON, markdown and SVG results (see
+    /// docs/experiments/README.md).
     Experiment {
         experiment: PathBuf,
         /// Where results and each run's data directory go.
