@@ -9,6 +9,7 @@ mod generate;
 mod gguf;
 mod kquant;
 mod lora;
+mod peft_scales;
 mod q8_layout;
 mod real;
 mod tokenizer;
