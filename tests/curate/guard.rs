@@ -495,8 +495,10 @@ fn builtin_held_out_report() {
     let train_s = t.elapsed().as_secs_f64();
     let held = dataset(Split::HeldOut).unwrap();
     let (per, any, refusal, us) = evaluate(&g, &held);
+    let bytes: usize = held.iter().map(|s| s.text.len()).sum();
+    let mb_s = bytes as f64 / (us * held.len() as f64);
     println!(
-        "builtin guard, held-out n={} (train+load {train_s:.2}s, {us:.1} µs/sample)",
+        "builtin guard, held-out n={} (train+load {train_s:.2}s, {us:.1} µs/sample, {mb_s:.1} MB/s)",
         held.len()
     );
     for c in Category::ALL {
@@ -801,6 +803,20 @@ fn builtin_on_hand_written_held_out_prompts() {
     // does not reach.
     assert!(k.recall() >= 0.89, "unsafe recall {:.3}", k.recall());
     assert!(k.flag_rate() <= 0.04, "safe flagged {:.3}", k.flag_rate());
+    assert_eq!(k.dropped, 0, "safe prompts dropped");
+}
+
+/// A second held-out set (`heldout2_prompts.jsonl`), written prompt by prompt before the
+/// issue-37 guard work began and never tuned on: scored only, its texts never printed.
+#[test]
+fn builtin_on_second_held_out_prompts() {
+    let g = BuiltinGuard::new().unwrap();
+    let k = score_prompts(&g, "heldout2_prompts.jsonl", false);
+    println!("{}", k.line("held-out-2 (hand-written)"));
+    assert!(k.unsafe_n >= 20 && k.safe_n >= 40);
+    // Floors at the measured figures.
+    assert!(k.recall() >= 0.55, "unsafe recall {:.3}", k.recall());
+    assert!(k.flag_rate() <= 0.05, "safe flagged {:.3}", k.flag_rate());
     assert_eq!(k.dropped, 0, "safe prompts dropped");
 }
 
