@@ -302,12 +302,14 @@ fn run(args: RunArgs) -> Result<()> {
     let t0 = Instant::now();
     let base_scores = ev.score(None, &personal)?;
     eprintln!(
-        "[{}] base: perplexity {:.3}, general {}/{}, personal nll {:.3} ({:.0} s)",
+        "[{}] base: perplexity {:.3}, general {}/{}, personal nll {:.3}, recalled {}/{} ({:.0} s)",
         args.arm.name(),
         base_scores.base_perplexity,
         base_scores.general_correct,
         base_scores.general_total,
         base_scores.personal_nll,
+        base_scores.personal_recalled,
+        personal.len(),
         t0.elapsed().as_secs_f64()
     );
     let csv_path = args.out.join(format!("{}.csv", args.arm.name()));
@@ -373,7 +375,7 @@ fn run(args: RunArgs) -> Result<()> {
         };
         eprintln!(
             "[{}] cycle {cycle}: self {:.2}, {} ; served perplexity {:.3}, general {}/{}, gain {:+.3}, \
-             distinct-2 {:.3} ({:.0} s)",
+             distinct-2 {:.3}; candidate general {}, recalled {}/{} ({:.0} s)",
             args.arm.name(),
             self_share,
             if promoted { "promoted" } else { "rejected" },
@@ -382,6 +384,9 @@ fn run(args: RunArgs) -> Result<()> {
             row.served.general_total,
             base_scores.personal_nll - row.served.personal_nll,
             row.distinct_2,
+            row.candidate.general_correct,
+            row.candidate.personal_recalled,
+            personal.len(),
             row.seconds
         );
         push_row(&mut csv, args.arm, &row, &base_scores);
