@@ -6,13 +6,14 @@
 //! without a verdict (a crash mid-judgement) are judged. After each verdict, and at start, deltas outside
 //! `retention` are deleted (see [`crate::store::Store::prune_deltas`]).
 
+use std::path::Path;
 use std::sync::Arc;
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams};
 use crate::eval::{Gate, Verdict};
 use crate::message::{Delta, EvalReport, Message, MessageType};
-use crate::model::BaseCache;
+use crate::model::{Base, BaseCache};
 use crate::store::Store;
 
 /// The node's parameters: the gate's settings.
@@ -63,6 +64,18 @@ impl ActorFactory<Message> for EvalParams {
     }
 }
 
+impl EvalParams {
+    /// The base the gate judges over: `model` held as `requantize` says, from the graph's shared cache, so that
+    /// a serve node and a trainer naming the same `model` and `requantize` use the very same weights.
+    pub fn base(&self, data_dir: &Path, bases: &BaseCache) -> Result<Arc<Base>, ActorError> {
+        let path = crate::serve::model_path(self.model.as_deref(), data_dir)
+            .context("resolve the base model")?;
+        bases
+            .get_with(&path, self.requantize)
+            .context("load the base model")
+    }
+}
+
 impl KindParams<Message> for EvalParams {
     fn example() -> Self {
         EvalParams {
@@ -108,14 +121,9 @@ impl EvalActor {
             self.pool = Some(Arc::new(pool));
         }
         if self.gate.is_none() {
-            let path = crate::serve::model_path(self.params.model.as_deref(), &self.ctx.data_dir)
-                .context("resolve the base model")?;
             let base = self
-                .ctx
-                .resources
-                .get::<BaseCache>()
-                .get(&path)
-                .context("load the base model")?;
+                .params
+                .base(&self.ctx.data_dir, &self.ctx.resources.get::<BaseCache>())?;
             let p = &self.params;
             self.gate = Some(Gate::new(
                 base,

@@ -91,9 +91,23 @@ impl NodeKind for ActorKind {
 }
 
 impl ActorKind {
-    /// Parses and validates graph text whose nodes are hearth's actor kinds.
+    /// Parses and validates graph text whose nodes are hearth's actor kinds, with hearth's own checks across
+    /// nodes ([`base_forms`]).
     pub fn graph(src: &str) -> Result<Graph, Vec<engine::GraphError>> {
-        Graph::from_ron::<ActorKind>(src)
+        let graph = Graph::from_ron::<ActorKind>(src);
+        let forms = match engine::schema::GraphFile::<ActorKind>::parse(src) {
+            Ok((file, _)) => base_forms(&file.nodes),
+            // Already reported by `from_ron`.
+            Err(_) => Vec::new(),
+        };
+        match graph {
+            Ok(g) if forms.is_empty() => Ok(g),
+            Ok(_) => Err(forms),
+            Err(mut errors) => {
+                errors.extend(forms);
+                Err(errors)
+            }
+        }
     }
 
     /// The kind as a graph file would write it, on one line.
@@ -115,4 +129,39 @@ impl ActorKind {
             Err(e) => format!("<unprintable: {e}>"),
         }
     }
+}
+
+/// Nodes that load the same `model` (serve, trainer, eval) must hold it in the same form (`requantize`):
+/// otherwise serving, training and the gate would each use other weights, and the graph would hold two
+/// copies. `model` is compared as written (absent: the default model).
+fn base_forms(
+    nodes: &[engine::schema::Located<engine::schema::NodeSpec<ActorKind>>],
+) -> Vec<engine::GraphError> {
+    let mut first: std::collections::HashMap<Option<&str>, (&str, crate::model::Requantize)> =
+        std::collections::HashMap::new();
+    let mut errors = Vec::new();
+    for node in nodes {
+        let (model, requantize) = match &node.value.kind {
+            ActorKind::Serve(p) => (p.model.as_deref(), p.requantize),
+            ActorKind::Trainer(p) => (p.model.as_deref(), p.requantize),
+            ActorKind::Eval(p) => (p.model.as_deref(), p.requantize),
+            _ => continue,
+        };
+        match first.get(&model) {
+            Some(&(id, held)) if held != requantize => errors.push(engine::GraphError::at(
+                node.at,
+                format!(
+                    "node `{}`: requantize: {requantize:?} differs from node `{id}`'s {held:?} for {}: every node \
+                     that loads a base holds it in the same form, so that what is trained and judged is what is served",
+                    node.value.id,
+                    model.map_or("the default model".to_owned(), |m| format!("model `{m}`")),
+                ),
+            )),
+            Some(_) => {}
+            None => {
+                first.insert(model, (&node.value.id, requantize));
+            }
+        }
+    }
+    errors
 }

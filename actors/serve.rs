@@ -14,13 +14,14 @@
 //! The server outlives a worker restart (a restart must not drop the port or the requests in flight), so it
 //! is kept per node and data directory, and stopped by `flush` at shutdown.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
 use crate::engine::{Actor, ActorError, ActorFactory, BuildContext, Context, KindParams, Produce};
 use crate::message::{Message, MessageType};
-use crate::model::BaseCache;
+use crate::model::{Base, BaseCache};
 use crate::serve::follow::ServedFollower;
 use crate::serve::settings::{running_or_start, take_running};
 use crate::serve::{ServeEvent, Server};
@@ -58,6 +59,18 @@ impl ActorFactory<Message> for ServeParams {
     }
 }
 
+impl ServeParams {
+    /// The base the node serves: `model` held as `requantize` says, from the graph's shared cache, so that a
+    /// trainer and a gate naming the same `model` and `requantize` use the very same weights.
+    pub fn base(&self, data_dir: &Path, bases: &BaseCache) -> Result<Arc<Base>, ActorError> {
+        let path = crate::serve::model_path(self.model.as_deref(), data_dir)
+            .context("resolve the model")?;
+        bases
+            .get_with(&path, self.requantize)
+            .context("load the model")
+    }
+}
+
 impl KindParams<Message> for ServeParams {
     fn example() -> Self {
         ServeParams {
@@ -91,17 +104,11 @@ impl Serve {
         let server = running_or_start(&self.key, || {
             p.api_key(&ctx.data_dir)
                 .context("check who may reach the API")?;
-            let path = crate::serve::model_path(p.model.as_deref(), &ctx.data_dir)
-                .context("resolve the model")?;
-            let base = ctx
-                .resources
-                .get::<BaseCache>()
-                .get_with(&path, p.requantize)
-                .context("load the model")?;
+            let base = p.base(&ctx.data_dir, &ctx.resources.get::<BaseCache>())?;
             let (server, addr) = p
                 .start(&base, &ctx.data_dir, &ctx.node_id, commit_timeout)
                 .context("start serving")?;
-            tracing::info!(%addr, model = %path.display(), "serving the OpenAI-compatible API");
+            tracing::info!(%addr, model = %base.path.display(), "serving the OpenAI-compatible API");
             Ok::<_, ActorError>(server)
         })?;
         self.server = Some(server.clone());

@@ -15,6 +15,7 @@
 //! ([`Actor::on_restart`]) and so retries the cycle at once: a cycle that fails every time exhausts the
 //! restart budget and the node is marked failed, rather than failing again with each new batch of samples.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use super::{BoxedActor, KindInfo, Outbox, PortSpec};
@@ -50,20 +51,25 @@ impl ActorFactory<Message> for TrainerParams {
             .validate()
             .map_err(|e| ActorError::build_from("recipe", e))?;
         let settings = self.cycle_settings(&ctx.node_id, &ctx.data_dir);
-        let (model, data_dir, bases) = (
-            self.model.clone(),
-            ctx.data_dir.clone(),
-            ctx.resources.get::<BaseCache>(),
-        );
-        let base: BaseSource = Arc::new(move || {
-            let path = crate::serve::model_path(model.as_deref(), &data_dir)
-                .map_err(|e| TrainError::Config(format!("model: {e}")))?;
-            Ok(bases.get(&path)?)
-        });
+        let base = self.base_source(&ctx.data_dir, ctx.resources.get::<BaseCache>());
         Ok(Box::new(Trainer {
             node: ctx.node_id.clone(),
             cycles: Cycles::new(settings, base),
         }))
+    }
+}
+
+impl TrainerParams {
+    /// Where the cycles find their base: `model` held as `requantize` says, from the graph's shared cache, so
+    /// that a serve node and a gate naming the same `model` and `requantize` use the very same weights.
+    pub fn base_source(&self, data_dir: &Path, bases: Arc<BaseCache>) -> BaseSource {
+        let (model, requantize, data_dir) =
+            (self.model.clone(), self.requantize, data_dir.to_path_buf());
+        Arc::new(move || {
+            let path = crate::serve::model_path(model.as_deref(), &data_dir)
+                .map_err(|e| TrainError::Config(format!("model: {e}")))?;
+            Ok(bases.get_with(&path, requantize)?)
+        })
     }
 }
 

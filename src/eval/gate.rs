@@ -21,6 +21,9 @@ use crate::train::Provenance;
 pub struct EvalSettings {
     /// The base (GGUF) the deltas adapt; `None`: the default model (as `serve` resolves it).
     pub model: Option<String>,
+    /// How the base's weights are held in memory (see [`crate::model::Requantize`]). Every node that loads the
+    /// same `model` names the same, so that what is judged is what is served: a graph that differs is refused.
+    pub requantize: crate::model::Requantize,
     /// A probe-set JSON file (format of `data/eval/probes.json`); `None`: the shipped set. Frozen per base on
     /// first use under `DATA_DIR/eval/`.
     pub probes: Option<PathBuf>,

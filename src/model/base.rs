@@ -92,6 +92,16 @@ impl BaseCache {
         if let Some(base) = loaded.get(&key) {
             return Ok(base.clone());
         }
+        // Graph files are checked for this (`requantize` per `model`); a file named by two spellings is not.
+        if let Some((_, _, held)) = loaded
+            .keys()
+            .find(|(p, sha, r)| *p == key.0 && *sha == key.1 && *r != requantize)
+        {
+            tracing::warn!(
+                model = %path.display(), ?held, ?requantize,
+                "the base is loaded a second time in another form: its nodes use other weights"
+            );
+        }
         let base = Arc::new(Base::load_hashed(path, key.1.clone(), requantize)?);
         loaded.insert(key, base.clone());
         Ok(base)

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use super::artifact::recipe_sha256;
 use super::{LoraTrainer, Provenance, Result, StepReport, TrainConfig, TrainError};
 use crate::message::{Delta, Sample};
-use crate::model::{Base, LoraSet};
+use crate::model::{Base, LoraSet, Requantize};
 use crate::store::Store;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,6 +33,10 @@ pub struct TrainerSettings {
     /// The base model (GGUF) the deltas adapt; `None`: the default model (as `serve` resolves it).
     #[serde(default)]
     pub model: Option<String>,
+    /// How the base's weights are held in memory (see [`Requantize`]). Every node that loads the same `model`
+    /// names the same, so that what is trained is what is served: a graph that differs is refused.
+    #[serde(default)]
+    pub requantize: Requantize,
     /// New samples that must wait before a cycle starts.
     #[serde(default = "default_min_samples")]
     pub min_samples: usize,
@@ -139,6 +143,7 @@ impl Default for TrainerSettings {
     fn default() -> Self {
         TrainerSettings {
             model: None,
+            requantize: Requantize::Off,
             min_samples: default_min_samples(),
             await_verdict: default_await_verdict(),
             threads: default_threads(),

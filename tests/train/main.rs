@@ -13,4 +13,5 @@ mod merge;
 mod options;
 mod peft;
 mod replay;
+mod requantize;
 mod scores;
