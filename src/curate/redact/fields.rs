@@ -5,12 +5,16 @@
 //! name and address lines of a signature block after a closing phrase or at a letter's head.
 //! Addresses in CJK and Hangul scripts are found by their administrative markers.
 
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::LazyLock;
 
 use compact_str::CompactString;
 use memchr::memmem::Finder;
 
-use super::lexicon::{IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, LEX, fold, fold_key};
+use super::lexicon::{
+    FxHasher, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, LEX, StaticSet, fold, fold_key,
+};
 use super::{Cand, PiiType, prio};
 
 /// What a key announces.
@@ -232,88 +236,169 @@ const LABELS: &[&str] = &[
 /// Header keys whose value is `Name <mail>` or `"Name" <mail>`, on a line of their own.
 const HEADER_PERSON_KEYS: &[&str] = &["from", "to", "cc", "bcc", "replyto", "returnpath"];
 
-/// Keys are looked up once per line and per cell: an inline string, not a heap one.
-fn norm_key(k: &str) -> CompactString {
-    fold_key(k)
-        .chars()
-        .filter(|c| c.is_alphanumeric())
-        .collect()
+/// A normalised key (lower case, only letters and digits kept), on the stack: keys are looked
+/// up once per line and per table cell, and most lines and cells name no field.
+struct NormKey {
+    bytes: [u8; MAX_KEY],
+    len: usize,
+    /// Longer than [`MAX_KEY`] bytes: no list holds it.
+    long: bool,
 }
+
+/// The longest normalised key any list could hold.
+const MAX_KEY: usize = 40;
+
+impl NormKey {
+    fn of(k: &str) -> Self {
+        let mut key = NormKey {
+            bytes: [0; MAX_KEY],
+            len: 0,
+            long: false,
+        };
+        if k.is_ascii() {
+            for c in k.bytes().filter(u8::is_ascii_alphanumeric) {
+                if key.len == MAX_KEY {
+                    key.long = true;
+                    break;
+                }
+                key.bytes[key.len] = c.to_ascii_lowercase();
+                key.len += 1;
+            }
+            return key;
+        }
+        let folded: CompactString = fold_key(k)
+            .chars()
+            .filter(|c| c.is_alphanumeric())
+            .collect();
+        if folded.len() > MAX_KEY {
+            key.long = true;
+        } else {
+            key.bytes[..folded.len()].copy_from_slice(folded.as_bytes());
+            key.len = folded.len();
+        }
+        key
+    }
+
+    fn as_str(&self) -> &str {
+        // ASCII bytes, or a whole `str` copied in `of`
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or("")
+    }
+
+    /// The lists of [`KEY_LISTS`] that hold this key (0 when none or too long).
+    fn lists(&self) -> u8 {
+        if self.long || self.len == 0 {
+            return 0;
+        }
+        KEY_LISTS.get(self.as_str()).copied().unwrap_or(0)
+    }
+}
+
+/// Bits of [`KEY_LISTS`]: which lists a normalised key is in.
+const K_PERSON: u8 = 1;
+const K_HEADER_PERSON: u8 = 2;
+const K_ADDRESS: u8 = 4;
+const K_PHONE: u8 = 8;
+const K_SSN: u8 = 16;
+/// Ends in `name`, `address` or `phone` but names no such field.
+const K_NOT: u8 = 32;
+const K_LABEL: u8 = 64;
+
+/// `filename`, `hostname` … end in `name` but name no person.
+const NOT_FIELD_KEYS: &[&str] = &[
+    "filename",
+    "hostname",
+    "username",
+    "pathname",
+    "dirname",
+    "basename",
+    "typename",
+    "classname",
+    "keyname",
+    "tablename",
+    "servername",
+    "modulename",
+    "packagename",
+    "appname",
+    "projectname",
+    "branchname",
+    "domainname",
+    "devicename",
+    "nodename",
+    "fieldname",
+    "columnname",
+    "taskname",
+    "eventname",
+    "productname",
+    "companyname",
+    "orgname",
+    "teamname",
+    "groupname",
+    "rolename",
+    "repname",
+    "dbname",
+    "bucketname",
+    "queuename",
+    "channelname",
+    "displayname",
+    "ipaddress",
+    "macaddress",
+    "emailaddress",
+    "mailaddress",
+    "bindaddress",
+    "listenaddress",
+    "remoteaddress",
+    "serveraddress",
+    "localaddress",
+    "hostaddress",
+    "walletaddress",
+    "contractaddress",
+    "baseaddress",
+];
+
+/// Every key list in one map: one hash lookup per key instead of a scan of each list.
+static KEY_LISTS: LazyLock<HashMap<&'static str, u8, BuildHasherDefault<FxHasher>>> =
+    LazyLock::new(|| {
+        let mut m: HashMap<&'static str, u8, BuildHasherDefault<FxHasher>> = HashMap::default();
+        for (list, bit) in [
+            (PERSON_KEYS, K_PERSON),
+            (HEADER_PERSON_KEYS, K_HEADER_PERSON),
+            (ADDRESS_KEYS, K_ADDRESS),
+            (PHONE_KEYS, K_PHONE),
+            (SSN_KEYS, K_SSN),
+            (NOT_FIELD_KEYS, K_NOT),
+            (LABELS, K_LABEL),
+        ] {
+            for k in list {
+                *m.entry(*k).or_default() |= bit;
+            }
+        }
+        m
+    });
 
 fn field_of(k: &str, header: bool) -> Option<Field> {
-    field_of_norm(&norm_key(k), header)
+    field_of_norm(&NormKey::of(k), header)
 }
 
-fn field_of_norm(k: &CompactString, header: bool) -> Option<Field> {
-    if k.is_empty() || k.len() > 40 {
+fn field_of_norm(k: &NormKey, header: bool) -> Option<Field> {
+    if k.len == 0 || k.long {
         return None;
     }
-    // `user.name`, `billing_address`, `contact-phone`: the last part decides
-    let has = |list: &[&str]| list.contains(&k.as_str());
-    if has(PERSON_KEYS) || (header && has(HEADER_PERSON_KEYS)) {
+    let lists = k.lists();
+    if lists & K_PERSON != 0 || (header && lists & K_HEADER_PERSON != 0) {
         Some(Field::Person)
-    } else if has(ADDRESS_KEYS) {
+    } else if lists & K_ADDRESS != 0 {
         Some(Field::Address)
-    } else if has(PHONE_KEYS) {
+    } else if lists & K_PHONE != 0 {
         Some(Field::Phone)
-    } else if has(SSN_KEYS) {
+    } else if lists & K_SSN != 0 {
         Some(Field::Ssn)
     } else {
+        // `user.name`, `billing_address`, `contact-phone`: the last part decides
+        let k = k.as_str();
         let tail = ["name", "address", "phone"]
             .into_iter()
             .find(|t| k.ends_with(t) && k.len() > t.len())?;
-        // `filename`, `hostname` … end in `name` but name no person
-        const NOT: &[&str] = &[
-            "filename",
-            "hostname",
-            "username",
-            "pathname",
-            "dirname",
-            "basename",
-            "typename",
-            "classname",
-            "keyname",
-            "tablename",
-            "servername",
-            "modulename",
-            "packagename",
-            "appname",
-            "projectname",
-            "branchname",
-            "domainname",
-            "devicename",
-            "nodename",
-            "fieldname",
-            "columnname",
-            "taskname",
-            "eventname",
-            "productname",
-            "companyname",
-            "orgname",
-            "teamname",
-            "groupname",
-            "rolename",
-            "repname",
-            "dbname",
-            "bucketname",
-            "queuename",
-            "channelname",
-            "displayname",
-            "ipaddress",
-            "macaddress",
-            "emailaddress",
-            "mailaddress",
-            "bindaddress",
-            "listenaddress",
-            "remoteaddress",
-            "serveraddress",
-            "localaddress",
-            "hostaddress",
-            "walletaddress",
-            "contractaddress",
-            "baseaddress",
-        ];
-        if NOT.contains(&k.as_str()) {
+        if lists & K_NOT != 0 {
             return None;
         }
         Some(match tail {
@@ -666,11 +751,11 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
         return;
     }
     let header = s == 0 && b[sep] == b':';
-    let nk = norm_key(key);
+    let nk = NormKey::of(key);
     let f = field_of_norm(&nk, header);
     // The key itself is a label, never a name (`Signed-off-by:`, `DOB:`, `SystemError:`).
     let camel = !key.contains(' ') && key.chars().skip(1).any(char::is_uppercase);
-    if b[sep] == b':' && (f.is_some() || LABELS.contains(&nk.as_str()) || camel) {
+    if b[sep] == b':' && (f.is_some() || nk.lists() & K_LABEL != 0 || camel) {
         out.push(Cand::shield(
             ls + s,
             ls + sep,
@@ -753,13 +838,17 @@ fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>) {
             return;
         }
     }
-    if let Some(p) = rest.find(": ") {
+    // the first `: ` (its colon is at or after the first colon)
+    let colon_space = memchr::memchr_iter(b':', &rest.as_bytes()[first_colon..])
+        .map(|c| first_colon + c)
+        .find(|&c| rest.as_bytes().get(c + 1) == Some(&b' '));
+    if let Some(p) = colon_space {
         let name = &rest[..p];
         if p > 0
+            && (s > 0 || p + 2 < rest.len())
             && name.split(' ').count() <= 3
             && field_of(name, true).is_none()
             && name_like(name, false)
-            && (s > 0 || p + 2 < rest.len())
         {
             push(out, ls + s, ls + s + p, Field::Person, "speaker");
         }
@@ -768,20 +857,34 @@ fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>) {
 
 /// Splits a delimited line into cell ranges, honouring double quotes.
 fn cells(l: &str, d: u8) -> Vec<(usize, usize)> {
+    cell_iter(l, d).collect()
+}
+
+/// [`cells`] without collecting them.
+fn cell_iter(l: &str, d: u8) -> impl Iterator<Item = (usize, usize)> + '_ {
     let b = l.as_bytes();
-    let mut v = Vec::new();
     let mut s = 0;
+    let mut i = 0;
     let mut q = false;
-    for (i, &c) in b.iter().enumerate() {
-        if c == b'"' {
-            q = !q;
-        } else if c == d && !q {
-            v.push((s, i));
-            s = i + 1;
+    let mut done = false;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
         }
-    }
-    v.push((s, b.len()));
-    v
+        while i < b.len() {
+            let c = b[i];
+            i += 1;
+            if c == b'"' {
+                q = !q;
+            } else if c == d && !q {
+                let cell = (s, i - 1);
+                s = i;
+                return Some(cell);
+            }
+        }
+        done = true;
+        Some((s, b.len()))
+    })
 }
 
 /// Table rows under a header that names their columns.
@@ -792,27 +895,30 @@ fn tables(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
         i += 1;
         let d = match [b'\t', b'|', b';', b',']
             .into_iter()
-            .find(|&d| h.as_bytes().contains(&d))
+            .find(|&d| memchr::memchr(d, h.as_bytes()).is_some())
         {
             Some(d) => d,
             None => continue,
         };
+        // a header cell is a short label without digits other than a suffix
+        let header_field = |(s, e): (usize, usize)| {
+            let c = h[s..e].trim().trim_matches('"');
+            if c.len() > 32 || c.starts_with(|ch: char| ch.is_ascii_digit()) {
+                None
+            } else {
+                field_of(c, false)
+            }
+        };
+        // Most delimited lines are prose with a comma: no cell names a field, and nothing is
+        // collected for them.
+        if !cell_iter(h, d).any(|c| header_field(c).is_some()) {
+            continue;
+        }
         let hc = cells(h, d);
         if hc.len() < 2 {
             continue;
         }
-        let fields: Vec<Option<Field>> = hc
-            .iter()
-            .map(|&(s, e)| {
-                let c = h[s..e].trim().trim_matches('"');
-                // a header cell is a short label without digits other than a suffix
-                if c.len() > 32 || c.starts_with(|ch: char| ch.is_ascii_digit()) {
-                    None
-                } else {
-                    field_of(c, false)
-                }
-            })
-            .collect();
+        let fields: Vec<Option<Field>> = hc.iter().map(|&c| header_field(c)).collect();
         if fields.iter().all(Option::is_none)
             || hc.iter().any(|&(s, e)| {
                 let c = h[s..e].trim();
@@ -934,11 +1040,12 @@ const VALEDICTIONS: &[&str] = &[
 ];
 
 fn is_valediction(l: &str) -> bool {
+    static SET: LazyLock<StaticSet> = LazyLock::new(|| VALEDICTIONS.iter().copied().collect());
     let t = l
         .trim()
         .trim_end_matches([',', '!', '.', '、', '，'])
         .trim();
-    t.len() <= 40 && !t.is_empty() && VALEDICTIONS.contains(&fold(t).as_str())
+    t.len() <= 40 && !t.is_empty() && SET.contains(fold_key(t).as_str())
 }
 
 /// A line that carries a phone, a mail or a link: ends an address block.
