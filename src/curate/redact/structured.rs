@@ -125,99 +125,116 @@ fn has_any(hay: &[u8], needles: &[&str]) -> bool {
     needles.iter().any(|n| contains_seq(hay, n.as_bytes()))
 }
 
-/// Cheap facts about the text, gathered in one byte loop, that tell which detectors can match
-/// at all. Every gate is implied by its detector's regex (or its validator), so skipping a
-/// detector never changes the result; it only saves the regex search on short records.
+/// Cheap facts about the text that tell which detectors can match at all. Every gate is
+/// implied by its detector's regex (or its validator), so skipping a detector never changes
+/// the result; it only saves the regex search on short records. Counting passes that the
+/// compiler vectorises, then a look at the few punctuation bytes, instead of one branchy
+/// loop over every byte.
 struct Stats {
     digits: usize,
-    dots: usize,
-    dashes: usize,
-    colons: usize,
+    /// `.` between two digits (versions, dotted quads).
+    digit_dots: usize,
+    /// `-` between two digits (dates, timestamps).
+    digit_dashes: usize,
+    /// `-` between two hex digits (UUIDs, MACs written with dashes).
+    hex_dashes: usize,
+    /// `:` between two digits (times).
+    digit_colons: usize,
+    colon: bool,
     at: bool,
     slash: bool,
     /// `[A-Za-z]{2}[0-9]{2}`: an IBAN's country and check digits.
     iban_head: bool,
-    /// Longest run of hex digits.
-    hex_run: usize,
+    /// A run of at least 25 / 32 hex digits.
+    hex_run_25: bool,
+    hex_run_32: bool,
     /// hex digit, `:`, hex digit or `:` (IPv6 / MAC shape).
     hex_colon: bool,
-    /// `bc1`: a bech32 Bitcoin address's prefix (noted here rather than searched for apart).
+    /// `bc1`: a bech32 Bitcoin address's prefix.
     bech32_head: bool,
 }
 
-/// What [`stats`] does with a byte: a hex digit extends the hex run (a decimal one is also
-/// counted, and may end an IBAN or bech32 head), a few punctuation bytes are counted,
-/// everything else only ends the run. Ordered so that one comparison sends the common bytes
-/// (letters, spaces) past the rest.
-const STAT_PLAIN: u8 = 0;
-const STAT_HEX_LETTER: u8 = 1;
-const STAT_DIGIT: u8 = 2;
-const STAT_COUNTED: u8 = 3;
-static STAT_BYTES: [u8; 256] = byte_table!(|b| if b.is_ascii_digit() {
-    STAT_DIGIT
-} else if b.is_ascii_hexdigit() {
-    STAT_HEX_LETTER
-} else if matches!(b, b'.' | b'-' | b':' | b'@' | b'/' | b'\\') {
-    STAT_COUNTED
-} else {
-    STAT_PLAIN
-});
+/// Digits in `b`, counted in byte lanes (a chunk of 255 cannot overflow one), which the
+/// compiler vectorises 16 bytes at a time rather than 4 with a word-sized count.
+fn count_digits(b: &[u8]) -> usize {
+    b.chunks(255)
+        .map(|c| usize::from(c.iter().fold(0u8, |n, x| n + u8::from(x.is_ascii_digit()))))
+        .sum()
+}
 
 fn stats(b: &[u8]) -> Stats {
+    static BECH32_HEAD: LazyLock<memchr::memmem::Finder<'static>> =
+        LazyLock::new(|| memchr::memmem::Finder::new(b"bc1"));
     let mut st = Stats {
-        digits: 0,
-        dots: 0,
-        dashes: 0,
-        colons: 0,
-        at: false,
-        slash: false,
+        digits: count_digits(b),
+        digit_dots: 0,
+        digit_dashes: 0,
+        hex_dashes: 0,
+        digit_colons: 0,
+        colon: memchr::memchr(b':', b).is_some(),
+        at: memchr::memchr(b'@', b).is_some(),
+        slash: memchr::memchr2(b'/', b'\\', b).is_some(),
         iban_head: false,
-        hex_run: 0,
+        hex_run_25: false,
+        hex_run_32: false,
         hex_colon: false,
         bech32_head: false,
     };
-    let mut run = 0usize;
-    for (i, &c) in b.iter().enumerate() {
-        let class = STAT_BYTES[usize::from(c)];
-        // Without a branch: in prose, hex letters (`a`-`f`) and other letters alternate
-        // unpredictably, and a mispredicted branch per switch cost more than this arithmetic.
-        run = (run + 1) * usize::from(matches!(class, STAT_HEX_LETTER | STAT_DIGIT));
-        st.hex_run = st.hex_run.max(run);
-        if class < STAT_DIGIT {
-            continue;
-        }
-        if class == STAT_DIGIT {
-            st.digits += 1;
-            if i >= 3
-                && b[i - 1].is_ascii_digit()
-                && b[i - 2].is_ascii_alphabetic()
-                && b[i - 3].is_ascii_alphabetic()
-            {
-                st.iban_head = true;
+    // every gate below is read only when the text has a digit
+    if st.digits == 0 {
+        return st;
+    }
+    let n = b.len();
+    let digit = |i: usize| i < n && b[i].is_ascii_digit();
+    let hex = |i: usize| i < n && b[i].is_ascii_hexdigit();
+    for i in memchr::memchr3_iter(b'.', b'-', b':', b) {
+        let (d, h) = (
+            i > 0 && digit(i - 1) && digit(i + 1),
+            i > 0 && hex(i - 1) && hex(i + 1),
+        );
+        match b[i] {
+            b'.' => st.digit_dots += usize::from(d),
+            b'-' => {
+                st.digit_dashes += usize::from(d);
+                st.hex_dashes += usize::from(h);
             }
-            if c == b'1' && i >= 2 && b[i - 1] == b'c' && b[i - 2] == b'b' {
-                st.bech32_head = true;
+            _ => {
+                st.digit_colons += usize::from(d);
+                st.hex_colon |= i > 0 && hex(i - 1) && (hex(i + 1) || b.get(i + 1) == Some(&b':'));
             }
-            continue;
-        }
-        match c {
-            b'.' => st.dots += 1,
-            b'-' => st.dashes += 1,
-            b':' => {
-                st.colons += 1;
-                if i >= 1
-                    && b[i - 1].is_ascii_hexdigit()
-                    && b.get(i + 1)
-                        .is_some_and(|&n| n.is_ascii_hexdigit() || n == b':')
-                {
-                    st.hex_colon = true;
-                }
-            }
-            b'@' => st.at = true,
-            b'/' | b'\\' => st.slash = true,
-            _ => {}
         }
     }
+    // Both sides of the window are tested without a branch, so the loop vectorises.
+    st.iban_head = b.windows(4).fold(false, |hit, w| {
+        hit | (w[0].is_ascii_alphabetic()
+            & w[1].is_ascii_alphabetic()
+            & w[2].is_ascii_digit()
+            & w[3].is_ascii_digit())
+    });
+    st.bech32_head = BECH32_HEAD.find(b).is_some();
+    // A run of 25 or more hex digits holds one of every 25th byte: only those are probed, and
+    // a run is measured around a probe that hits one.
+    const STEP: usize = 25;
+    let mut p = STEP - 1;
+    let mut longest = 0;
+    while p < n {
+        if !b[p].is_ascii_hexdigit() {
+            p += STEP;
+            continue;
+        }
+        let mut s = p;
+        while s > 0 && b[s - 1].is_ascii_hexdigit() {
+            s -= 1;
+        }
+        let mut e = p + 1;
+        while e < n && b[e].is_ascii_hexdigit() {
+            e += 1;
+        }
+        longest = longest.max(e - s);
+        p = e + STEP;
+    }
+    st.hex_run_25 = longest >= 25;
+    st.hex_run_32 = longest >= 32;
     st
 }
 
@@ -300,7 +317,7 @@ pub(crate) fn detect(
         }
         if ctx.url_credentials
             && ctx.on(PiiType::UrlCredentials)
-            && st.colons > 0
+            && st.colon
             && contains_seq(b, b"://")
         {
             url_creds(b, out);
@@ -312,14 +329,19 @@ pub(crate) fn detect(
     if st.digits == 0 {
         return;
     }
-    // UUID (4 dashes), hex digest, timestamp (2 dashes + colon), version (2 dots)
-    if st.dashes >= 4 || st.hex_run >= 32 || (st.dashes >= 2 && st.colons >= 1) || st.dots >= 2 {
+    // UUID (4 dashes between hex digits), hex digest, timestamp (2 dashes and a colon between
+    // digits), version (2 dots between digits)
+    if st.hex_dashes >= 4
+        || st.hex_run_32
+        || (st.digit_dashes >= 2 && st.digit_colons >= 1)
+        || st.digit_dots >= 2
+    {
         shields(b, out);
     }
     if st.iban_head && ctx.on(PiiType::Iban) {
         ibans(b, out);
     }
-    if st.dots >= 3 && st.digits >= 4 {
+    if st.digit_dots >= 3 && st.digits >= 4 {
         ipv4(b, ctx, out);
     }
     // IPv6 and MAC need a colon between hex digits somewhere
@@ -329,7 +351,7 @@ pub(crate) fn detect(
             macs(b, out);
         }
     }
-    if st.dashes >= 5 && ctx.on(PiiType::MacAddress) {
+    if st.hex_dashes >= 5 && ctx.on(PiiType::MacAddress) {
         macs_dash(b, out);
     }
     if st.digits >= 9 && (ctx.on(PiiType::CreditCard) || ctx.on(PiiType::Ssn)) {
@@ -338,7 +360,7 @@ pub(crate) fn detect(
     if st.digits >= 7 && ctx.on(PiiType::Phone) {
         phones(b, out);
     }
-    if (st.hex_run >= 25 || kw & KW_B58 != 0 || st.bech32_head) && ctx.on(PiiType::CryptoWallet) {
+    if (st.hex_run_25 || kw & KW_B58 != 0 || st.bech32_head) && ctx.on(PiiType::CryptoWallet) {
         wallets(b, kw & KW_B58 != 0, out);
     }
     if kw & KW_DOB != 0 && ctx.on(PiiType::DateOfBirth) {
@@ -687,9 +709,7 @@ fn digit_runs_spans(b: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
     let n = b.len();
     let mut i = 0;
     std::iter::from_fn(move || {
-        while i < n && !b[i].is_ascii_digit() {
-            i += 1;
-        }
+        i = next_digit(b, i);
         if i >= n {
             return None;
         }
@@ -737,18 +757,36 @@ fn ipv4_spans(b: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
     };
     let mut i = 0;
     std::iter::from_fn(move || {
-        while i < n {
-            if b[i].is_ascii_digit()
-                && let Some(e) = at(i)
-            {
+        loop {
+            i = next_digit(b, i);
+            if i >= n {
+                return None;
+            }
+            if let Some(e) = at(i) {
                 let s = i;
                 i = e;
                 return Some((s, e));
             }
             i += 1;
         }
-        None
     })
+}
+
+/// The first digit at or after `i` (`b.len()` if none). Not inlined: inside the scanners'
+/// loops the compiler kept their many loop counters up to date on every skipped byte; here
+/// the skip tests 16 bytes at a time without a branch per byte.
+#[inline(never)]
+fn next_digit(b: &[u8], mut i: usize) -> usize {
+    while let Some(chunk) = b.get(i..i + 16) {
+        if chunk.iter().fold(false, |any, c| any | c.is_ascii_digit()) {
+            break;
+        }
+        i += 16;
+    }
+    while i < b.len() && !b[i].is_ascii_digit() {
+        i += 1;
+    }
+    i.min(b.len())
 }
 
 fn ip4_non_personal(ip: Ipv4Addr) -> bool {
@@ -1128,9 +1166,58 @@ static PHONE_NEG_AC: LazyLock<aho_corasick::AhoCorasick> =
 static PHONE_AFTER_AC: LazyLock<aho_corasick::AhoCorasick> =
     LazyLock::new(|| ctx_matcher(PHONE_AFTER_CTX));
 
+/// Bytes a match of [`PHONE`] can hold: digits, its separators and brackets, and the letters
+/// of its extension marks (`x`, `ext.`, `extension`, `;ext=`, any case).
+static PHONE_BYTES: [bool; 256] = byte_table!(|b| b.is_ascii_digit()
+    || matches!(
+        b,
+        b' ' | b'+' | b'(' | b')' | b'.' | b'-' | b'/' | b';' | b'='
+    )
+    || matches!(
+        b.to_ascii_lowercase(),
+        b'e' | b'x' | b't' | b'n' | b's' | b'i' | b'o'
+    ));
+
+/// The matches of [`PHONE`] that can pass as a phone, leftmost-first like the regex over the
+/// whole text. Every match lies inside one run of [`PHONE_BYTES`], and the regex has no
+/// look-around, so searching each run apart finds the same matches; a run with fewer than
+/// seven digits holds no match that [`phones`] keeps (it needs seven in the number before
+/// an extension), so only runs around digits are measured and only rich ones searched.
+fn phone_matches(b: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let n = b.len();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        loop {
+            i = next_digit(b, i);
+            if i >= n {
+                return None;
+            }
+            let mut l = i;
+            while l > 0 && PHONE_BYTES[usize::from(b[l - 1])] {
+                l -= 1;
+            }
+            let mut digits = 0;
+            let mut r = i;
+            while r < n && PHONE_BYTES[usize::from(b[r])] {
+                digits += usize::from(b[r].is_ascii_digit());
+                r += 1;
+            }
+            i = r;
+            if digits >= 7 {
+                return Some((l, r));
+            }
+        }
+    })
+    .flat_map(move |(l, r)| {
+        PHONE
+            .find_iter(&b[l..r])
+            .map(move |m| (l + m.start(), l + m.end()))
+    })
+}
+
 fn phones(b: &[u8], out: &mut Vec<Cand>) {
-    for m in PHONE.find_iter(b) {
-        let (s, mut e) = (m.start(), m.end());
+    for (s, e) in phone_matches(b) {
+        let mut e = e;
         // trailing separators belong to the sentence
         while e > s && matches!(b[e - 1], b' ' | b'.' | b'-') {
             e -= 1;
@@ -1407,6 +1494,19 @@ mod tests {
                 ipv4_spans(b).collect::<Vec<_>>(),
                 spans_of(r"(?-u)[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}", b)
             );
+        }
+
+        /// The phone search over rich runs finds every match of the regex over the whole
+        /// text that has seven digits or more (the others are never phones).
+        #[test]
+        fn phone_runs_find_the_regex_matches(
+            s in "[0-9 .()+/;=extnsioEXTa-]{0,60}"
+        ) {
+            let b = s.as_bytes();
+            let rich = |&(x, y): &(usize, usize)| b[x..y].iter().filter(|c| c.is_ascii_digit()).count() >= 7;
+            let whole: Vec<_> = PHONE.find_iter(b).map(|m| (m.start(), m.end())).filter(rich).collect();
+            let runs: Vec<_> = phone_matches(b).filter(rich).collect();
+            proptest::prop_assert_eq!(runs, whole);
         }
     }
 
