@@ -25,6 +25,13 @@ const FILLERS: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/data/guard/fillers.json"
 ));
+/// Compositional prompts (`scripts/gen_guard_train.py`), training split only.
+const COMPOSED: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/data/guard/compose_train.jsonl"
+));
+/// [`LabelledSample::template`] of composed prompts starts here, apart from template lines.
+pub const COMPOSED_BASE: usize = 1 << 20;
 
 /// Which part of the shipped data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,10 +78,47 @@ struct FillerList {
     test: Vec<String>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Composed {
+    kind: String,
+    labels: Vec<Category>,
+    text: String,
+}
+
+/// Reads `compose_train.jsonl` (a first line holding only `_comment` is skipped).
+fn composed() -> Result<Vec<LabelledSample>, GuardError> {
+    let mut out = Vec::new();
+    for (i, line) in COMPOSED.lines().enumerate() {
+        if line.trim().is_empty() || (i == 0 && line.starts_with("{\"_comment\"")) {
+            continue;
+        }
+        let c: Composed = serde_json::from_str(line)
+            .map_err(|e| GuardError::Data(format!("compose_train.jsonl line {}: {e}", i + 1)))?;
+        if (c.kind == "unsafe") == c.labels.is_empty() {
+            return Err(GuardError::Data(format!(
+                "compose_train.jsonl line {}: kind {:?} with labels {:?}",
+                i + 1,
+                c.kind,
+                c.labels
+            )));
+        }
+        out.push(LabelledSample {
+            text: c.text,
+            side: Side::Prompt,
+            labels: c.labels,
+            refusal: None,
+            template: COMPOSED_BASE + i,
+        });
+    }
+    Ok(out)
+}
+
 /// Expansions per template (duplicates after filling are dropped).
 const PER_TEMPLATE: usize = 14;
 
-/// Expands the shipped templates of `split` (same output on every run).
+/// Expands the shipped templates of `split` (same output on every run); the training split also
+/// holds the composed prompts.
 pub fn dataset(split: Split) -> Result<Vec<LabelledSample>, GuardError> {
     let fillers: HashMap<String, FillerList> = serde_json::from_str(FILLERS)
         .map_err(|e| GuardError::Data(format!("fillers.json: {e}")))?;
@@ -180,6 +224,9 @@ pub fn dataset(split: Split) -> Result<Vec<LabelledSample>, GuardError> {
                 });
             }
         }
+    }
+    if split == Split::Train {
+        out.extend(composed()?);
     }
     Ok(out)
 }
