@@ -11,10 +11,9 @@ use std::sync::LazyLock;
 
 use compact_str::CompactString;
 use memchr::memmem::Finder;
+use smallvec::SmallVec;
 
-use super::lexicon::{
-    FxHasher, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, LEX, StaticSet, fold, fold_key,
-};
+use super::lexicon::{FxHasher, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, LEX, StaticSet, fold_key};
 use super::{Cand, PiiType, prio};
 
 /// What a key announces.
@@ -497,7 +496,7 @@ fn name_like(v: &str, lenient: bool) -> bool {
     }) {
         return false;
     }
-    let words: Vec<&str> = v
+    let words: SmallVec<[&str; 6]> = v
         .split(|c: char| c.is_whitespace() || c == ',')
         .filter(|w| !w.is_empty())
         .collect();
@@ -511,8 +510,9 @@ fn name_like(v: &str, lenient: bool) -> bool {
             Some(c) => c,
             None => return false,
         };
-        let lw = w.to_lowercase();
-        if NAME_PARTICLES.contains(&lw.as_str()) {
+        // The particles are ASCII and hold no `k` (the Kelvin sign lower-cases to one): no
+        // other char lower-cases into them, so an ASCII comparison is the lower-cased one.
+        if NAME_PARTICLES.iter().any(|p| w.eq_ignore_ascii_case(p)) {
             continue;
         }
         if !(first.is_uppercase() || uncased_letter(first)) {
@@ -527,7 +527,7 @@ fn name_like(v: &str, lenient: bool) -> bool {
             return false;
         }
         real += 1;
-        let key = fold(w.trim_end_matches('.'));
+        let key = fold_key(w.trim_end_matches('.'));
         if NOT_NAMES.contains(&key.as_str()) {
             return false;
         }
