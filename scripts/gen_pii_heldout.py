@@ -20,11 +20,19 @@ usage: gen_pii_heldout.py --split dev|heldout --n N --seed S --out FILE   (needs
 """
 import argparse
 import json
+import os
 import random
 import re
 import string
+import sys
 
-from faker import Faker
+# Some Faker providers draw from sets, whose order follows the per-process string hash: pin it, so that one
+# seed gives one file.
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+from faker import Faker  # noqa: E402
 
 # ---- locales ---------------------------------------------------------------------------
 # Scripts and languages are spread over both splits; each locale is in one split only.
@@ -280,8 +288,11 @@ class Gen:
 
     def IBAN(self, _v=None):
         loc = self.r.choice(["de_DE", "fr_FR", "es_ES", "it_IT", "nl_NL", "pl_PL", "pt_PT", "fi_FI", "da_DK", "cs_CZ", "ro_RO"])
-        f = self.fakers.get(loc) or Faker(loc)
-        self.fakers[loc] = f
+        if loc not in self.fakers:
+            # Seeded like the rest: an unseeded Faker made the splits differ from run to run.
+            self.fakers[loc] = Faker(loc)
+            self.fakers[loc].seed_instance(self.r.randrange(1 << 30))
+        f = self.fakers[loc]
         s = f.iban()
         if self.r.random() < 0.5:
             s = " ".join(s[i:i + 4] for i in range(0, len(s), 4))
