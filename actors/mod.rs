@@ -17,6 +17,7 @@ pub mod federate;
 pub mod generate;
 pub mod guard;
 pub mod jsonl_sink;
+pub mod reconcile;
 pub mod redact;
 pub mod secret_filter;
 pub mod serve;
@@ -80,6 +81,7 @@ actor_kinds! {
     Trainer(trainer::TrainerParams),
     Eval(eval::EvalParams),
     Federate(federate::FederateParams),
+    Reconcile(reconcile::ReconcileParams),
 }
 
 impl NodeKind for ActorKind {

@@ -201,6 +201,37 @@ enum DeltasAction {
         #[arg(long, default_value_t = hearth::train::merge::ConflictThresholds::default().max_sign_conflict)]
         max_sign_conflict: f64,
     },
+    /// Route or merge: measure the conflict between the deltas users are served (questions both taught with
+    /// different answers, the gain the two combined keep; without probes, sign conflicts and cosine of ΔW), merge the groups that agree
+    /// into candidates the eval gate judges (served to each member only if it passes), keep the rest routed,
+    /// and record the decision in the store.
+    Reconcile {
+        /// Only these users' deltas (repeat the flag); default: every user served a delta of their own.
+        #[arg(long = "user")]
+        users: Vec<String>,
+        /// How a group is merged: task_arithmetic (adds the updates), linear, ties or dare.
+        #[arg(long, default_value = "task_arithmetic")]
+        method: String,
+        /// Rank of a merged delta; default: the sum of the group's ranks (an exact merge).
+        #[arg(long)]
+        rank: Option<usize>,
+        /// The base GGUF the deltas adapt; default: the default model.
+        #[arg(long)]
+        model: Option<String>,
+        /// Merge only at a cosine of at least this.
+        #[arg(long, allow_negative_numbers = true,
+              default_value_t = hearth::train::merge::ConflictThresholds::default().min_cosine)]
+        min_cosine: f64,
+        /// Merge only with at most this magnitude-weighted share of sign conflicts.
+        #[arg(long, default_value_t = hearth::train::merge::ConflictThresholds::default().max_sign_conflict)]
+        max_sign_conflict: f64,
+        /// Merge only if the two combined keep this share of each one's gain on its held-out probes.
+        #[arg(long, default_value_t = hearth::train::reconcile::ReconcileOptions::default().min_kept)]
+        min_kept: f64,
+        /// Measure and decide, but merge nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// Parses a `--config` RON value, naming the flag and position on error.
@@ -552,8 +583,51 @@ fn deltas(action: DeltasAction, data_dir: &Path) -> anyhow::Result<ExitCode> {
                 }
             );
         }
+        DeltasAction::Reconcile {
+            users,
+            method,
+            rank,
+            model,
+            min_cosine,
+            max_sign_conflict,
+            min_kept,
+            dry_run,
+        } => {
+            drop(store);
+            let opts = hearth::train::reconcile::ReconcileOptions {
+                thresholds: hearth::train::merge::ConflictThresholds {
+                    min_cosine,
+                    max_sign_conflict,
+                },
+                min_kept,
+                method: method.parse()?,
+                rank,
+                users,
+                dry_run,
+                seed: 0,
+            };
+            reconcile_deltas(data_dir, model.as_deref(), &opts)?;
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `hearth deltas reconcile`: runs the decision and prints it line by line.
+fn reconcile_deltas(
+    data_dir: &Path,
+    model: Option<&str>,
+    opts: &hearth::train::reconcile::ReconcileOptions,
+) -> anyhow::Result<()> {
+    use hearth::train::reconcile::{GateSettings, reconcile};
+    let base = std::sync::Arc::new(load_base(model, data_dir)?);
+    let gate = GateSettings {
+        probes: None,
+        cfg: Default::default(),
+    };
+    for line in reconcile(data_dir, base, gate, opts)?.lines() {
+        println!("{line}");
+    }
+    Ok(())
 }
 
 /// The base a `hearth deltas` command loads deltas against: `--model`, or the default model.
@@ -584,6 +658,33 @@ fn purge(user: &str, data_dir: &Path) -> anyhow::Result<ExitCode> {
     let mut store = open_store(data_dir)?;
     let counts = store.purge_user(user)?;
     println!("purged user `{user}`: {}", serde_json::to_string(&counts)?);
+    let t = &counts.trained_on;
+    for id in &t.retired {
+        println!("retired {id}: trained partly on `{user}`'s data");
+    }
+    for c in &t.restored {
+        println!(
+            "{} now serves {} instead of {}",
+            c.user
+                .as_deref()
+                .map_or("the common chain".to_owned(), |u| format!(
+                    "user `{u}`'s chain"
+                )),
+            c.delta_id.as_deref().unwrap_or(if c.user.is_some() {
+                "the common state"
+            } else {
+                "the base alone"
+            }),
+            c.from
+        );
+    }
+    if !t.unknown.is_empty() {
+        println!(
+            "kept {} common delta(s) recorded before deltas listed whose data trained them: {}",
+            t.unknown.len(),
+            t.unknown.join(" ")
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -12,6 +12,8 @@ use crate::store::{CurationCounts, DeltaRecord, DeltaStatus, ServedState, Store,
 #[derive(Debug, Clone, Serialize)]
 pub struct DeltaLine {
     pub id: String,
+    /// Whose own delta it is; `None`: common (or a merge, see its provenance's `members`).
+    pub user: Option<String>,
     pub status: DeltaStatus,
     pub num_samples: u64,
     pub personal_gain: Option<f64>,
@@ -22,12 +24,35 @@ pub struct DeltaLine {
     pub legs: Vec<crate::store::LegRecord>,
 }
 
+/// One user with a delta of their own (or served a merged one): what their chain serves and how their deltas
+/// fared.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UserLine {
+    pub user: String,
+    /// What their own chain serves; `None`: nothing of their own, so the common state.
+    pub served: Option<String>,
+    /// The served delta's members when it is a merge of several users' deltas.
+    pub merged_with: Vec<String>,
+    /// The gate's personalisation gain for the served delta.
+    pub personal_gain: Option<f64>,
+    /// Their own deltas: all, promoted (served now or before), rejected.
+    pub deltas: usize,
+    pub promoted: usize,
+    pub rejected: usize,
+    /// Their samples in the training set.
+    pub training_samples: usize,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub curation: CurationCounts,
     pub training_set: usize,
     pub deltas: Vec<DeltaLine>,
     pub served: ServedState,
+    /// Per user with deltas of their own, by name.
+    pub users: Vec<UserLine>,
+    /// The newest route-or-merge decision (`hearth deltas reconcile`, the `reconcile` node), as recorded.
+    pub reconciliation: Option<serde_json::Value>,
     /// Planted values (personal data, secrets) checked for.
     pub planted_checked: usize,
     /// Planted values found anywhere in the training set: must be 0.
@@ -47,6 +72,7 @@ fn line(d: &DeltaRecord) -> DeltaLine {
     let verdict = d.verdict.as_ref();
     DeltaLine {
         id: d.id.clone(),
+        user: d.user.clone(),
         status: d.status,
         num_samples: d.provenance["num_samples"].as_u64().unwrap_or(0),
         personal_gain: verdict.and_then(|v| v["personal_gain"].as_f64()),
@@ -62,6 +88,87 @@ fn line(d: &DeltaRecord) -> DeltaLine {
             .map(str::to_owned),
         legs: d.legs.clone(),
     }
+}
+
+fn user_lines(
+    store: &Store,
+    deltas: &[DeltaRecord],
+    training: &[crate::message::Sample],
+) -> Result<Vec<UserLine>, StoreError> {
+    let mut names: std::collections::BTreeSet<String> =
+        deltas.iter().filter_map(|d| d.user.clone()).collect();
+    let chains = store.served_users()?;
+    names.extend(chains.iter().map(|(u, _)| u.clone()));
+    Ok(names
+        .into_iter()
+        .map(|user| {
+            let served = chains
+                .iter()
+                .find(|(u, _)| *u == user)
+                .and_then(|(_, s)| s.delta_id.clone());
+            let record = served
+                .as_deref()
+                .and_then(|id| deltas.iter().find(|d| d.id == id));
+            let own = || {
+                deltas
+                    .iter()
+                    .filter(|d| d.user.as_deref() == Some(user.as_str()))
+            };
+            UserLine {
+                merged_with: record.map(|r| r.members()).unwrap_or_default(),
+                personal_gain: record
+                    .and_then(|r| r.verdict.as_ref())
+                    .and_then(|v| v["personal_gain"].as_f64()),
+                deltas: own().count(),
+                promoted: own().filter(|d| d.promoted_at_unix_ms.is_some()).count(),
+                rejected: own().filter(|d| d.status == DeltaStatus::Rejected).count(),
+                training_samples: training.iter().filter(|s| s.user == user).count(),
+                served,
+                user,
+            }
+        })
+        .collect())
+}
+
+/// The newest route-or-merge decision as lines: each group, what became of it, and why.
+pub fn reconciliation_lines(r: &serde_json::Value) -> Vec<String> {
+    let list = |v: &serde_json::Value| {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    let mut out = vec![format!(
+        "at {} (route on any question both taught differently; merge when the two combined keep {} of each one's \
+         gain; without probes: cosine >= {}, \
+         sign conflicts <= {})",
+        utc(r["at_unix_ms"].as_u64().unwrap_or(0)),
+        r["min_kept"],
+        r["thresholds"]["min_cosine"],
+        r["thresholds"]["max_sign_conflict"]
+    )];
+    for g in r["groups"].as_array().into_iter().flatten() {
+        let who = format!("{} ({})", list(&g["deltas"]), list(&g["users"]));
+        out.push(match g["outcome"].as_str().unwrap_or("") {
+            "routed" => format!("routed: {who}: {}", g["why"].as_str().unwrap_or("")),
+            "merged" => format!(
+                "merged: {who} into `{}`, {} ({})",
+                g["delta_id"].as_str().unwrap_or(""),
+                if g["promoted"].as_bool() == Some(true) {
+                    "promoted to each member"
+                } else {
+                    "rejected by the gate"
+                },
+                g["reason"].as_str().unwrap_or("")
+            ),
+            other => format!("{other}: {who}"),
+        });
+    }
+    out
 }
 
 impl Report {
@@ -89,7 +196,11 @@ impl Report {
                 .as_ref()
                 .and_then(|v| v["candidate"]["canary_exposure_bits"].as_f64())
         };
+        let users = user_lines(store, &deltas, &training)?;
+        let reconciliation = store.reconciliations(1)?.into_iter().next().map(|r| r.2);
         Ok(Report {
+            users,
+            reconciliation,
             curation: store.counts()?,
             training_set: training.len(),
             served: store.served()?,
@@ -218,8 +329,40 @@ impl Report {
             }
         }
         s += &format!(
-            "\nServing: {}\n\n## Privacy check\n- planted values checked: {}; found in the training set: {}{}\n",
-            self.served.delta_id.as_deref().unwrap_or("the base alone"),
+            "\nServing: {}\n",
+            self.served.delta_id.as_deref().unwrap_or("the base alone")
+        );
+        if !self.users.is_empty() {
+            s += "\n## Per-user deltas\n\n| user | served | gain | own deltas (promoted, rejected) | samples |\n                  |---|---|---:|---|---:|\n";
+            for u in &self.users {
+                s += &format!(
+                    "| {} | {}{} | {} | {} ({}, {}) | {} |\n",
+                    u.user,
+                    u.served
+                        .as_deref()
+                        .map_or("(common)".to_owned(), |d| format!("`{d}`")),
+                    if u.merged_with.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" merged: {}", u.merged_with.join(", "))
+                    },
+                    u.personal_gain
+                        .map_or("-".to_owned(), |g| format!("{g:+.4}")),
+                    u.deltas,
+                    u.promoted,
+                    u.rejected,
+                    u.training_samples
+                );
+            }
+        }
+        if let Some(r) = &self.reconciliation {
+            s += "\n## Route or merge\n";
+            for l in reconciliation_lines(r) {
+                s += &format!("- {l}\n");
+            }
+        }
+        s += &format!(
+            "\n## Privacy check\n- planted values checked: {}; found in the training set: {}{}\n",
             self.planted_checked,
             self.planted_in_training_set,
             if self.planted_in_training_set == 0 {

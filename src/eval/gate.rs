@@ -68,27 +68,33 @@ impl Gate {
 
     /// Scores the candidate against the served state, records the verdict and promotes on a pass. A user's
     /// own delta is judged against what that user is served now, on that user's held-out data, and promoted on
-    /// their chain alone.
+    /// their chain alone. A merged delta (`members` in its provenance) is judged against the common state on
+    /// its members' held-out data, with one more leg per member that must show that member's own gain, and
+    /// promoted on each member's chain.
     pub fn judge(&mut self, delta: &Delta) -> Result<Verdict> {
         let base = self.base.clone();
         let mut store = Store::open(&self.data_dir)?;
         let dir = Path::new(&delta.path);
         let provenance = read_provenance(&dir.join("provenance.json"))?;
         let user = crate::train::artifact::delta_user(dir)?;
-        let mut recorded = serde_json::to_value(&provenance)?;
-        if let Some(u) = &user {
-            recorded["user"] = u.as_str().into();
-        }
+        // As written, with what the struct does not hold (`user`, `trained_on`, `members`).
+        let recorded = read_json(&dir.join("provenance.json"))?;
         store.record_delta(delta, &recorded)?;
+        let members = store
+            .delta(&delta.id)?
+            .map(|r| r.members())
+            .unwrap_or_default();
         let (probes, probe_sha) = ProbeSet::frozen_for_base(
             &self.data_dir.join("eval"),
             &base.sha256,
             self.probes.as_deref(),
         )?;
         let adapter_sha = adapter_sha256(dir)?;
+        // A merged delta is judged against what its members fall back to without deltas of their own: the
+        // common state.
         let served = match &user {
-            Some(u) => store.served_for(u)?,
-            None => store.served()?,
+            Some(u) if members.is_empty() => store.served_for(u)?,
+            _ => store.served()?,
         };
         let served_adapter = match &served.delta_id {
             Some(id) => {
@@ -103,6 +109,9 @@ impl Gate {
         let mut training = store.training_set()?;
         if let Some(u) = &user {
             training.retain(|s| s.user == *u);
+        }
+        if !members.is_empty() {
+            training.retain(|s| members.contains(&s.user));
         }
         let cfg = &self.cfg;
         let personal = personal_probes(
@@ -127,7 +136,34 @@ impl Gate {
         let (legs, promote, reason) = if delta.base_sha256 == base.sha256 {
             let candidate_adapter = LoraSet::load_peft(dir, base.model.config())?;
             let candidate = ev.score(Some(&candidate_adapter), &personal)?;
-            let (legs, promote, reason) = decide(cfg, &baseline, &candidate);
+            let (mut legs, mut promote, mut reason) = decide(cfg, &baseline, &candidate);
+            // A merged delta must keep each member's gain, not only the pooled one.
+            for m in &members {
+                let own: Vec<_> = training.iter().filter(|s| s.user == *m).cloned().collect();
+                let probes = personal_probes(
+                    &own,
+                    provenance.recipe.holdout_fraction,
+                    cfg.max_personal_probes,
+                );
+                let (before, n) = ev.personal_nll(served_adapter.as_ref(), &probes)?;
+                let (after, _) = ev.personal_nll(Some(&candidate_adapter), &probes)?;
+                let gain = before - after;
+                let passed = n > 0 && gain.is_finite() && gain > cfg.min_personal_gain;
+                if promote && !passed {
+                    promote = false;
+                    reason = format!("member `{m}` loses their gain ({gain:+.4} on {n} probes)");
+                }
+                legs.push(super::Leg {
+                    name: format!("personalisation:{m}"),
+                    baseline: before,
+                    candidate: after,
+                    tolerance: cfg.min_personal_gain,
+                    passed,
+                    note: format!(
+                        "member `{m}`: answer NLL per token on {n} held-out probes; gain {gain:+.4}"
+                    ),
+                });
+            }
             (Some((legs, candidate)), promote, reason)
         } else {
             let reason = format!(
@@ -169,6 +205,17 @@ impl Gate {
         }
         Ok(verdict)
     }
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let bytes = std::fs::read(path).map_err(|source| EvalError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| EvalError::Provenance {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 fn read_provenance(path: &Path) -> Result<Provenance> {

@@ -616,7 +616,8 @@ impl<'m> Evaluator<'m> {
         Ok(right as f64 / self.probes.qa.len() as f64)
     }
 
-    fn personal_nll(
+    /// Mean answer NLL per token of `personal` (NaN without probes) and how many probes it scored.
+    pub fn personal_nll(
         &self,
         lora: Option<&LoraSet>,
         personal: &[PersonalProbe],

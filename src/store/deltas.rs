@@ -83,7 +83,49 @@ pub struct DeltaRecord {
     pub promoted_at_unix_ms: Option<u64>,
 }
 
+/// The `provenance.json` key listing, sorted, every user whose data went into a delta: the samples it was
+/// trained on and, through its parent (a continuation) or its parents (a merge), theirs. `hearth purge --user`
+/// retires every delta that lists the user.
+pub const TRAINED_ON: &str = "trained_on";
+
+/// The `provenance.json` key of a merged delta listing the users it is made for: the gate judges it on their
+/// held-out data and promotes it on each one's chain.
+pub const MEMBERS: &str = "members";
+
+fn string_list(v: &serde_json::Value) -> Option<Vec<String>> {
+    v.as_array().map(|a| {
+        a.iter()
+            .filter_map(|u| u.as_str().map(str::to_owned))
+            .collect()
+    })
+}
+
 impl DeltaRecord {
+    /// The users whose data went into this delta ([`TRAINED_ON`]). A delta recorded before deltas listed them
+    /// is known only if it is a user's own (their data alone); a common one gives `None`.
+    pub fn trained_on(&self) -> Option<Vec<String>> {
+        match self.provenance.get(TRAINED_ON).and_then(string_list) {
+            Some(users) => Some(users),
+            None if self
+                .provenance
+                .get("metrics")
+                .and_then(|m| m.get("merge"))
+                .is_some() =>
+            {
+                None
+            }
+            None => self.user.clone().map(|u| vec![u]),
+        }
+    }
+
+    /// The users a merged delta is made for ([`MEMBERS`]); empty for any other delta.
+    pub fn members(&self) -> Vec<String> {
+        self.provenance
+            .get(MEMBERS)
+            .and_then(string_list)
+            .unwrap_or_default()
+    }
+
     /// The delta as it travels on an edge.
     pub fn to_delta(&self) -> Delta {
         Delta {
@@ -336,7 +378,8 @@ impl Store {
         tx.commit().map_err(&sq)
     }
 
-    /// Makes `delta_id` the served delta on its own chain (its user's, or the common one). Refuses a delta
+    /// Makes `delta_id` the served delta on its own chain (its user's, or the common one; a merged delta's: each
+    /// of its members'). Refuses a delta
     /// without a verdict or with a failing one; the caller (the eval gate) has checked that the verdict is
     /// bound to this delta's bytes and to the served base.
     pub fn promote(&mut self, delta_id: &str, reason: &str) -> Result<ServedState, StoreError> {
@@ -356,20 +399,30 @@ impl Store {
         let sq = sq_err(&self.path);
         let now = now_unix_ms() as i64;
         let tx = self.conn.transaction().map_err(&sq)?;
-        let current: Option<i64> = tx
-            .query_row(
-                "SELECT MAX(seq) FROM serving_log WHERE user IS ?1",
-                [&record.user],
-                |r| r.get(0),
+        // A merged delta serves each of its members; any other, its own chain.
+        let members = record.members();
+        let chains: Vec<Option<String>> = if members.is_empty() {
+            vec![record.user.clone()]
+        } else {
+            members.into_iter().map(Some).collect()
+        };
+        let mut seq = 0;
+        for chain in &chains {
+            let current: Option<i64> = tx
+                .query_row(
+                    "SELECT MAX(seq) FROM serving_log WHERE user IS ?1",
+                    [chain],
+                    |r| r.get(0),
+                )
+                .map_err(&sq)?;
+            tx.execute(
+                "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms, user)
+                 VALUES (?1, 'promote', ?2, ?3, ?4, ?5)",
+                params![delta_id, current, reason, now, chain],
             )
             .map_err(&sq)?;
-        tx.execute(
-            "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms, user)
-             VALUES (?1, 'promote', ?2, ?3, ?4, ?5)",
-            params![delta_id, current, reason, now, record.user],
-        )
-        .map_err(&sq)?;
-        let seq = tx.last_insert_rowid();
+            seq = tx.last_insert_rowid();
+        }
         tx.execute(
             "UPDATE deltas SET status = 'promoted', promoted_at_unix_ms = ?2 WHERE id = ?1",
             params![delta_id, now],
@@ -434,6 +487,7 @@ impl Store {
         let seq = tx.last_insert_rowid();
         if let Some(left) = &left
             && restored.as_deref() != Some(left.as_str())
+            && !served_elsewhere(&tx, left, &sq)?
         {
             tx.execute(
                 "UPDATE deltas SET status = 'rolled_back' WHERE id = ?1",
@@ -683,4 +737,265 @@ pub(super) fn purge_user_deltas(
         delete_delta_rows(tx, id, path, now, sq)?;
     }
     Ok(rows.len())
+}
+
+/// Whether any chain's served state is `delta_id` (a merged delta stays promoted while one member is served it).
+fn served_elsewhere(
+    tx: &rusqlite::Transaction<'_>,
+    delta_id: &str,
+    sq: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Result<bool, StoreError> {
+    let n: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM serving_log s
+             JOIN (SELECT MAX(seq) AS seq FROM serving_log GROUP BY user) h ON s.seq = h.seq
+             WHERE s.delta_id = ?1",
+            [delta_id],
+            |r| r.get(0),
+        )
+        .map_err(sq)?;
+    Ok(n > 0)
+}
+
+/// What a purge did to deltas other than the user's own: those trained partly on the user's data.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RetiredDeltas {
+    /// Deltas whose [`TRAINED_ON`] lists the user, deleted with their verdicts and files.
+    pub retired: Vec<String>,
+    /// Each chain that served a retired delta, and what it serves now: the newest state on its rollback chain
+    /// not trained on the user's data (`delta_id: None`: the base alone, or on a user's chain the common state).
+    pub restored: Vec<RestoredChain>,
+    /// Common deltas recorded before deltas listed their users: whether the user's data went into them is not
+    /// known, so they are kept.
+    pub unknown: Vec<String>,
+}
+
+/// One chain a purge moved back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RestoredChain {
+    /// `None`: the common chain.
+    pub user: Option<String>,
+    pub from: String,
+    pub delta_id: Option<String>,
+}
+
+/// Retires, inside the caller's transaction, every delta whose [`TRAINED_ON`] lists `user` (run after the
+/// user's own deltas are gone): each chain serving one is moved back, by a `rollback` row, to the newest state
+/// on its rollback chain that is not retired; the retired deltas' `serving_log` rows are deleted and the rows
+/// that pointed back to them point past them, so later rollbacks never reach one; then the deltas go.
+pub(super) fn retire_trained_on(
+    tx: &rusqlite::Transaction<'_>,
+    user: &str,
+    sq: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Result<RetiredDeltas, StoreError> {
+    let rows: Vec<(String, String, Option<String>, String)> = tx
+        .prepare(
+            "SELECT id, path, user, provenance_json FROM deltas ORDER BY created_at_unix_ms, rowid",
+        )
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect()
+        })
+        .map_err(sq)?;
+    let mut out = RetiredDeltas::default();
+    let mut paths = Vec::new();
+    for (id, path, owner, prov) in rows {
+        let provenance: serde_json::Value =
+            serde_json::from_str(&prov).map_err(|source| StoreError::Json {
+                table: "deltas",
+                column: "provenance_json",
+                id: id.clone(),
+                source,
+            })?;
+        let record = DeltaRecord {
+            id: id.clone(),
+            path: path.clone(),
+            base_sha256: String::new(),
+            recipe_sha256: String::new(),
+            data_digest: String::new(),
+            parent: None,
+            user: owner,
+            status: DeltaStatus::Candidate,
+            provenance,
+            verdict: None,
+            legs: Vec::new(),
+            created_at_unix_ms: 0,
+            promoted_at_unix_ms: None,
+        };
+        match record.trained_on() {
+            Some(users) if users.iter().any(|u| u == user) => {
+                out.retired.push(id.clone());
+                paths.push((id, path));
+            }
+            Some(_) => {}
+            None => out.unknown.push(id),
+        }
+    }
+    if out.retired.is_empty() {
+        return Ok(out);
+    }
+    let retired: std::collections::HashSet<&str> = out.retired.iter().map(String::as_str).collect();
+    // The whole log: seq -> (delta, previous, chain).
+    type LogRow = (Option<String>, Option<i64>, Option<String>);
+    let log: std::collections::BTreeMap<i64, LogRow> = tx
+        .prepare("SELECT seq, delta_id, previous, user FROM serving_log")
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?))))?
+                .collect()
+        })
+        .map_err(sq)?;
+    let gone = |seq: &i64| {
+        log.get(seq)
+            .and_then(|(d, _, _)| d.as_deref())
+            .is_some_and(|d| retired.contains(d))
+    };
+    // The nearest row at or before `seq` on its rollback chain that stays.
+    let kept_from = |mut seq: Option<i64>| {
+        while let Some(s) = seq {
+            if !gone(&s) {
+                return Some(s);
+            }
+            seq = log.get(&s).and_then(|(_, p, _)| *p);
+        }
+        None
+    };
+    let mut heads: std::collections::BTreeMap<Option<String>, i64> = Default::default();
+    for (&seq, (_, _, chain)) in &log {
+        heads.insert(chain.clone(), seq);
+    }
+    for (&seq, (_, previous, _)) in &log {
+        if !gone(&seq)
+            && let Some(p) = previous
+            && gone(p)
+        {
+            tx.execute(
+                "UPDATE serving_log SET previous = ?2 WHERE seq = ?1",
+                params![seq, kept_from(Some(*p))],
+            )
+            .map_err(sq)?;
+        }
+    }
+    let now = now_unix_ms() as i64;
+    for (chain, head) in heads {
+        if !gone(&head) {
+            continue;
+        }
+        let from = log[&head].0.clone().unwrap_or_default();
+        let restored = kept_from(Some(head));
+        let (delta_id, before) = match restored {
+            Some(r) => (log[&r].0.clone(), kept_from(log[&r].1)),
+            None => (None, None),
+        };
+        tx.execute(
+            "INSERT INTO serving_log (delta_id, action, previous, reason, at_unix_ms, user)
+             VALUES (?1, 'rollback', ?2, ?3, ?4, ?5)",
+            params![
+                delta_id,
+                before,
+                format!("purge of user `{user}`: `{from}` was trained partly on their data"),
+                now,
+                chain
+            ],
+        )
+        .map_err(sq)?;
+        if let Some(d) = &delta_id {
+            tx.execute("UPDATE deltas SET status = 'promoted' WHERE id = ?1", [d])
+                .map_err(sq)?;
+        }
+        out.restored.push(RestoredChain {
+            user: chain,
+            from,
+            delta_id,
+        });
+    }
+    for seq in log.keys().filter(|&s| gone(s)) {
+        tx.execute("DELETE FROM serving_log WHERE seq = ?1", [seq])
+            .map_err(sq)?;
+    }
+    for (id, path) in &paths {
+        delete_delta_rows(tx, id, path, now, sq)?;
+    }
+    Ok(out)
+}
+
+/// How many route-or-merge decisions the store keeps, newest first.
+pub const KEEP_RECONCILIATIONS: usize = 64;
+
+impl Store {
+    /// Records one route-or-merge decision, and keeps the newest [`KEEP_RECONCILIATIONS`].
+    pub fn record_reconciliation(&mut self, report: &serde_json::Value) -> Result<i64, StoreError> {
+        let sq = sq_err(&self.path);
+        let tx = self.conn.transaction().map_err(&sq)?;
+        tx.execute(
+            "INSERT INTO reconciliations (at_unix_ms, report_json) VALUES (?1, ?2)",
+            params![now_unix_ms() as i64, json(report)],
+        )
+        .map_err(&sq)?;
+        let id = tx.last_insert_rowid();
+        tx.execute(
+            "DELETE FROM reconciliations WHERE id <= ?1",
+            [id - KEEP_RECONCILIATIONS as i64],
+        )
+        .map_err(&sq)?;
+        tx.commit().map_err(&sq)?;
+        Ok(id)
+    }
+
+    /// The newest `limit` route-or-merge decisions, newest first: (id, when, the record).
+    pub fn reconciliations(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(i64, u64, serde_json::Value)>, StoreError> {
+        let rows: Vec<(i64, i64, String)> = self
+            .conn
+            .prepare(
+                "SELECT id, at_unix_ms, report_json FROM reconciliations ORDER BY id DESC LIMIT ?1",
+            )
+            .and_then(|mut s| {
+                s.query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect()
+            })
+            .map_err(self.sq())?;
+        rows.into_iter()
+            .map(|(id, at, text)| {
+                let v = serde_json::from_str(&text).map_err(|source| StoreError::Json {
+                    table: "reconciliations",
+                    column: "report_json",
+                    id: id.to_string(),
+                    source,
+                })?;
+                Ok((id, at.max(0) as u64, v))
+            })
+            .collect()
+    }
+}
+
+/// Deletes the recorded route-or-merge decisions whose inputs name `user`, inside the caller's transaction.
+pub(super) fn purge_user_reconciliations(
+    tx: &rusqlite::Transaction<'_>,
+    user: &str,
+    sq: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Result<usize, StoreError> {
+    let rows: Vec<(i64, String)> = tx
+        .prepare("SELECT id, report_json FROM reconciliations")
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .map_err(sq)?;
+    let mut n = 0;
+    for (id, text) in rows {
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        // Unreadable rows go too: they may name the user.
+        let names = v["inputs"].as_array().is_none_or(|inputs| {
+            inputs.iter().any(|i| {
+                i["users"]
+                    .as_array()
+                    .is_some_and(|us| us.iter().any(|u| u.as_str() == Some(user)))
+            })
+        });
+        if names {
+            n += tx
+                .execute("DELETE FROM reconciliations WHERE id = ?1", [id])
+                .map_err(sq)?;
+        }
+    }
+    Ok(n)
 }

@@ -15,7 +15,10 @@ use serde::Serialize;
 mod deltas;
 mod timeline;
 
-pub use deltas::{DeltaRecord, DeltaRetention, DeltaStatus, LegRecord, PrunedDeltas, ServedState};
+pub use deltas::{
+    DeltaRecord, DeltaRetention, DeltaStatus, LegRecord, MEMBERS, PrunedDeltas, RestoredChain,
+    RetiredDeltas, ServedState, TRAINED_ON,
+};
 pub use timeline::CurationTimeline;
 
 use crate::clock::now_unix_ms;
@@ -114,6 +117,10 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE serving_log ADD COLUMN user TEXT;
      CREATE INDEX deltas_by_user ON deltas(user);
      CREATE INDEX serving_log_by_user ON serving_log(user, seq);",
+    // 5: route or merge. Each run of the decision over users' deltas, with its measures and outcome, as JSON
+    // (`train::reconcile::Reconciliation`).
+    "CREATE TABLE reconciliations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, at_unix_ms INTEGER NOT NULL, report_json TEXT NOT NULL);",
 ];
 
 /// Counts for reports: how many items sit in each curation state, and why items were dropped.
@@ -147,6 +154,11 @@ pub struct PurgeCounts {
     pub quarantine: usize,
     /// The user's own deltas (rows, verdicts and adapter directories) and their served states.
     pub deltas: usize,
+    /// Recorded route-or-merge decisions that named the user.
+    pub reconciliations: usize,
+    /// Other deltas trained partly on the user's data (common or merged ones), retired, and the chains that
+    /// served them, moved back.
+    pub trained_on: RetiredDeltas,
 }
 
 pub struct Store {
@@ -575,7 +587,8 @@ impl Store {
         Ok(n)
     }
 
-    /// Deletes everything held about one user, in every table, in one transaction.
+    /// Deletes everything held about one user, in every table, in one transaction: with their own deltas, every
+    /// delta trained partly on their data (see [`RetiredDeltas`]).
     pub fn purge_user(&mut self, user: &str) -> Result<PurgeCounts, StoreError> {
         let sq = sq_err(&self.path);
         let tx = self.conn.transaction().map_err(&sq)?;
@@ -596,6 +609,8 @@ impl Store {
                 .execute("DELETE FROM interactions WHERE user = ?1", [user])
                 .map_err(&sq)?,
             deltas: deltas::purge_user_deltas(&tx, user, &sq)?,
+            reconciliations: deltas::purge_user_reconciliations(&tx, user, &sq)?,
+            trained_on: deltas::retire_trained_on(&tx, user, &sq)?,
         };
         tx.commit().map_err(&sq)?;
         self.empty_file_trash()?;

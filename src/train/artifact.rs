@@ -63,20 +63,21 @@ pub fn staging_dir(root: &Path) -> Result<PathBuf> {
 /// file, and renames the directory into place, so a reader never sees half a delta. Identical bytes already
 /// published (a rerun) are kept and ours dropped. Returns the [`Delta`] message.
 pub fn publish_delta(root: &Path, tmp: &Path, provenance: &Provenance) -> Result<Delta> {
-    publish_delta_for(root, tmp, provenance, None)
+    publish_delta_with(root, tmp, provenance, &serde_json::Map::new())
 }
 
-/// [`publish_delta`] for one user's own delta: `provenance.json` also names the `user`.
-fn publish_delta_for(
+/// [`publish_delta`] with `extra` keys written into `provenance.json` beside the [`Provenance`] fields: `user`
+/// (whose own delta it is), `trained_on` and `members` (see [`crate::store::TRAINED_ON`], [`crate::store::MEMBERS`]).
+fn publish_delta_with(
     root: &Path,
     tmp: &Path,
     provenance: &Provenance,
-    user: Option<&str>,
+    extra: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<Delta> {
     let prov_path = tmp.join("provenance.json");
     let mut json = serde_json::to_value(provenance)?;
-    if let Some(u) = user {
-        json["user"] = u.into();
+    for (k, v) in extra {
+        json[k.as_str()] = v.clone();
     }
     std::fs::write(&prov_path, serde_json::to_vec_pretty(&json)?)
         .map_err(|e| io_err(&prov_path, e))?;
@@ -122,8 +123,23 @@ pub fn save_delta_for(
     root: &Path,
     adapter: &LoraSet,
     model: &ModelConfig,
-    mut provenance: Provenance,
+    provenance: Provenance,
     user: Option<&str>,
+) -> Result<Delta> {
+    let mut extra = serde_json::Map::new();
+    if let Some(u) = user {
+        extra.insert("user".into(), u.into());
+    }
+    save_delta_with(root, adapter, model, provenance, &extra)
+}
+
+/// [`save_delta`] with `extra` keys in `provenance.json` (see [`publish_delta_with`]).
+pub fn save_delta_with(
+    root: &Path,
+    adapter: &LoraSet,
+    model: &ModelConfig,
+    mut provenance: Provenance,
+    extra: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<Delta> {
     let tmp = staging_dir(root)?;
     adapter.save_peft(&tmp, model)?;
@@ -134,7 +150,7 @@ pub fn save_delta_for(
     if !adapter.config.use_dora {
         adapter.save_gguf(tmp.join(GGUF_FILE), model)?;
     }
-    publish_delta_for(root, &tmp, &provenance, user)
+    publish_delta_with(root, &tmp, &provenance, extra)
 }
 
 /// The user a delta directory's `provenance.json` names as its owner; `None`: a common delta (or an adapter

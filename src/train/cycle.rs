@@ -614,18 +614,35 @@ fn train_and_save(
         metrics: serde_json::to_value(&report)?,
         created_at_unix_ms: crate::clock::now_unix_ms(),
     };
-    let delta = super::artifact::save_delta_for(
+    let has_store = settings.data_dir.join(Store::FILE_NAME).exists();
+    // Whose data the delta holds: this cycle's samples' users, and through the parent it continues, theirs.
+    let mut trained_on: std::collections::BTreeSet<String> =
+        samples.iter().map(|s| s.user.clone()).collect();
+    if let (Some(parent), true) = (&provenance.parent, has_store)
+        && let Some(record) = Store::open(&settings.data_dir)?.delta(parent)?
+    {
+        trained_on.extend(record.trained_on().unwrap_or_default());
+    }
+    let mut extra = serde_json::Map::new();
+    if let Some(u) = user {
+        extra.insert("user".into(), u.into());
+    }
+    extra.insert(
+        crate::store::TRAINED_ON.into(),
+        trained_on.into_iter().collect::<Vec<_>>().into(),
+    );
+    let delta = super::artifact::save_delta_with(
         &settings.out_dir,
         &adapter,
         base.model.config(),
         provenance.clone(),
-        user,
+        &extra,
     )?;
-    if settings.data_dir.join(Store::FILE_NAME).exists() {
+    if has_store {
         let mut prov = serde_json::to_value(&provenance)?;
         prov["delta_id"] = delta.id.clone().into();
-        if let Some(u) = user {
-            prov["user"] = u.into();
+        for (k, v) in extra {
+            prov[k.as_str()] = v;
         }
         Store::open(&settings.data_dir)?.record_delta(&delta, &prov)?;
     }

@@ -622,7 +622,7 @@ pub fn decide(c: &Conflict, th: &ConflictThresholds) -> Decision {
 }
 
 /// The stored delta `id`: its adapter (loaded for `base`) and provenance.
-fn load_stored(
+pub(super) fn load_stored(
     store: &crate::store::Store,
     base: &crate::model::Base,
     id: &str,
@@ -649,7 +649,7 @@ fn load_stored(
 }
 
 /// Base weights of `base`, dequantized, for DoRA inputs.
-fn base_weight(
+pub(super) fn base_weight(
     base: &crate::model::Base,
 ) -> impl Fn(usize, LoraTarget) -> std::result::Result<Tensor, ModelError> + Sync + '_ {
     move |l, t| {
@@ -670,7 +670,30 @@ pub fn merge_stored(
     ids: &[String],
     opts: &MergeOptions,
 ) -> Result<(crate::message::Delta, MergeReport)> {
+    merge_stored_for(data_dir, base, ids, opts, &[], serde_json::Value::Null)
+}
+
+/// [`merge_stored`] for the users `members` (none: a merge made by hand, judged as a common delta): the gate
+/// judges the result on their held-out data and promotes it on each one's chain. `why` goes into the
+/// provenance (`metrics.merge.why`): the measures that made the merge.
+pub fn merge_stored_for(
+    data_dir: &std::path::Path,
+    base: &crate::model::Base,
+    ids: &[String],
+    opts: &MergeOptions,
+    members: &[String],
+    why: serde_json::Value,
+) -> Result<(crate::message::Delta, MergeReport)> {
     let mut store = crate::store::Store::open(data_dir)?;
+    // Whose data the merge holds: every parent's; unknown if any parent's is.
+    let mut trained_on = Some(BTreeSet::new());
+    for id in ids {
+        let known = store.delta(id)?.and_then(|r| r.trained_on());
+        trained_on = trained_on.zip(known).map(|(mut all, k)| {
+            all.extend(k);
+            all
+        });
+    }
     let loaded = ids
         .iter()
         .map(|id| load_stored(&store, base, id))
@@ -701,11 +724,26 @@ pub fn merge_stored(
         }}),
         created_at_unix_ms: crate::clock::now_unix_ms(),
     };
-    let delta = super::save_delta(
+    let mut provenance = provenance;
+    if !why.is_null() {
+        provenance.metrics["merge"]["why"] = why;
+    }
+    let mut extra = serde_json::Map::new();
+    if let Some(users) = trained_on {
+        extra.insert(
+            crate::store::TRAINED_ON.into(),
+            users.into_iter().collect::<Vec<_>>().into(),
+        );
+    }
+    if !members.is_empty() {
+        extra.insert(crate::store::MEMBERS.into(), members.to_vec().into());
+    }
+    let delta = super::artifact::save_delta_with(
         &data_dir.join("deltas"),
         &set,
         base.model.config(),
         provenance,
+        &extra,
     )?;
     let prov_path = std::path::Path::new(&delta.path).join("provenance.json");
     let bytes = std::fs::read(&prov_path).map_err(|e| super::io_err(&prov_path, e))?;

@@ -13,6 +13,7 @@ pub mod cycle;
 pub mod data;
 pub mod loss;
 pub mod merge;
+pub mod reconcile;
 pub mod replay;
 pub mod reward;
 pub mod trainer;

@@ -9,5 +9,6 @@ mod durability;
 mod e2e;
 mod per_user;
 mod personal;
+mod reconcile;
 mod retention;
 mod store;
