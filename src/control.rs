@@ -109,12 +109,30 @@ async fn view(
     }
 }
 
-/// `POST /deltas/rollback` with a JSON body (`{}`): what `hearth deltas rollback` does, through the same
-/// [`Store::rollback`]. A JSON body, so the access rules' content-type and Origin checks keep other sites out.
+/// `POST /deltas/rollback` with a JSON body (`{}`, or `{"user": "U"}` for one user's own chain): what
+/// `hearth deltas rollback [--user U]` does, through the same [`Store::rollback_for`]. A JSON body, so the
+/// access rules' content-type and Origin checks keep other sites out.
 async fn rollback(
     page: web::Data<Option<PageSource>>,
-    _body: web::Json<serde_json::Value>,
+    body: web::Json<serde_json::Value>,
 ) -> HttpResponse {
+    let user = match body.get("user") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(u)) => Some(u.clone()),
+        Some(other) => {
+            return HttpResponse::BadRequest().json(serde_json::json!({"error": {
+                "message": format!("field `user`: expected a string, got {other}")
+            }}));
+        }
+    };
+    let alone = if user.is_some() {
+        "the common state"
+    } else {
+        "the base alone"
+    };
+    let to = user
+        .as_deref()
+        .map_or(String::new(), |u| format!(" to user `{u}`"));
     let Some(dir) = page.get_ref().as_ref().map(|p| p.data_dir.clone()) else {
         return HttpResponse::NotFound().json(
             serde_json::json!({"error": {"message": "this control port has no data directory"}}),
@@ -127,7 +145,7 @@ async fn rollback(
                 dir.display()
             )));
         }
-        Store::open(&dir)?.rollback(ROLLBACK_REASON)
+        Store::open(&dir)?.rollback_for(user.as_deref(), ROLLBACK_REASON)
     })
     .await;
     match result {
@@ -135,13 +153,13 @@ async fn rollback(
             "rolled_back": true,
             "served": s,
             "message": format!(
-                "serving {} (the serve node follows within a second)",
-                s.delta_id.as_deref().unwrap_or("the base alone")
+                "serving {}{to} (the serve node follows within a second)",
+                s.delta_id.as_deref().unwrap_or(alone)
             ),
         })),
         Ok(Ok(None)) => HttpResponse::Ok().json(serde_json::json!({
             "rolled_back": false,
-            "message": "nothing to roll back: serving the base alone",
+            "message": format!("nothing to roll back: serving {alone}{to}"),
         })),
         Ok(Err(e)) => {
             HttpResponse::Conflict().json(serde_json::json!({"error": {"message": e.to_string()}}))

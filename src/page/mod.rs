@@ -130,6 +130,7 @@ pub fn render_view(
     let deltas = store.deltas()?;
     out.push_str(&cycles_html(&deltas)?);
     out.push_str(&gate_html(&deltas, served.as_ref()));
+    out.push_str(&users_html(&report));
     out.push_str(&privacy_html(&report));
     Ok(out)
 }
@@ -424,6 +425,54 @@ fn gate_html(deltas: &[DeltaRecord], served: Option<&ServedState>) -> String {
         let _ = write!(out, "</td><td>{}</td></tr>", esc(reason));
     }
     out.push_str("</tbody></table></section>");
+    out
+}
+
+/// Each user with deltas of their own: what they are served, with a rollback button for their chain; then the
+/// newest route-or-merge decision.
+fn users_html(r: &Report) -> String {
+    if r.users.is_empty() && r.reconciliation.is_none() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "<section><h2>Per-user deltas</h2><table class=\"users\"><thead><tr><th>user</th><th>served</th>\
+         <th>gain</th><th>own deltas (promoted, rejected)</th><th>samples</th><th></th></tr></thead><tbody>",
+    );
+    for u in &r.users {
+        let _ = write!(
+            out,
+            "<tr data-user=\"{}\"><td>{}</td><td>{}{}</td><td>{}</td><td>{} ({}, {})</td><td>{}</td><td>\
+             <button type=\"button\" data-action=\"rollback\" data-user=\"{}\"{}>Roll back</button></td></tr>",
+            esc(&u.user),
+            esc(&u.user),
+            u.served.as_deref().map_or(
+                "<span class=\"note\">the common state</span>".to_owned(),
+                |d| { format!("<code title=\"{}\">{}</code>", esc(d), esc(short(d))) }
+            ),
+            if u.merged_with.is_empty() {
+                String::new()
+            } else {
+                format!(" merged: {}", esc(&u.merged_with.join(", ")))
+            },
+            u.personal_gain
+                .map_or("–".to_owned(), |g| format!("{g:+.4}")),
+            u.deltas,
+            u.promoted,
+            u.rejected,
+            u.training_samples,
+            esc(&u.user),
+            if u.served.is_some() { "" } else { " disabled" },
+        );
+    }
+    out.push_str("</tbody></table>");
+    if let Some(rec) = &r.reconciliation {
+        out.push_str("<h3>Route or merge</h3><ul class=\"reconcile\">");
+        for l in crate::report::reconciliation_lines(rec) {
+            let _ = write!(out, "<li>{}</li>", esc(&l));
+        }
+        out.push_str("</ul>");
+    }
+    out.push_str("</section>");
     out
 }
 

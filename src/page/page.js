@@ -60,12 +60,15 @@
   view.addEventListener("click", function (ev) {
     var button = ev.target.closest("button[data-action=rollback]");
     if (!button) { return; }
-    if (!window.confirm("Roll back to the state served before this one?")) { return; }
+    // A per-user row's button rolls back that user's own chain.
+    var user = button.getAttribute("data-user");
+    if (!window.confirm(user ? "Roll back user " + user + " to the state served before this one?"
+                             : "Roll back to the state served before this one?")) { return; }
     button.disabled = true;
     fetch("/deltas/rollback", {
       method: "POST",
       headers: headers({ "Content-Type": "application/json" }),
-      body: "{}",
+      body: JSON.stringify(user ? { user: user } : {}),
       credentials: "omit"
     })
       .then(function (r) { return r.json().then(function (j) { return [r, j]; }); })

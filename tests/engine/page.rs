@@ -458,3 +458,88 @@ fn a_real_browser_renders_the_graph_and_a_loss_curve() {
     assert!(colour > 1000, "no state colours or curves drawn: {colour}");
     page.stop();
 }
+
+#[test]
+fn each_user_has_a_row_and_a_rollback_of_their_own() {
+    let page = serve_page(None);
+    let addr = page.server.addr;
+    let mut store = Store::open(page.dir.path()).unwrap();
+    // alice's own delta, promoted on her chain.
+    let dir = page.dir.path().join("delta-alice");
+    std::fs::create_dir_all(&dir).unwrap();
+    let delta = Delta {
+        id: "delta-alice".into(),
+        path: dir.display().to_string(),
+        base_sha256: "base".into(),
+        recipe_sha256: "recipe".into(),
+        data_digest: "data".into(),
+        parent: None,
+    };
+    let prov = serde_json::json!({"delta_id": "delta-alice", "num_samples": 8, "user": "alice"});
+    store.record_delta(&delta, &prov).unwrap();
+    let verdict =
+        serde_json::json!({"promote": true, "personal_gain": 0.7, "reason": "every leg passed"});
+    store
+        .record_verdict(
+            "delta-alice",
+            &verdict,
+            &[leg("personalisation", 2.0, 1.3, true)],
+            true,
+        )
+        .unwrap();
+    store.promote("delta-alice", "gate").unwrap();
+
+    let view = raw(addr, "GET", "/page/view", &[("Content-Type", "")], "").body;
+    assert!(view.contains("Per-user deltas"), "{view}");
+    assert!(
+        view.contains("data-action=\"rollback\" data-user=\"alice\""),
+        "{view}"
+    );
+    assert!(view.contains("+0.7000"), "alice's gain: {view}");
+    let md = hearth::report::Report::build(&store, &[])
+        .unwrap()
+        .to_markdown();
+    assert!(
+        md.contains("## Per-user deltas")
+            && md.contains("| alice | `delta-alice` | +0.7000 | 1 (1, 0) |"),
+        "{md}"
+    );
+
+    let r = raw(addr, "POST", "/deltas/rollback", &[], r#"{"user": 3}"#);
+    assert_eq!(r.code, 400, "{}", r.body);
+    let r = raw(
+        addr,
+        "POST",
+        "/deltas/rollback",
+        &[],
+        r#"{"user": "alice"}"#,
+    );
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(r.json()["rolled_back"], true);
+    // alice is back on the common delta; the common chain did not move.
+    assert_eq!(
+        store.served_for("alice").unwrap().delta_id.as_deref(),
+        Some(page.ids.0.as_str())
+    );
+    assert_eq!(
+        store.served().unwrap().delta_id.as_deref(),
+        Some(page.ids.0.as_str())
+    );
+    let r = raw(
+        addr,
+        "POST",
+        "/deltas/rollback",
+        &[],
+        r#"{"user": "alice"}"#,
+    );
+    assert_eq!(r.json()["rolled_back"], false, "{}", r.body);
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("user `alice`"),
+        "{}",
+        r.body
+    );
+    page.stop();
+}
