@@ -134,16 +134,29 @@ fn smollm2_config_tokenizer_and_chat() {
     assert!(out.text.contains("Paris"), "{:?}", out.text);
 }
 
-#[test]
-fn smollm2_cache_and_zero_adapter() {
-    use hearth::model::{LoraConfig, LoraSet, LoraTarget};
-    let Some(p) = path() else { return };
-    let (m, tok) = hearth::model::load(&p).unwrap();
-    let ids = tok
-        .encode("The quick brown fox jumps over the lazy dog", false)
-        .unwrap();
+/// Per position, `max |a - b| / max |b|`.
+fn rel_errors(a: &[Vec<f32>], b: &[Vec<f32>]) -> Vec<f32> {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| {
+            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            err / scale
+        })
+        .collect()
+}
+
+fn top1(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i)
+}
+
+/// The logits of `ids` from one full forward, and from a cache filled by 4 tokens then one at a time.
+fn full_and_incremental(m: &Transformer, ids: &[u32]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let full = m
-        .forward_ids(&ids, None, None)
+        .forward_ids(ids, None, None)
         .unwrap()
         .to_vec2::<f32>()
         .unwrap();
@@ -161,10 +174,40 @@ fn smollm2_cache_and_zero_adapter() {
                 .unwrap(),
         );
     }
-    for (a, b) in inc.iter().zip(&full) {
-        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        assert!(err / scale < 1e-4, "{}", err / scale);
+    (full, inc)
+}
+
+/// The KV cache: a prompt run incrementally against one full forward. It is checked tightly on the file's
+/// weights dequantized to f32, where the two runs differ only in the order of float additions. On the file as
+/// stored, products round their activations to int8 (Q4_1 goes through candle's Q4_1 x Q8_1 dot), so a
+/// difference in float order flips roundings that then propagate through the layers: there the two runs may
+/// differ by as much as that rounding, which the test measures as the stored file's forward against the f32
+/// one, and must agree on every position's top token. (A lost KV entry moves the logits by 0.6 to 1.3.)
+#[test]
+fn smollm2_cache_and_zero_adapter() {
+    use hearth::model::{LoraConfig, LoraSet, LoraTarget};
+    let Some(p) = path() else { return };
+    let (m, tok) = hearth::model::load(&p).unwrap();
+    let ids = tok
+        .encode("The quick brown fox jumps over the lazy dog", false)
+        .unwrap();
+    let dense = m
+        .requantized(candle_core::quantized::GgmlDType::F32)
+        .unwrap();
+    let (full_f32, inc_f32) = full_and_incremental(&dense, &ids);
+    for (i, e) in rel_errors(&inc_f32, &full_f32).into_iter().enumerate() {
+        assert!(e < 1e-4, "f32 weights, position {i}: {e}");
+    }
+    let (full, inc) = full_and_incremental(&m, &ids);
+    let rounding = rel_errors(&full, &full_f32)
+        .into_iter()
+        .fold(0f32, f32::max);
+    for (i, e) in rel_errors(&inc, &full).into_iter().enumerate() {
+        assert!(
+            e <= rounding,
+            "Q4_1, position {i}: {e} beyond the int8 rounding {rounding}"
+        );
+        assert_eq!(top1(&inc[i]), top1(&full[i]), "Q4_1, position {i}");
     }
     let set = LoraSet::fresh(&m, LoraConfig::new(8, 16.0, &LoraTarget::ALL), 1).unwrap();
     let with = m
