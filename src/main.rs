@@ -458,10 +458,22 @@ fn deltas(action: DeltasAction, data_dir: &Path) -> anyhow::Result<ExitCode> {
                     continue;
                 }
                 let on_chain = match &d.user {
-                    None => served.as_deref() == Some(d.id.as_str()),
+                    // A merge serves its members' chains.
+                    None => {
+                        served.as_deref() == Some(d.id.as_str())
+                            || users
+                                .iter()
+                                .any(|(_, s)| s.delta_id.as_deref() == Some(d.id.as_str()))
+                    }
                     Some(u) => users
                         .iter()
                         .any(|(v, s)| v == u && s.delta_id.as_deref() == Some(d.id.as_str())),
+                };
+                let members = d.members();
+                let owner = if members.is_empty() {
+                    d.user.as_deref().unwrap_or("(common)").to_owned()
+                } else {
+                    format!("(merged: {})", members.join(","))
                 };
                 let mark = if on_chain { "*" } else { " " };
                 let gain = d.verdict.as_ref().and_then(|v| v["personal_gain"].as_f64());
@@ -469,7 +481,7 @@ fn deltas(action: DeltasAction, data_dir: &Path) -> anyhow::Result<ExitCode> {
                     "{mark} {}  {:<11}  user={}  samples={}  gain={}  parent={}",
                     d.id,
                     d.status.as_str(),
-                    d.user.as_deref().unwrap_or("(common)"),
+                    owner,
                     d.provenance["num_samples"],
                     gain.map_or("-".to_owned(), |g| format!("{g:+.4}")),
                     d.parent.as_deref().unwrap_or("base")

@@ -276,6 +276,16 @@ fn compatible_deltas_merge_and_keep_both_gains() {
     );
     let recorded = store.reconciliations(1).unwrap();
     assert_eq!(recorded[0].2["groups"][0]["delta_id"], json!(delta_id));
+    let list = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["deltas", "list", "--data-dir"])
+        .arg(&t.data)
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        list.contains(&format!("* {delta_id}")) && list.contains("user=(merged: alice,dave)"),
+        "{list}"
+    );
     // Nothing is left to merge: the merge alone is an input now.
     let again = reconcile(
         &t.data,
