@@ -133,7 +133,7 @@ impl ActorKind {
     }
 }
 
-/// Nodes that load the same `model` (serve, trainer, eval) must hold it in the same form (`requantize`):
+/// Nodes that load the same `model` (serve, trainer, eval, reconcile) must hold it in the same form (`requantize`):
 /// otherwise serving, training and the gate would each use other weights, and the graph would hold two
 /// copies. `model` is compared as written (absent: the default model).
 fn base_forms(
@@ -147,6 +147,7 @@ fn base_forms(
             ActorKind::Serve(p) => (p.model.as_deref(), p.requantize),
             ActorKind::Trainer(p) => (p.model.as_deref(), p.requantize),
             ActorKind::Eval(p) => (p.model.as_deref(), p.requantize),
+            ActorKind::Reconcile(p) => (p.model.as_deref(), p.requantize),
             _ => continue,
         };
         match first.get(&model) {

@@ -23,6 +23,9 @@ use crate::train::reconcile::{GateSettings, ReconcileOptions, reconcile};
 pub struct ReconcileParams {
     /// The base (GGUF) the deltas adapt; `None`: the default model (as `serve` resolves it).
     pub model: Option<String>,
+    /// How the base's weights are held (see [`crate::model::Requantize`]); as the serve, trainer and eval
+    /// nodes that load the same `model` hold it, which the graph check enforces.
+    pub requantize: crate::model::Requantize,
     /// The probe-set file the gate judging merged deltas reads (as the eval node's `probes`).
     pub probes: Option<std::path::PathBuf>,
     /// The gate's settings for merged deltas (as the eval node's `gate`).
@@ -95,7 +98,7 @@ impl Actor<Message> for ReconcileActor {
             .ctx
             .resources
             .get::<BaseCache>()
-            .get(&path)
+            .get_with(&path, self.params.requantize)
             .context("load the base model")?;
         let settings = GateSettings {
             probes: self.params.probes.clone(),

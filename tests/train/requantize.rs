@@ -169,6 +169,29 @@ fn a_graph_whose_nodes_hold_one_base_in_two_forms_is_refused() {
     if let Err(e) = ActorKind::graph(&src) {
         panic!("{e:?}");
     }
+    // The reconcile node judges merges over the base too.
+    let reconcile = |form: &str| {
+        ActorKind::graph(&format!(
+            r#"Graph(name: "g", nodes: [
+            (id: "trainer", kind: Trainer(model: "{m}", requantize: Q8_0)),
+            (id: "eval", kind: Eval(model: "{m}", requantize: Q8_0)),
+            (id: "reconcile", kind: Reconcile(model: "{m}"{form})),
+            (id: "gen", kind: Generate(count: 1)),
+        ], edges: [
+            (from: "gen.out", to: "trainer.samples", capacity: 4),
+            (from: "trainer.deltas", to: "eval.candidates", capacity: 4),
+            (from: "eval.promoted", to: "reconcile.deltas", capacity: 4),
+        ])"#,
+            m = model.display()
+        ))
+    };
+    let Err(err) = reconcile("") else {
+        panic!("a reconcile node holding another form accepted")
+    };
+    assert!(err[0].message.contains("node `reconcile`"), "{err:?}");
+    if let Err(e) = reconcile(", requantize: Q8_0") {
+        panic!("{e:?}");
+    }
 }
 
 /// The trainer trains over the form it names: the same samples and seed give another delta over the
