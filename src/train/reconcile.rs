@@ -7,15 +7,14 @@
 //! on its held-out probes (answer NLL against the base) that the two combined, as the merge combines them,
 //! still show; a pair that undoes more than `1 − min_kept` of either's gain is routed. Weight space
 //! ([`super::merge::conflict`]: sign conflicts and cosine of ΔW): reported, and deciding only where neither
-//! of the others can be measured. On the tiny test model two deltas of unrelated facts and two of opposite
-//! preferences look alike in weight space (cosine +0.05 both, sign conflicts 0.47 both) and in kept gain
-//! (0.83/0.80 and 0.81/0.93 summed); only the contested prompts tell them apart. A delta joins the first
-//! group all of whose deltas it agrees with, else it starts its own. A group of two or more is merged
-//! ([`super::merge::merge_stored_for`]) into a candidate for its members, which the eval gate judges like any
-//! delta: against the common state on the members' held-out data, with one leg per member that must show that
-//! member's own gain. Only a passing merge is promoted, on each member's chain; a failing one leaves the
-//! members routed to their own deltas. A delta in a group alone stays routed. Every decision, with its
-//! measures and reasons, is recorded in the store (`reconciliations`) and returned.
+//! of the others can be measured: deltas of unrelated facts and of opposite preferences can look alike in
+//! weight space and in kept gain, where contested prompts tell them apart (figures in docs/store.md). A
+//! delta joins the first group all of whose deltas it agrees with, else it starts its own. A group of two or
+//! more is merged ([`super::merge::merge_stored_for`]) into a candidate for its members, which the eval gate
+//! judges like any delta: against the common state on the members' held-out data, with one leg per member
+//! that must show that member's own gain. Only a passing merge is promoted, on each member's chain; a failing
+//! one leaves the members routed to their own deltas. A delta in a group alone stays routed. Every decision,
+//! with its measures and reasons, is recorded in the store (`reconciliations`) and returned.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
