@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=target/gpu-venv
 nvrtc_version=${HEARTH_NVRTC_VERSION:-13.0.88}
-if [ ! -x "$venv/bin/pip" ]; then python3 -m venv "$venv"; fi
+if [ ! -x "$venv/bin/pip" ]; then python3 -m venv "$venv" || echo "python3 -m venv failed" >&2; fi
 "$venv/bin/pip" install --quiet "nvidia-cuda-nvrtc==$nvrtc_version" \
     || echo "pip install nvidia-cuda-nvrtc failed: the NVRTC compile check will skip" >&2
 lib=$(ls -d "$PWD/$venv"/lib/python3*/site-packages/nvidia/cu*/lib 2>/dev/null | head -1 || true)
