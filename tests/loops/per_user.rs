@@ -32,10 +32,10 @@ const QUESTIONS: [&str; 8] = [
     "pick a colour for me",
 ];
 
-/// The first `questions` questions asked by `user`, answered "green" and edited by them to `answer`; the edits (grounded
-/// preference samples) are admitted, as curation would.
-fn teach(store: &mut Store, user: &str, answer: &str, questions: usize) {
-    for (n, q) in QUESTIONS.iter().enumerate().take(questions) {
+/// `user` asks each question, gets "green", and edits it to `answer`; the edits (grounded preference samples)
+/// are admitted, as curation would.
+pub(super) fn teach(store: &mut Store, user: &str, questions: &[&str], answer: &str) {
+    for (n, q) in questions.iter().enumerate() {
         let i = Interaction {
             id: format!("{user}-{n}"),
             user: user.to_owned(),
@@ -66,7 +66,7 @@ fn teach(store: &mut Store, user: &str, answer: &str, questions: usize) {
 
 const HOLDOUT: f64 = 0.4;
 
-fn recipe() -> TrainConfig {
+pub(super) fn recipe() -> TrainConfig {
     TrainConfig {
         rank: 8,
         alpha: 16.0,
@@ -86,7 +86,7 @@ fn recipe() -> TrainConfig {
 
 /// The gate as the tiny model allows: a taught answer moves a tiny model's plain-text perplexity and its
 /// behaviour probes far more than a real model's, so those legs are opened; personalisation still decides.
-fn gate_config() -> GateConfig {
+pub(super) fn gate_config() -> GateConfig {
     GateConfig {
         base_perplexity_tolerance: 1e9,
         qa_tolerance: 1.0,
@@ -122,10 +122,10 @@ fn two_users_teaching_opposite_answers_each_get_their_own_through_the_api() {
     let (model, _, _) = train_util::tiny_with(dir.path(), false);
     let data = dir.path().join("data");
     let mut store = Store::open(&data).unwrap();
-    teach(&mut store, "alice", "blue", 8);
-    teach(&mut store, "bob", "red", 8);
+    teach(&mut store, "alice", &QUESTIONS, "blue");
+    teach(&mut store, "bob", &QUESTIONS, "red");
     // carol has too little data for a delta of her own.
-    teach(&mut store, "carol", "green", 1);
+    teach(&mut store, "carol", &QUESTIONS[..1], "green");
     let held_out = store
         .training_set()
         .unwrap()

@@ -6,16 +6,17 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use hearth::eval::{Gate, GateConfig};
-use hearth::message::{ChatMessage, Delta, Feedback, FeedbackKind, Interaction, Role};
+use hearth::eval::Gate;
+use hearth::message::Delta;
 use hearth::model::{Base, LoraSet};
 use hearth::store::Store;
+use hearth::train::Cycles;
 use hearth::train::cycle::{PerUser, TrainerSettings};
 use hearth::train::merge::Decision;
 use hearth::train::reconcile::{GateSettings, Outcome, ReconcileOptions, reconcile};
-use hearth::train::{Cycles, TrainConfig};
 use serde_json::json;
 
+use super::per_user::{gate_config, recipe, teach};
 use crate::train_util;
 
 const COLOUR: [&str; 8] = [
@@ -39,68 +40,6 @@ const PET: [&str; 8] = [
     "what do i feed every morning",
     "which animal do i walk",
 ];
-
-/// `user` asks each question, gets "green", and edits it to `answer`; the edits are admitted.
-fn teach(store: &mut Store, user: &str, questions: &[&str], answer: &str) {
-    for (n, q) in questions.iter().enumerate() {
-        let i = Interaction {
-            id: format!("{user}-{n}"),
-            user: user.to_owned(),
-            adapter: None,
-            prompt: vec![ChatMessage::new(Role::User, *q)],
-            response: "green".to_owned(),
-            sampling: json!({}),
-            created_at_unix_ms: 0,
-            latency_ms: 0,
-            commit: Default::default(),
-        };
-        store.capture_interaction(&i).unwrap();
-        let f = Feedback {
-            id: format!("{user}-{n}-edit"),
-            response_id: i.id.clone(),
-            user: user.to_owned(),
-            kind: FeedbackKind::Edit {
-                text: answer.to_owned(),
-            },
-            created_at_unix_ms: 0,
-            commit: Default::default(),
-        };
-        for s in store.capture_feedback(&f).unwrap() {
-            assert!(store.admit(&s).unwrap());
-        }
-    }
-}
-
-fn recipe() -> TrainConfig {
-    TrainConfig {
-        rank: 8,
-        alpha: 16.0,
-        learning_rate: 1e-2,
-        warmup_steps: 2,
-        steps: 40,
-        batch_size: 2,
-        max_seq_len: 64,
-        replay_fraction: 0.0,
-        dpo_sft_weight: 1.0,
-        holdout_fraction: 0.4,
-        ..TrainConfig::default()
-    }
-}
-
-/// As in `per_user`: the tiny model's other legs move far more than a real model's, so they are opened.
-fn gate_config() -> GateConfig {
-    GateConfig {
-        base_perplexity_tolerance: 1e9,
-        qa_tolerance: 1.0,
-        behaviour_tolerance: 1.0,
-        general_tolerance: usize::MAX,
-        canary_candidates: 3,
-        max_new_tokens: 2,
-        general_probes: 4,
-        general_max_tokens: 2,
-        ..GateConfig::default()
-    }
-}
 
 /// A data directory where each `(user, questions, answer)` taught and got a promoted delta of their own.
 struct Taught {
