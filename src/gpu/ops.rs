@@ -2,14 +2,12 @@
 //! out-of-bounds launch), then launches on the GPU's stream. Results are read with [`Gpu::download`].
 
 use super::{Arg, Buffer, Gpu, GpuError, Pod};
+use crate::model::q8::{BLOCK_BYTES as Q8_BYTES, QK8_0 as QK};
 
 /// Threads per block: a multiple of every warp width (32 on NVIDIA and RDNA, 64 on CDNA).
 const BLOCK: u32 = 256;
 /// Input rows per `q8_matmul` / `q8_matmul_t` block (`HEARTH_ROWS` in the kernels).
 const ROWS: usize = 8;
-/// Bytes per Q8_0 block and weights per block, as GGUF stores them.
-const Q8_BYTES: usize = 34;
-const QK: usize = 32;
 /// Shared memory a block may use without opting in on every vendor (48 KiB).
 const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -37,6 +35,23 @@ fn blocks(n: usize) -> u32 {
     n.div_ceil(BLOCK as usize) as u32
 }
 
+/// Checks a Q8_0 weight `[n_out, k]` in GGUF bytes against its shape; `(m, k, n_out)` as kernel arguments.
+fn q8_dims(
+    op: &'static str,
+    w: &Buffer<u8>,
+    (m, k, n_out): (usize, usize, usize),
+) -> Result<(i32, i32, i32), GpuError> {
+    if !k.is_multiple_of(QK) {
+        return Err(GpuError::Shape {
+            op,
+            reason: format!("k = {k} is not a multiple of {QK}"),
+        });
+    }
+    let dims = (dim(op, "m", m)?, dim(op, "k", k)?, dim(op, "n_out", n_out)?);
+    need(op, "the weight", w, n_out * k / QK * Q8_BYTES)?;
+    Ok(dims)
+}
+
 /// `y[r][o] = Σ_i x[r][i] · W[o][i]` for a Q8_0 weight `[n_out, k]` in its GGUF bytes; `x` is `[m, k]`, `y`
 /// `[m, n_out]`. Decode is `m = 1`; prefill passes its rows at once.
 pub fn q8_matmul(
@@ -47,14 +62,7 @@ pub fn q8_matmul(
     (m, k, n_out): (usize, usize, usize),
 ) -> Result<(), GpuError> {
     const OP: &str = "q8_matmul";
-    if !k.is_multiple_of(QK) {
-        return Err(GpuError::Shape {
-            op: OP,
-            reason: format!("k = {k} is not a multiple of {QK}"),
-        });
-    }
-    let (mi, ki, ni) = (dim(OP, "m", m)?, dim(OP, "k", k)?, dim(OP, "n_out", n_out)?);
-    need(OP, "the weight", w, n_out * k / QK * Q8_BYTES)?;
+    let (mi, ki, ni) = q8_dims(OP, w, (m, k, n_out))?;
     need(OP, "x", x, m * k)?;
     need(OP, "y", y, m * n_out)?;
     gpu.launch(
@@ -83,14 +91,7 @@ pub fn q8_matmul_t(
     (m, k, n_out): (usize, usize, usize),
 ) -> Result<(), GpuError> {
     const OP: &str = "q8_matmul_t";
-    if !k.is_multiple_of(QK) {
-        return Err(GpuError::Shape {
-            op: OP,
-            reason: format!("k = {k} is not a multiple of {QK}"),
-        });
-    }
-    let (mi, ki, ni) = (dim(OP, "m", m)?, dim(OP, "k", k)?, dim(OP, "n_out", n_out)?);
-    need(OP, "the weight", w, n_out * k / QK * Q8_BYTES)?;
+    let (mi, ki, ni) = q8_dims(OP, w, (m, k, n_out))?;
     need(OP, "dy", dy, m * n_out)?;
     need(OP, "dx", dx, m * k)?;
     gpu.launch(
