@@ -12,29 +12,15 @@
 
 mod bench_util;
 
-use bench_util::{bench_model, fixed_length_request};
+use bench_util::{bench_model, fixed_length_request, random_adapter};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device, Tensor};
-use hearth::model::{KvPrecision, LoraConfig, LoraPair, LoraSet, LoraTarget};
+use hearth::model::{KvPrecision, LoraSet};
 use hearth::serve::{Completion, ServeConfig, Server, StreamEvent};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// A rank-8 adapter on all projections with random A and B, rounded to bf16 as an adapter loaded from a PEFT
-/// file is (the decode loops then read it in bf16).
-fn random_adapter(model: &hearth::model::Transformer, seed: u64) -> Res<LoraSet> {
-    let fresh = LoraSet::fresh(model, LoraConfig::new(8, 16.0, &LoraTarget::ALL), seed)?;
-    let mut set = LoraSet::empty(fresh.config.clone());
-    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16)?.to_dtype(DType::F32);
-    for (&(l, t), p) in fresh.iter() {
-        let b = Tensor::randn(0f32, 0.01, p.b.dims(), &Device::Cpu)?;
-        set.insert(l, t, LoraPair::new(bf16(&p.a)?, bf16(&b)?, p.scale));
-    }
-    Ok(set)
-}
 
 /// One request: (prefill tokens/s from time to first token, decode tokens/s after it).
 fn measure(

@@ -1,4 +1,4 @@
-//! What the serving benches share: which model they measure.
+//! What the serving benches share: which model they measure, and adapters for it.
 
 use std::path::{Path, PathBuf};
 
@@ -79,4 +79,23 @@ pub fn read_bandwidth(smoke: bool) -> f64 {
         best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64());
     }
     best
+}
+
+/// A rank-8 adapter on every projection with random A and B, rounded to bf16 and held in f32, as an adapter
+/// loaded from a PEFT file is.
+#[allow(dead_code)]
+pub fn random_adapter(
+    model: &hearth::model::Transformer,
+    seed: u64,
+) -> Result<hearth::model::LoraSet, Box<dyn std::error::Error>> {
+    use candle_core::{DType, Device, Tensor};
+    use hearth::model::{LoraConfig, LoraPair, LoraSet, LoraTarget};
+    let fresh = LoraSet::fresh(model, LoraConfig::new(8, 16.0, &LoraTarget::ALL), seed)?;
+    let mut set = LoraSet::empty(fresh.config.clone());
+    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16)?.to_dtype(DType::F32);
+    for (&(l, t), p) in fresh.iter() {
+        let b = Tensor::randn(0f32, 0.01, p.b.dims(), &Device::Cpu)?;
+        set.insert(l, t, LoraPair::new(bf16(&p.a)?, bf16(&b)?, p.scale));
+    }
+    Ok(set)
 }
