@@ -130,23 +130,10 @@ fn kquant_backward_matches_the_f32_route() {
         let fresh = LoraSet::fresh(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 1).unwrap();
         let adapter = with_random_b(&fresh, 2);
         let len = 8;
-        let seq: Vec<u32> = (0..=len as u32).map(|i| (i * 53 + 3) % 290).collect();
-        let ids = Tensor::from_slice(&seq[..len], (1, len), &Device::Cpu).unwrap();
-        let targets = Tensor::from_slice(&seq[1..], len, &Device::Cpu).unwrap();
-        let grads = |model: &Transformer| -> Vec<(String, Vec<f32>)> {
-            let (set, vars) = adapter.to_vars().unwrap();
-            let logits = model.forward_train(&ids, Some(&set)).unwrap();
-            let loss =
-                candle_nn::loss::cross_entropy(&logits.squeeze(0).unwrap(), &targets).unwrap();
-            let g = loss.backward().unwrap();
-            vars.iter()
-                .map(|(k, v)| {
-                    let t = g.get(v.as_tensor()).unwrap();
-                    (k.clone(), t.flatten_all().unwrap().to_vec1().unwrap())
-                })
-                .collect()
-        };
-        let (int8, exact) = (grads(&m), grads(&dense));
+        let (int8, exact) = (
+            train_util::adapter_grads(&m, &adapter, len),
+            train_util::adapter_grads(&dense, &adapter, len),
+        );
         for ((name, a), (_, b)) in int8.iter().zip(&exact) {
             assert!(b.iter().any(|v| *v != 0.0), "{dtype:?} {name}: no gradient");
             let d = rel_diff(a, b);

@@ -27,6 +27,29 @@ pub fn with_random_b(set: &LoraSet, seed: u64) -> LoraSet {
     out
 }
 
+/// The gradient of every adapter tensor (by name, flattened) for next-token cross-entropy on a fixed
+/// `len`-token sequence of ids below 290: what two routes through one model's weights must agree on.
+pub fn adapter_grads(
+    model: &Transformer,
+    adapter: &LoraSet,
+    len: usize,
+) -> Vec<(String, Vec<f32>)> {
+    use candle_core::{Device, Tensor};
+    let seq: Vec<u32> = (0..=len as u32).map(|i| (i * 53 + 3) % 290).collect();
+    let ids = Tensor::from_slice(&seq[..len], (1, len), &Device::Cpu).unwrap();
+    let targets = Tensor::from_slice(&seq[1..], len, &Device::Cpu).unwrap();
+    let (set, vars) = adapter.to_vars().unwrap();
+    let logits = model.forward_train(&ids, Some(&set)).unwrap();
+    let loss = candle_nn::loss::cross_entropy(&logits.squeeze(0).unwrap(), &targets).unwrap();
+    let g = loss.backward().unwrap();
+    vars.iter()
+        .map(|(k, v)| {
+            let t = g.get(v.as_tensor()).unwrap();
+            (k.clone(), t.flatten_all().unwrap().to_vec1().unwrap())
+        })
+        .collect()
+}
+
 /// A tiny Llama with Q8_0 matrices (so gradients cross the quantized custom op).
 pub fn tiny(dir: &Path) -> (PathBuf, Transformer, Tokenizer) {
     tiny_with(dir, true)
