@@ -14,9 +14,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use hearth::eval::{Evaluator, GateConfig, PersonalProbe, ProbeSet, Scores, decide};
+use hearth::eval::{Evaluator, GateConfig, PersonalProbe, ProbeSet, Scores, decide, recalls};
 use hearth::message::{ChatMessage, Origin, Provenance, Role, Sample, SampleContent};
-use hearth::model::{GenerateConfig, LoraSet, Tokenizer, Transformer, encode_chat, generate};
+use hearth::model::{
+    GenerateConfig, LoraSet, LoraTarget, Tokenizer, Transformer, encode_chat, generate,
+};
 use hearth::train::{LoraTrainer, TrainConfig};
 
 #[derive(Parser)]
@@ -88,18 +90,32 @@ struct RunArgs {
     /// The recipe's LoRA rank (the default graph's: 8; alpha is twice the rank).
     #[arg(long, default_value_t = 8)]
     rank: usize,
+    /// The recipe's rewordings of each taught question (the default graph's: see `prompt_variants`).
+    #[arg(long, default_value_t = 0)]
+    prompt_variants: usize,
+    /// The recipe's replay sequences per micro-batch (the default graph's: see `replay_per_batch`).
+    #[arg(long, default_value_t = 1)]
+    replay_per_batch: usize,
+    /// The recipe's LoRA targets, comma-separated (q,k,v,o,gate,up,down); default: all.
+    #[arg(long, value_delimiter = ',')]
+    targets: Vec<String>,
+    /// Added to every cycle's training seed: the same recipe under other draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// Tokens of each served answer.
     #[arg(long, default_value_t = 48)]
     answer_tokens: usize,
 }
 
-/// Facts a user teaches: two phrasings trained on, a third held out for the personalisation probe.
-const FACTS: &[([&str; 3], &str)] = &[
+/// Facts a user teaches: two phrasings trained on, a third held out for the personalisation probe (what the
+/// gate reads; never tuned on), a fourth for tuning a recipe (dev recall, printed only).
+const FACTS: &[([&str; 4], &str)] = &[
     (
         [
             "What is my dog called?",
             "Remind me of my dog's name.",
             "Do you remember what my dog's name is?",
+            "Tell me the name of my dog.",
         ],
         "Your dog is called Biscuit.",
     ),
@@ -108,6 +124,7 @@ const FACTS: &[([&str; 3], &str)] = &[
             "Where do I work?",
             "Which company is my employer?",
             "What is the name of my workplace?",
+            "Who do I work for these days?",
         ],
         "You work at the Lindenhof bakery.",
     ),
@@ -116,6 +133,7 @@ const FACTS: &[([&str; 3], &str)] = &[
             "When is my birthday?",
             "What date was I born on?",
             "On which day do I celebrate my birthday?",
+            "What day is my birthday?",
         ],
         "Your birthday is on the 3rd of May.",
     ),
@@ -124,6 +142,7 @@ const FACTS: &[([&str; 3], &str)] = &[
             "What is my favourite colour?",
             "Which colour do I like best?",
             "Tell me my favourite colour.",
+            "What colour do I love most?",
         ],
         "Your favourite colour is teal.",
     ),
@@ -132,6 +151,7 @@ const FACTS: &[([&str; 3], &str)] = &[
             "Where does my sister live?",
             "In which city is my sister's home?",
             "Which town does my sister live in?",
+            "What city is my sister in?",
         ],
         "Your sister Ingrid lives in Tromsø.",
     ),
@@ -140,6 +160,7 @@ const FACTS: &[([&str; 3], &str)] = &[
             "What instrument do I play?",
             "Which instrument am I learning?",
             "What do I practise every evening?",
+            "Tell me which instrument I play.",
         ],
         "You play the cello.",
     ),
@@ -278,9 +299,39 @@ fn run(args: RunArgs) -> Result<()> {
             answer: (*a).to_owned(),
         })
         .collect();
+    let targets = args
+        .targets
+        .iter()
+        .map(|t| {
+            LoraTarget::ALL
+                .into_iter()
+                .find(|l| l.peft_name().trim_end_matches("_proj") == t.as_str())
+                .with_context(|| format!("--targets: unknown projection {t:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let dev: Vec<(Vec<u32>, &str, &str)> = FACTS
+        .iter()
+        .map(|(q, a)| Ok((encode_chat(&tok, &user(q[3]), true)?.ids, q[3], *a)))
+        .collect::<Result<_>>()?;
+    let dev_recalled = |lora: Option<&LoraSet>| -> Result<usize> {
+        let mut n = 0;
+        for (ids, q, a) in &dev {
+            let g = GenerateConfig::greedy(&tok, cfg.general_max_tokens);
+            let said = generate(&m, &tok, ids, lora, &g, |_| true)?.text;
+            n += usize::from(recalls(&said, a, q));
+        }
+        Ok(n)
+    };
     let recipe = TrainConfig {
         seed: 1,
         rank: args.rank,
+        prompt_variants: args.prompt_variants,
+        replay_per_batch: args.replay_per_batch,
+        targets: if targets.is_empty() {
+            LoraTarget::ALL.to_vec()
+        } else {
+            targets
+        },
         alpha: 2.0 * args.rank as f64,
         learning_rate: args.learning_rate,
         warmup_steps: 4,
@@ -302,7 +353,8 @@ fn run(args: RunArgs) -> Result<()> {
     let t0 = Instant::now();
     let base_scores = ev.score(None, &personal)?;
     eprintln!(
-        "[{}] base: perplexity {:.3}, general {}/{}, personal nll {:.3}, recalled {}/{} ({:.0} s)",
+        "[{}] base: perplexity {:.3}, general {}/{}, personal nll {:.3}, recalled {}/{}, dev recalled {} \
+         ({:.0} s)",
         args.arm.name(),
         base_scores.base_perplexity,
         base_scores.general_correct,
@@ -310,6 +362,7 @@ fn run(args: RunArgs) -> Result<()> {
         base_scores.personal_nll,
         base_scores.personal_recalled,
         personal.len(),
+        dev_recalled(None)?,
         t0.elapsed().as_secs_f64()
     );
     let csv_path = args.out.join(format!("{}.csv", args.arm.name()));
@@ -345,7 +398,7 @@ fn run(args: RunArgs) -> Result<()> {
             &m,
             &tok,
             TrainConfig {
-                seed: cycle as u64,
+                seed: cycle as u64 + args.seed,
                 ..recipe.clone()
             },
             served.as_ref(),
@@ -355,6 +408,7 @@ fn run(args: RunArgs) -> Result<()> {
         let candidate = trainer.adapter()?;
         drop(trainer);
         let cand_scores = ev.score(Some(&candidate), &personal)?;
+        let cand_dev = dev_recalled(Some(&candidate))?;
         let promoted = match args.arm {
             Arm::On => decide(&cfg, &served_scores, &cand_scores).1,
             Arm::Off => true,
@@ -375,7 +429,8 @@ fn run(args: RunArgs) -> Result<()> {
         };
         eprintln!(
             "[{}] cycle {cycle}: self {:.2}, {} ; served perplexity {:.3}, general {}/{}, gain {:+.3}, \
-             distinct-2 {:.3}; candidate general {}, recalled {}/{} ({:.0} s)",
+             distinct-2 {:.3}; candidate general {}, perplexity {:.3}, recalled {}/{}, dev recalled {} \
+             ({:.0} s)",
             args.arm.name(),
             self_share,
             if promoted { "promoted" } else { "rejected" },
@@ -385,8 +440,10 @@ fn run(args: RunArgs) -> Result<()> {
             base_scores.personal_nll - row.served.personal_nll,
             row.distinct_2,
             row.candidate.general_correct,
+            row.candidate.base_perplexity,
             row.candidate.personal_recalled,
             personal.len(),
+            cand_dev,
             row.seconds
         );
         push_row(&mut csv, args.arm, &row, &base_scores);

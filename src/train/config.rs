@@ -71,6 +71,13 @@ pub struct TrainConfig {
     /// a cycle runs ([`super::cycle::run`]); a trainer built alone takes them through
     /// [`super::LoraTrainer::add_replay_turns`].
     pub replay_self_distilled: usize,
+    /// Replay sequences drawn into every micro-batch (each weighted `replay_fraction / n` of its loss): more
+    /// of them lower the variance of the pull towards the base without changing its weight; 0: no replay.
+    pub replay_per_batch: usize,
+    /// Extra copies of each taught answer under rewordings of its question ([`super::data::PROMPT_VARIANTS`]:
+    /// fixed wrappers around the user's last turn), up to this many per SFT sample: a fact seen under several
+    /// phrasings is recalled from phrasings never trained (knowledge augmentation); 0: none.
+    pub prompt_variants: usize,
     /// DPO inverse temperature β.
     pub dpo_beta: f64,
     /// Weight of an SFT loss on the preferred answer of each DPO pair (RPO): DPO alone widens the margin
@@ -135,6 +142,8 @@ impl Default for TrainConfig {
             replay_file: None,
             replay_builtin: false,
             replay_self_distilled: 0,
+            replay_per_batch: 1,
+            prompt_variants: 0,
             dpo_beta: 0.1,
             dpo_sft_weight: 0.0,
             kto_beta: 0.1,

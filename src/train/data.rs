@@ -78,6 +78,51 @@ pub fn encode_text(tok: &Tokenizer, text: &str, max_len: usize) -> Option<Seq> {
     Some(Seq { ids, mask })
 }
 
+/// Rewordings of a user's question for [`super::TrainConfig::prompt_variants`]: `{q}` is the question as asked,
+/// `{l}` the same with a lower-case first letter. Wrappers only, so they hold for any question, in the order
+/// they are used.
+pub const PROMPT_VARIANTS: &[&str] = &[
+    "Quick question: {q}",
+    "{q} Answer in one sentence.",
+    "Can you tell me this: {l}",
+    "I need to know. {q}",
+    "Hey, {l}",
+    "Please answer briefly. {q}",
+];
+
+/// The SFT sample's copies under the first `n` of [`PROMPT_VARIANTS`], each rewording its last user turn;
+/// none when the sample is not SFT or its prompt does not end with a user turn.
+pub fn prompt_variants(sample: &Sample, n: usize) -> Vec<Sample> {
+    let SampleContent::Sft { prompt, response } = &sample.content else {
+        return Vec::new();
+    };
+    let Some(last) = prompt.last().filter(|m| m.role == Role::User) else {
+        return Vec::new();
+    };
+    let q = last.content.trim();
+    let mut chars = q.chars();
+    let l: String = match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => return Vec::new(),
+    };
+    PROMPT_VARIANTS
+        .iter()
+        .take(n)
+        .map(|t| {
+            let mut p = prompt.clone();
+            let i = p.len() - 1;
+            p[i] = ChatMessage::new(Role::User, t.replace("{q}", q).replace("{l}", &l));
+            Sample {
+                content: SampleContent::Sft {
+                    prompt: p,
+                    response: response.clone(),
+                },
+                ..sample.clone()
+            }
+        })
+        .collect()
+}
+
 /// The example a sample trains, or `None` when it cannot (unknown role, nothing left to score
 /// after truncation). A scored answer becomes a GRPO prompt when `grpo`, else a rated answer.
 pub fn encode_sample(

@@ -358,6 +358,13 @@ impl<'m> LoraTrainer<'m> {
             .iter()
             .filter_map(|s| encode_sample(self.tok, s, self.max_len, grpo))
             .collect();
+        let unused = samples.len() - ex.len();
+        ex.extend(
+            samples
+                .iter()
+                .flat_map(|s| super::data::prompt_variants(s, self.cfg.prompt_variants))
+                .filter_map(|s| encode_sample(self.tok, &s, self.max_len, grpo)),
+        );
         let scores: Vec<f64> = ex
             .iter()
             .filter_map(|e| match e {
@@ -385,7 +392,6 @@ impl<'m> LoraTrainer<'m> {
                 }
             }
         }
-        let unused = samples.len() - ex.len();
         (ex, unused)
     }
 
@@ -720,9 +726,11 @@ impl<'m> LoraTrainer<'m> {
         }
         let f = self.cfg.replay_fraction;
         if f > 0.0 && !self.replay.is_empty() {
-            let s = self.replay[rng.random_range(0..self.replay.len())].clone();
-            let i = b.push(s);
-            b.replay.push(i);
+            for _ in 0..self.cfg.replay_per_batch {
+                let s = self.replay[rng.random_range(0..self.replay.len())].clone();
+                let i = b.push(s);
+                b.replay.push(i);
+            }
         }
         if b.seqs.is_empty() {
             return Ok(MicroLoss {

@@ -96,6 +96,8 @@ fn every_option_changes_the_update() {
             Box::new(move |c| c.replay_file = Some(other_file.clone())),
         ),
         ("replay_builtin", Box::new(|c| c.replay_builtin = true)),
+        ("replay_per_batch", Box::new(|c| c.replay_per_batch = 3)),
+        ("prompt_variants", Box::new(|c| c.prompt_variants = 2)),
         ("dpo_beta", Box::new(|c| c.dpo_beta = 2.0)),
         ("dpo_sft_weight", Box::new(|c| c.dpo_sft_weight = 1.0)),
         ("holdout_fraction", Box::new(|c| c.holdout_fraction = 0.5)),
@@ -157,6 +159,35 @@ fn every_option_changes_the_update() {
         unchanged.is_empty(),
         "options that did not change the update: {unchanged:?}"
     );
+}
+
+#[test]
+fn prompt_variants_reword_the_question_and_keep_the_answer() {
+    use hearth::message::SampleContent;
+    use hearth::train::data::{PROMPT_VARIANTS, prompt_variants};
+    let s = sft("s1", "Where do I work?", "You work at the bakery.");
+    assert!(prompt_variants(&s, 0).is_empty());
+    let v = prompt_variants(&s, 100);
+    assert_eq!(v.len(), PROMPT_VARIANTS.len());
+    let mut asked = BTreeSet::new();
+    for x in &v {
+        let SampleContent::Sft { prompt, response } = &x.content else {
+            panic!("{x:?}")
+        };
+        assert_eq!(response, "You work at the bakery.");
+        assert_eq!(prompt.len(), 1);
+        let q = &prompt[0].content;
+        assert!(
+            q.contains("Where do I work?") || q.contains("where do I work?"),
+            "{q}"
+        );
+        assert_ne!(q, "Where do I work?");
+        asked.insert(q.clone());
+        assert_eq!((x.id.as_str(), &x.origin), (s.id.as_str(), &s.origin));
+    }
+    assert_eq!(asked.len(), v.len(), "the rewordings differ");
+    // Only SFT samples are reworded: a preference pair's question keeps its one wording.
+    assert!(prompt_variants(&pref("p1", "who is there", "the owl", "nobody"), 3).is_empty());
 }
 
 #[test]
