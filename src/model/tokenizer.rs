@@ -1,10 +1,16 @@
-//! Byte-level BPE (GPT-2 style) loaded from GGUF metadata.
+//! The tokenizers GGUF files name in `tokenizer.ggml.model`, built from their metadata (this avoids the heavy
+//! `tokenizers` crate):
 //!
-//! SmolLM2 and Qwen GGUFs carry `tokenizer.ggml.model = "gpt2"` with the vocabulary, ranked merges
-//! and token types, which is all byte-level BPE needs; this avoids the heavy `tokenizers` crate.
-//! Encoding is lossless by construction (every byte has a token), so `decode(encode(s)) == s`.
-//! The pre-tokenizer follows `tokenizer.ggml.pre` (gpt2, smollm, qwen2, llama-bpe); ids match the
-//! reference tokenizer only as far as this split matches its regex.
+//! - `gpt2`: byte-level BPE (SmolLM2, Qwen, Llama 3), from the vocabulary, ranked merges and token types.
+//!   Encoding is lossless by construction (every byte has a token), so `decode(encode(s)) == s`. The
+//!   pre-tokenizer follows `tokenizer.ggml.pre` (gpt2, smollm, qwen2, llama-bpe); ids match the reference
+//!   tokenizer only as far as this split matches its regex.
+//! - `llama`: SentencePiece BPE (Llama 2, Mistral, Phi-3, Gemma), from the vocabulary, piece scores and token
+//!   types, as llama.cpp runs it: spaces become `▁`, a space is prefixed to the text and to each fragment after a
+//!   special token (`tokenizer.ggml.add_space_prefix`, on unless the file says otherwise), adjacent pieces merge
+//!   highest score first (the leftmost of equal scores), and a character no piece covers falls back to its UTF-8
+//!   bytes' `<0xNN>` tokens. Decoding turns `▁` back into spaces, reassembles the bytes and drops the prefixed
+//!   space.
 
 use std::collections::HashMap;
 
@@ -55,33 +61,39 @@ impl PreTokenizer {
     }
 }
 
-/// Byte-level BPE tokenizer.
+/// GGUF token types (`tokenizer.ggml.token_type`), as llama.cpp and SentencePiece number them.
+pub mod token_type {
+    pub const NORMAL: i64 = 1;
+    pub const UNKNOWN: i64 = 2;
+    pub const CONTROL: i64 = 3;
+    pub const USER_DEFINED: i64 = 4;
+    pub const UNUSED: i64 = 5;
+    pub const BYTE: i64 = 6;
+}
+
+/// A tokenizer of one of the kinds GGUF files name (see the module docs).
 #[derive(Clone, Debug)]
 pub struct Tokenizer {
     tokens: Vec<String>,
     ids: HashMap<String, u32>,
-    /// Merge rank and merged token of each mergeable pair of tokens. A merge whose parts or
-    /// result are not in the vocabulary cannot produce a token, and is left out (Hugging Face
-    /// refuses such a vocabulary).
-    merges: HashMap<(u32, u32), (u32, u32)>,
     /// Control / user-defined tokens matched verbatim (longest first) when specials are allowed.
     specials: Vec<(String, u32)>,
     is_special: Vec<bool>,
-    /// Token of each byte's mapped char (`None`: the vocabulary lacks it), looked up once here
-    /// instead of once per byte encoded.
-    byte_ids: [Option<u32>; 256],
-    byte_dec: HashMap<char, u8>,
-    pre: PreTokenizer,
-    /// Prefix a space to text that does not start with whitespace (`tokenizer.ggml.add_space_prefix`,
-    /// Hugging Face's ByteLevel `add_prefix_space`); off for SmolLM2 and Qwen.
+    model: Model,
+    /// Byte-level BPE: prefix a space to text that does not start with whitespace (Hugging Face's ByteLevel
+    /// `add_prefix_space`); off for SmolLM2 and Qwen. SentencePiece: prefix a space to the text and to each
+    /// fragment after a special token, whatever it starts with, as llama.cpp does (Hugging Face's legacy Llama
+    /// tokenizer too); on for Llama 2, Mistral and Phi-3, off for Gemma. From `tokenizer.ggml.add_space_prefix`.
     pub add_space_prefix: bool,
+    /// `tokenizer.ggml.unknown_token_id`: what a SentencePiece character without a piece or byte tokens becomes.
+    pub unk_id: Option<u32>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     /// End of turn (`tokenizer.ggml.eot_token_id`; Llama 3's `<|eot_id|>`): generation stops on it as on EOS.
     pub eot_id: Option<u32>,
     pub pad_id: Option<u32>,
-    /// Prompts start with BOS (`tokenizer.ggml.add_bos_token`; Llama 3 sets it). Off when the key is absent, as
-    /// for byte-level BPE vocabularies in llama.cpp.
+    /// Prompts start with BOS (`tokenizer.ggml.add_bos_token`; Llama 3 sets it). When the key is absent, off for
+    /// byte-level BPE and on for SentencePiece, as in llama.cpp.
     pub add_bos: bool,
     /// How conversations become prompts: the file's `tokenizer.chat_template`, or the template of the family
     /// whose turn markers the vocabulary has (`None` when neither).
@@ -92,32 +104,76 @@ fn tok_err(msg: impl Into<String>) -> ModelError {
     ModelError::Tokenizer(msg.into())
 }
 
+/// Token ids by text, and the special tokens.
+struct Vocabulary {
+    ids: HashMap<String, u32>,
+    is_special: Vec<bool>,
+    specials: Vec<(String, u32)>,
+}
+
+/// How text becomes ids.
+#[derive(Clone, Debug)]
+enum Model {
+    Bpe(ByteBpe),
+    Spm(Spm),
+}
+
+#[derive(Clone, Debug)]
+struct ByteBpe {
+    /// Merge rank and merged token of each mergeable pair of tokens. A merge whose parts or
+    /// result are not in the vocabulary cannot produce a token, and is left out (Hugging Face
+    /// refuses such a vocabulary).
+    merges: HashMap<(u32, u32), (u32, u32)>,
+    /// Token of each byte's mapped char (`None`: the vocabulary lacks it), looked up once here
+    /// instead of once per byte encoded.
+    byte_ids: [Option<u32>; 256],
+    byte_dec: HashMap<char, u8>,
+    pre: PreTokenizer,
+}
+
+#[derive(Clone, Debug)]
+struct Spm {
+    scores: Vec<f32>,
+    /// Tokens text can merge into: normal, user-defined and unused ones. Control, unknown and byte tokens only
+    /// come from their own rules (a text `<0x41>` or `<s>` stays characters), as in SentencePiece.
+    piece: Vec<bool>,
+    /// Value of each byte token (`<0xNN>`).
+    byte_of: Vec<Option<u8>>,
+    /// The `<0xNN>` token of each byte.
+    byte_ids: [Option<u32>; 256],
+}
+
+/// SentencePiece's visible space.
+const SPACE: char = '\u{2581}';
+
 impl Tokenizer {
     /// Builds the tokenizer from GGUF metadata (`tokenizer.ggml.*`).
     pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> Result<Self> {
         let model = md_str(md, "tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(tok_err(format!(
-                "tokenizer.ggml.model = {model}; only byte-level BPE (gpt2) is supported"
-            )));
-        }
+        let spm = match model {
+            "gpt2" => false,
+            "llama" => true,
+            other => {
+                return Err(tok_err(format!(
+                    "tokenizer.ggml.model = {other}; supported: gpt2 (byte-level BPE), llama (SentencePiece)"
+                )));
+            }
+        };
         let tokens: Vec<String> = md_str_array(md, "tokenizer.ggml.tokens")?
             .into_iter()
             .map(String::from)
             .collect();
-        let merges = md_str_array(md, "tokenizer.ggml.merges")?;
         let types = match md_get(md, "tokenizer.ggml.token_type") {
             Ok(_) => Some(md_int_array(md, "tokenizer.ggml.token_type")?),
             Err(_) => None,
         };
-        let pre = md_str(md, "tokenizer.ggml.pre")
-            .map(PreTokenizer::from_name)
-            .unwrap_or(PreTokenizer::Gpt2);
         let id = |k: &str| -> Result<Option<u32>> {
             match md.get(k) {
                 None => Ok(None),
                 Some(Value::U32(v)) => Ok(Some(*v)),
                 Some(Value::I32(v)) if *v >= 0 => Ok(Some(*v as u32)),
+                // A negative id is none.
+                Some(Value::I32(_)) => Ok(None),
                 Some(Value::U64(v)) => Ok(u32::try_from(*v).ok()),
                 Some(v) => Err(ModelError::BadKey {
                     key: k.into(),
@@ -125,25 +181,39 @@ impl Tokenizer {
                 }),
             }
         };
-        let mut t = Self::new(tokens, &merges, types.as_deref(), pre)?;
-        t.bos_id = id("tokenizer.ggml.bos_token_id")?;
-        t.eos_id = id("tokenizer.ggml.eos_token_id")?;
-        t.eot_id = id("tokenizer.ggml.eot_token_id")?;
-        t.pad_id = id("tokenizer.ggml.padding_token_id")?;
-        t.add_bos = match md.get("tokenizer.ggml.add_bos_token") {
-            None => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => {
-                return Err(ModelError::BadKey {
-                    key: "tokenizer.ggml.add_bos_token".into(),
+        let flag = |k: &str| -> Result<Option<bool>> {
+            match md.get(k) {
+                None => Ok(None),
+                Some(Value::Bool(b)) => Ok(Some(*b)),
+                Some(v) => Err(ModelError::BadKey {
+                    key: k.into(),
                     reason: format!("expected a bool, found {:?}", v.value_type()),
-                });
+                }),
             }
         };
-        t.add_space_prefix = matches!(
-            md.get("tokenizer.ggml.add_space_prefix"),
-            Some(Value::Bool(true))
-        );
+        let mut t = if spm {
+            let scores = match md_get(md, "tokenizer.ggml.scores") {
+                Ok(v) => md_f32_array(v, "tokenizer.ggml.scores")?,
+                Err(_) => vec![0.0; tokens.len()],
+            };
+            Self::new_spm(tokens, &scores, types.as_deref())?
+        } else {
+            let merges = md_str_array(md, "tokenizer.ggml.merges")?;
+            let pre = md_str(md, "tokenizer.ggml.pre")
+                .map(PreTokenizer::from_name)
+                .unwrap_or(PreTokenizer::Gpt2);
+            Self::new(tokens, &merges, types.as_deref(), pre)?
+        };
+        // Without the keys, llama.cpp gives SentencePiece vocabularies Llama's ids: unknown 0, BOS 1, EOS 2.
+        let n = t.tokens.len() as u32;
+        let default = |i: u32| Some(i).filter(|&i| spm && i < n);
+        t.bos_id = id("tokenizer.ggml.bos_token_id")?.or(default(1));
+        t.eos_id = id("tokenizer.ggml.eos_token_id")?.or(default(2));
+        t.unk_id = id("tokenizer.ggml.unknown_token_id")?.or(default(0));
+        t.eot_id = id("tokenizer.ggml.eot_token_id")?;
+        t.pad_id = id("tokenizer.ggml.padding_token_id")?;
+        t.add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(spm);
+        t.add_space_prefix = flag("tokenizer.ggml.add_space_prefix")?.unwrap_or(spm);
         if let Some(v) = md.get("tokenizer.chat_template") {
             let Value::String(src) = v else {
                 return Err(ModelError::BadKey {
@@ -161,6 +231,7 @@ impl Tokenizer {
             ("eos", t.eos_id),
             ("eot", t.eot_id),
             ("pad", t.pad_id),
+            ("unknown", t.unk_id),
         ] {
             if let Some(v) = v
                 && v as usize >= t.tokens.len()
@@ -171,14 +242,9 @@ impl Tokenizer {
         Ok(t)
     }
 
-    /// Builds from parts. `types` uses GGUF token types (3 = control, 4 = user-defined are
-    /// special); without types, `<|…|>` tokens are treated as special.
-    pub fn new(
-        tokens: Vec<String>,
-        merges: &[&str],
-        types: Option<&[i64]>,
-        pre: PreTokenizer,
-    ) -> Result<Self> {
+    /// The vocabulary's token ids and special tokens: control and user-defined ones by `types` (GGUF token
+    /// types), or without types the `<|…|>` ones.
+    fn vocabulary(tokens: &[String], types: Option<&[i64]>) -> Result<Vocabulary> {
         if let Some(ty) = types
             && ty.len() != tokens.len()
         {
@@ -194,7 +260,7 @@ impl Tokenizer {
         for (i, tok) in tokens.iter().enumerate() {
             ids.entry(tok.clone()).or_insert(i as u32);
             let special = match types {
-                Some(ty) => ty[i] == 3 || ty[i] == 4,
+                Some(ty) => ty[i] == token_type::CONTROL || ty[i] == token_type::USER_DEFINED,
                 None => tok.starts_with("<|") && tok.ends_with("|>") && tok.len() > 4,
             };
             if special && !tok.is_empty() {
@@ -203,6 +269,94 @@ impl Tokenizer {
             }
         }
         specials.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
+        Ok(Vocabulary {
+            ids,
+            is_special,
+            specials,
+        })
+    }
+
+    fn with_model(
+        tokens: Vec<String>,
+        Vocabulary {
+            ids,
+            is_special,
+            specials,
+        }: Vocabulary,
+        model: Model,
+    ) -> Self {
+        let mut t = Self {
+            tokens,
+            ids,
+            specials,
+            is_special,
+            model,
+            add_space_prefix: false,
+            unk_id: None,
+            bos_id: None,
+            eos_id: None,
+            eot_id: None,
+            pad_id: None,
+            add_bos: false,
+            chat: None,
+        };
+        t.chat = super::chat::ChatTemplate::fallback(&t);
+        t
+    }
+
+    /// A SentencePiece (`llama`) tokenizer from its pieces, their scores and GGUF token types (all normal
+    /// without). Special ids, `add_bos` and `add_space_prefix` start unset: [`Self::from_gguf_metadata`] sets
+    /// them from the file.
+    pub fn new_spm(tokens: Vec<String>, scores: &[f32], types: Option<&[i64]>) -> Result<Self> {
+        if scores.len() != tokens.len() {
+            return Err(tok_err(format!(
+                "{} scores for {} tokens",
+                scores.len(),
+                tokens.len()
+            )));
+        }
+        let vocab = Self::vocabulary(&tokens, types)?;
+        let ty = |i: usize| types.map_or(token_type::NORMAL, |t| t[i]);
+        let mut byte_ids = [None; 256];
+        let mut byte_of = vec![None; tokens.len()];
+        let mut piece = vec![false; tokens.len()];
+        for (i, tok) in tokens.iter().enumerate() {
+            match ty(i) {
+                token_type::BYTE => {
+                    let b = tok
+                        .strip_prefix("<0x")
+                        .and_then(|h| h.strip_suffix('>'))
+                        .filter(|h| h.len() == 2)
+                        .and_then(|h| u8::from_str_radix(h, 16).ok())
+                        .ok_or_else(|| {
+                            tok_err(format!("byte token {i} is `{tok}`, not `<0xNN>`"))
+                        })?;
+                    byte_of[i] = Some(b);
+                    byte_ids[b as usize].get_or_insert(i as u32);
+                }
+                token_type::CONTROL | token_type::UNKNOWN => {}
+                _ => piece[i] = true,
+            }
+        }
+        let model = Model::Spm(Spm {
+            scores: scores.to_vec(),
+            piece,
+            byte_of,
+            byte_ids,
+        });
+        Ok(Self::with_model(tokens, vocab, model))
+    }
+
+    /// A byte-level BPE (`gpt2`) tokenizer from parts. `types` uses GGUF token types (3 = control,
+    /// 4 = user-defined are special); without types, `<|…|>` tokens are treated as special.
+    pub fn new(
+        tokens: Vec<String>,
+        merges: &[&str],
+        types: Option<&[i64]>,
+        pre: PreTokenizer,
+    ) -> Result<Self> {
+        let vocab = Self::vocabulary(&tokens, types)?;
+        let ids = &vocab.ids;
         let mut merge_ids = HashMap::with_capacity(merges.len());
         for (r, m) in merges.iter().enumerate() {
             let (a, b) = m
@@ -232,27 +386,18 @@ impl Tokenizer {
                 )));
             }
         }
-        Ok(Self {
-            tokens,
-            ids,
+        let model = Model::Bpe(ByteBpe {
             merges: merge_ids,
-            specials,
-            is_special,
             byte_ids,
             byte_dec,
             pre,
-            add_space_prefix: false,
-            bos_id: None,
-            eos_id: None,
-            eot_id: None,
-            pad_id: None,
-            add_bos: false,
-            chat: None,
-        })
-        .map(|mut t: Self| {
-            t.chat = super::chat::ChatTemplate::fallback(&t);
-            t
-        })
+        });
+        Ok(Self::with_model(tokens, vocab, model))
+    }
+
+    /// Whether this is a SentencePiece (`llama`) tokenizer.
+    pub fn is_sentencepiece(&self) -> bool {
+        matches!(self.model, Model::Spm(_))
     }
 
     /// The chat template conversations are rendered with (see [`super::chat`]).
@@ -311,24 +456,73 @@ impl Tokenizer {
     /// without, they are encoded as plain text — use that for untrusted content so users cannot
     /// inject `<|im_start|>` into a chat.
     pub fn encode(&self, text: &str, allow_special: bool) -> Result<Vec<u32>> {
-        let spaced;
-        let text = if self.add_space_prefix
-            && !text.is_empty()
-            && !text.starts_with(char::is_whitespace)
-        {
-            spaced = format!(" {text}");
-            spaced.as_str()
-        } else {
-            text
-        };
+        self.encode_after(text, allow_special, None)
+    }
+
+    /// [`Self::encode`] for text that follows token `after` in one prompt (`None`: the text starts it), so that a
+    /// prompt encoded in pieces gets the ids of the whole: a SentencePiece space prefix goes only at the start and
+    /// after a special token, a byte-level one only at the start.
+    pub fn encode_after(
+        &self,
+        text: &str,
+        allow_special: bool,
+        after: Option<u32>,
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        if !allow_special || self.specials.is_empty() {
-            self.encode_plain(text, &mut out)?;
-            return Ok(out);
+        let spm = match &self.model {
+            Model::Spm(spm) => spm,
+            Model::Bpe(bpe) => {
+                let spaced;
+                let text = if self.add_space_prefix
+                    && after.is_none()
+                    && !text.is_empty()
+                    && !text.starts_with(char::is_whitespace)
+                {
+                    spaced = format!(" {text}");
+                    spaced.as_str()
+                } else {
+                    text
+                };
+                let mut at = 0;
+                if allow_special {
+                    for (r, id) in self.special_matches(text) {
+                        self.bpe_encode(bpe, &text[at..r.start], &mut out);
+                        out.push(id);
+                        at = r.end;
+                    }
+                }
+                self.bpe_encode(bpe, &text[at..], &mut out);
+                return Ok(out);
+            }
+        };
+        let mut prev_special = after.is_none_or(|a| self.is_special(a));
+        let mut at = 0;
+        let matches = if allow_special {
+            self.special_matches(text)
+        } else {
+            Vec::new()
+        };
+        for (r, id) in matches {
+            if r.start > at {
+                self.spm_encode(spm, &text[at..r.start], prev_special, &mut out);
+            }
+            out.push(id);
+            prev_special = true;
+            at = r.end;
         }
-        let mut rest = text;
-        while !rest.is_empty() {
-            // Earliest special occurrence; longest wins at the same position.
+        if at < text.len() {
+            self.spm_encode(spm, &text[at..], prev_special, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// Where special tokens occur in `text`, in order: the earliest occurrence first, the longest of those
+    /// starting at the same byte.
+    pub fn special_matches(&self, text: &str) -> Vec<(std::ops::Range<usize>, u32)> {
+        let mut found = Vec::new();
+        let mut at = 0;
+        while at < text.len() && !self.specials.is_empty() {
+            let rest = &text[at..];
             let mut best: Option<(usize, usize, u32)> = None;
             for (s, id) in &self.specials {
                 if let Some(p) = rest.find(s.as_str())
@@ -337,63 +531,203 @@ impl Tokenizer {
                     best = Some((p, s.len(), *id));
                 }
             }
-            match best {
-                Some((p, l, id)) => {
-                    self.encode_plain(&rest[..p], &mut out)?;
-                    out.push(id);
-                    rest = &rest[p + l..];
-                }
-                None => {
-                    self.encode_plain(rest, &mut out)?;
-                    break;
-                }
-            }
+            let Some((p, l, id)) = best else { break };
+            found.push((at + p..at + p + l, id));
+            at += p + l;
         }
-        Ok(out)
+        found
     }
 
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
-        let mut bpe = Bpe::default();
-        for piece in pre_tokenize(text, self.pre) {
+    fn bpe_encode(&self, bpe: &ByteBpe, text: &str, out: &mut Vec<u32>) {
+        let mut run = Bpe::default();
+        for piece in pre_tokenize(text, bpe.pre) {
             // A byte the vocabulary lacks has no token and is dropped, as Hugging Face's BPE
             // (without byte fallback) does; it merges with nothing.
-            let byte_ids = piece.bytes().map(|b| self.byte_ids[b as usize]);
-            bpe.run(byte_ids, &self.merges, out);
+            let byte_ids = piece.bytes().map(|b| bpe.byte_ids[b as usize]);
+            run.run(byte_ids, &bpe.merges, out);
         }
-        Ok(())
     }
 
-    /// Raw bytes of one token (special tokens give their text). Streaming decoders accumulate
-    /// these and emit only complete UTF-8.
+    /// One text fragment through SentencePiece BPE: `▁` for spaces (and before the text with `prefix`, where the
+    /// vocabulary asks for it), one symbol per character, then the adjacent pair whose merged text is a piece
+    /// with the highest score merges, the leftmost of equal scores first, until no pair is a piece. A symbol
+    /// that is no piece becomes its bytes' tokens, or the unknown token without them.
+    fn spm_encode(&self, spm: &Spm, raw: &str, prefix: bool, out: &mut Vec<u32>) {
+        let mut text = String::with_capacity(raw.len() + 3);
+        if prefix && self.add_space_prefix {
+            text.push(SPACE);
+        }
+        text.extend(raw.chars().map(|c| if c == ' ' { SPACE } else { c }));
+        // (start, end, prev, next) of each symbol; a merged-away one has start == end.
+        const NONE: usize = usize::MAX;
+        let mut syms: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(text.len());
+        for (i, (b, c)) in text.char_indices().enumerate() {
+            syms.push((b, b + c.len_utf8(), i.wrapping_sub(1), i + 1));
+        }
+        let Some(last) = syms.last_mut() else { return };
+        last.3 = NONE;
+        let piece_id = |s: &str| {
+            self.ids
+                .get(s)
+                .copied()
+                .filter(|&id| spm.piece[id as usize])
+        };
+        let mut heap = std::collections::BinaryHeap::new();
+        let candidate = |syms: &[(usize, usize, usize, usize)], l: usize| {
+            let r = syms[l].3;
+            if r == NONE {
+                return None;
+            }
+            let merged = &text[syms[l].0..syms[r].1];
+            piece_id(merged).map(|id| SpmPair {
+                score: spm.scores[id as usize],
+                left: l,
+                right: r,
+                len: merged.len(),
+            })
+        };
+        for l in 0..syms.len() {
+            heap.extend(candidate(&syms, l));
+        }
+        while let Some(p) = heap.pop() {
+            let (ls, le, lprev, _) = syms[p.left];
+            let (rs, re, _, rnext) = syms[p.right];
+            // A pair one of whose symbols has merged since is stale.
+            if ls == le || rs == re || (le - ls) + (re - rs) != p.len {
+                continue;
+            }
+            syms[p.left].1 = re;
+            syms[p.left].3 = rnext;
+            syms[p.right].1 = rs;
+            if rnext != NONE {
+                syms[rnext].2 = p.left;
+            }
+            if lprev != NONE {
+                heap.extend(candidate(&syms, lprev));
+            }
+            heap.extend(candidate(&syms, p.left));
+        }
+        let mut i = 0;
+        while i != NONE {
+            let (s, e, _, next) = syms[i];
+            let sym = &text[s..e];
+            match piece_id(sym) {
+                Some(id) => out.push(id),
+                None => {
+                    let bytes: Option<Vec<u32>> =
+                        sym.bytes().map(|b| spm.byte_ids[b as usize]).collect();
+                    match bytes {
+                        Some(b) => out.extend(b),
+                        None => out.extend(self.unk_id),
+                    }
+                }
+            }
+            i = next;
+        }
+    }
+
+    /// Raw bytes of one token (special tokens give their text; SentencePiece `▁` is a space and `<0xNN>` its
+    /// byte). Streaming decoders accumulate these and emit only complete UTF-8.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
         let Some(tok) = self.tokens.get(id as usize) else {
             return Vec::new();
         };
-        if self.is_special[id as usize] {
+        if self.is_special[id as usize] && matches!(self.model, Model::Bpe(_)) {
             return tok.as_bytes().to_vec();
         }
-        let mut out = Vec::with_capacity(tok.len());
-        for c in tok.chars() {
-            match self.byte_dec.get(&c) {
-                Some(b) => out.push(*b),
-                None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        match &self.model {
+            Model::Spm(spm) => match spm.byte_of[id as usize] {
+                Some(b) => vec![b],
+                None if spm.piece[id as usize] => tok.replace(SPACE, " ").into_bytes(),
+                None => tok.as_bytes().to_vec(),
+            },
+            Model::Bpe(bpe) => {
+                let mut out = Vec::with_capacity(tok.len());
+                for c in tok.chars() {
+                    match bpe.byte_dec.get(&c) {
+                        Some(b) => out.push(*b),
+                        None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                    }
+                }
+                out
             }
         }
-        out
     }
 
     /// Decodes ids to text (invalid UTF-8 from a cut-off sequence becomes U+FFFD). Out-of-range
-    /// ids are skipped.
+    /// ids are skipped. With a SentencePiece space prefix, the first non-special token's leading space (the one
+    /// encoding prefixed) is dropped, as SentencePiece and llama.cpp do.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         let mut bytes = Vec::new();
+        let mut strip = self.add_space_prefix && self.is_sentencepiece();
         for &id in ids {
-            if skip_special && self.is_special(id) {
+            let special = self.is_special(id);
+            if skip_special && special {
                 continue;
             }
-            bytes.extend(self.token_bytes(id));
+            let b = self.token_bytes(id);
+            if strip && !special && (id as usize) < self.tokens.len() {
+                strip = false;
+                if b.first() == Some(&b' ') {
+                    bytes.extend_from_slice(&b[1..]);
+                    continue;
+                }
+            }
+            bytes.extend(b);
         }
         String::from_utf8_lossy(&bytes).into_owned()
     }
+}
+
+/// A candidate SentencePiece merge: the highest score first, then the leftmost.
+struct SpmPair {
+    score: f32,
+    left: usize,
+    right: usize,
+    len: usize,
+}
+
+impl Ord for SpmPair {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.score
+            .total_cmp(&o.score)
+            .then_with(|| o.left.cmp(&self.left))
+    }
+}
+
+impl PartialOrd for SpmPair {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl PartialEq for SpmPair {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for SpmPair {}
+
+fn md_f32_array(v: &Value, key: &str) -> Result<Vec<f32>> {
+    let Value::Array(items) = v else {
+        return Err(ModelError::BadKey {
+            key: key.into(),
+            reason: format!("expected an array of floats, found {:?}", v.value_type()),
+        });
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, it)| match it {
+            Value::F32(x) => Ok(*x),
+            Value::F64(x) => Ok(*x as f32),
+            _ => Err(ModelError::BadKey {
+                key: key.into(),
+                reason: format!("element {i} is {:?}, expected a float", it.value_type()),
+            }),
+        })
+        .collect()
 }
 
 fn is_l(c: char) -> bool {
@@ -662,7 +996,7 @@ mod tests {
             .collect();
         let enc = bytes_to_unicode();
         let mut out = Vec::new();
-        for piece in pre_tokenize(text, t.pre) {
+        for piece in pre_tokenize(text, PreTokenizer::Gpt2) {
             let mut syms: Vec<String> =
                 piece.bytes().map(|b| enc[b as usize].to_string()).collect();
             loop {

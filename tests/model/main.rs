@@ -12,4 +12,5 @@ mod lora;
 mod peft_scales;
 mod q8_layout;
 mod real;
+mod spm;
 mod tokenizer;
