@@ -6,7 +6,7 @@ outside CI when the strings or settings change:
     python3 -m venv target/spm-venv && target/spm-venv/bin/pip install sentencepiece protobuf jinja2
     target/spm-venv/bin/python scripts/spm_fixtures.py
 
-The model is trained on the repository's README and docs (English prose: CJK and emoji are left to byte
+The model is trained on the repository's README and docs at a pinned commit (English prose: CJK and emoji are left to byte
 fallback) as Llama's and Mistral's tokenizer.model were set up: BPE, identity normalisation, extra whitespace
 kept, digits split, a dummy prefix. Each string is encoded twice, with `add_dummy_prefix` on (Llama 2, Mistral,
 Phi-3: `tokenizer.ggml.add_space_prefix` true or absent) and off (Gemma's `add_space_prefix = false`).
@@ -18,10 +18,10 @@ of each fragment. `chat` is each family template (src/model/chat_templates/, ren
 scripts/chat_fixtures.py does) tokenized that way after the BOS the tokenizer adds: what llama.cpp's server
 feeds the model for that conversation.
 """
-import glob
 import io
 import json
 import os
+import subprocess
 import sys
 
 import sentencepiece as spm
@@ -67,7 +67,7 @@ STRINGS = [
 CONVERSATION = [
     {"role": "user", "content": "What is a tokenizer?"},
     {"role": "assistant", "content": "It splits text into pieces."},
-    {"role": "user", "content": "Show me 3 examples, with emoji 🦀."},
+    {"role": "user", "content": "the model: 3 examples, with emoji 🦀."},
 ]
 
 # (family template, add_space_prefix, add_bos, bos, eos) as each family's GGUFs set them.
@@ -78,14 +78,19 @@ FAMILIES = [
 ]
 
 
+# The corpus is the README and docs as of this commit, so that later edits to them do not change the vocabulary.
+CORPUS_COMMIT = "5f96020"
+
+
 def corpus():
-    paths = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
-    for p in paths:
-        with open(p, encoding="utf-8") as f:
-            for line in f:
-                line = line.rstrip("\n")
-                if line.strip():
-                    yield line
+    names = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", CORPUS_COMMIT, "docs/"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in ["README.md"] + sorted(n for n in names if n.endswith(".md")):
+        text = subprocess.run(["git", "-C", ROOT, "show", f"{CORPUS_COMMIT}:{name}"], check=True,
+                              capture_output=True, text=True).stdout
+        for line in text.split("\n"):
+            if line.strip():
+                yield line
 
 
 def train():

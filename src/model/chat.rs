@@ -271,17 +271,10 @@ impl ChatTemplate {
 /// begins with (Phi-3's `<|end|>\n<|user|>` shares `<|` with `<|end|>\n<|endoftext|>`); without one, the text
 /// up to trailing whitespace.
 fn end_of_turn(tok: &Tokenizer, shared: &str) -> Result<usize> {
-    let mut at = 0;
-    let mut last_special = None;
-    for id in tok.encode(shared, true)? {
-        at += tok.token_bytes(id).len();
-        if tok.is_special(id) {
-            last_special = Some(at);
-        }
-    }
-    Ok(last_special
-        .filter(|&n| n <= shared.len())
-        .unwrap_or_else(|| shared.trim_end().len()))
+    Ok(tok
+        .special_matches(shared)
+        .last()
+        .map_or_else(|| shared.trim_end().len(), |(r, _)| r.end))
 }
 
 /// Byte range of each message's content in `text` (`None` for a message the template left out), found by walking
@@ -346,7 +339,10 @@ fn transformed() -> ModelError {
 
 /// Tokenizes `text` in pieces: message contents as plain text, the template's text with special tokens parsed,
 /// split at the assistant spans' ends so that each span is whole tokens. The first `skip` bytes (a BOS the
-/// template wrote where the tokenizer adds its own, as llama.cpp's server drops it) are left out.
+/// template wrote where the tokenizer adds its own, as llama.cpp's server drops it) are left out. A space the
+/// template puts right before a content (Mistral's `[INST] `) goes with the content, as tokenizing the whole text
+/// would join it to the content's first word (GPT-2's ` ?\p{L}+`, SentencePiece's `▁word`); each piece is encoded
+/// as following the one before (see [`Tokenizer::encode_after`]).
 fn encode_segments(
     tok: &Tokenizer,
     text: &str,
@@ -354,9 +350,33 @@ fn encode_segments(
     contents: &[Option<Range<usize>>],
     spans: &[Range<usize>],
 ) -> Result<ChatPrompt> {
-    let mut bounds: Vec<usize> = contents
+    let contents: Vec<Range<usize>> = contents
         .iter()
         .flatten()
+        .map(|r| {
+            let joined = r.start > skip
+                && text.as_bytes()[r.start - 1] == b' '
+                && !text[r.start..].starts_with(char::is_whitespace)
+                && !r.is_empty();
+            if joined {
+                r.start - 1..r.end
+            } else {
+                r.clone()
+            }
+        })
+        .collect();
+    // An assistant span starts with its content, so with the space joined to it.
+    let spans: Vec<Range<usize>> = spans
+        .iter()
+        .map(|s| {
+            contents
+                .iter()
+                .find(|c| c.start + 1 == s.start && c.end >= s.start)
+                .map_or(s.clone(), |c| c.start..s.end)
+        })
+        .collect();
+    let mut bounds: Vec<usize> = contents
+        .iter()
         .flat_map(|r| [r.start, r.end])
         .chain(spans.iter().map(|s| s.end))
         .chain([text.len()])
@@ -370,11 +390,9 @@ fn encode_segments(
         let end = end.max(start);
         if end > start {
             marks.push((start, ids.len()));
-            let is_content = contents
-                .iter()
-                .flatten()
-                .any(|r| r.start <= start && end <= r.end);
-            ids.extend(tok.encode(&text[start..end], !is_content)?);
+            let is_content = contents.iter().any(|r| r.start <= start && end <= r.end);
+            let seg = tok.encode_after(&text[start..end], !is_content, ids.last().copied())?;
+            ids.extend(seg);
         }
         start = end;
     }

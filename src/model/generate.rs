@@ -46,10 +46,18 @@ impl Default for GenerateConfig {
 
 impl GenerateConfig {
     /// Greedy decoding of at most `max_tokens`, stopping at the tokenizer's EOS, its EOT (end of turn, which
-    /// chat models end a reply with where it differs from EOS) and `<|im_end|>`.
+    /// chat models end a reply with where it differs from EOS), `<|im_end|>` and the special tokens Phi-3, Gemma
+    /// and Llama 3 end a turn with (`<|end|>`, `<end_of_turn>`, `<|eot_id|>`).
     pub fn greedy(tok: &Tokenizer, max_tokens: usize) -> Self {
         let mut stop_tokens: Vec<u32> = tok.eos_id.into_iter().chain(tok.eot_id).collect();
         stop_tokens.extend(tok.token_id("<|im_end|>"));
+        // Files often name no end-of-turn token; llama.cpp stops at these by name, where they are special.
+        stop_tokens.extend(
+            ["<|end|>", "<end_of_turn>", "<|eot_id|>"]
+                .into_iter()
+                .filter_map(|t| tok.token_id(t))
+                .filter(|&id| tok.is_special(id)),
+        );
         stop_tokens.sort_unstable();
         stop_tokens.dedup();
         Self {

@@ -524,12 +524,15 @@ pub struct TinySpec {
     pub rope_freqs: bool,
     /// Write `rope.scaling.type = linear` with this factor.
     pub rope_linear_factor: Option<f32>,
-    /// Write `tokenizer.ggml.add_bos_token` (BOS is `<|im_start|>`'s id).
+    /// Write `tokenizer.ggml.add_bos_token` (BOS is `<|im_start|>`'s id) with the tiny BPE.
     pub add_bos_token: Option<bool>,
-    /// Write `tokenizer.ggml.eot_token_id`.
+    /// Write `tokenizer.ggml.eot_token_id` with the tiny BPE.
     pub eot_token_id: Option<u32>,
     /// Gemma 3's `attention.sliding_window` (written for gemma3 only).
     pub sliding_window: usize,
+    /// `tokenizer.*` metadata written in place of the tiny byte-level BPE's (a SentencePiece vocabulary, say);
+    /// the embedding has a row per entry of its `tokenizer.ggml.tokens`.
+    pub tokenizer: Option<Vec<(String, Value)>>,
 }
 
 impl TinySpec {
@@ -559,6 +562,7 @@ impl TinySpec {
             add_bos_token: None,
             eot_token_id: None,
             sliding_window: 512,
+            tokenizer: None,
         }
     }
 }
@@ -589,7 +593,17 @@ pub fn llama3_rope_factors(head_dim: usize, theta: f32) -> Vec<f32> {
 /// [`super::tokenizer::tiny_vocab`]. Returns its configuration.
 pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<ModelConfig> {
     let (tokens, merges, types) = super::tokenizer::tiny_vocab();
-    let vocab = tokens.len();
+    let vocab = match &spec.tokenizer {
+        None => tokens.len(),
+        Some(md) => match md.iter().find(|(k, _)| k == "tokenizer.ggml.tokens") {
+            Some((_, Value::Array(t))) => t.len(),
+            _ => {
+                return Err(ModelError::MissingKey {
+                    key: "tokenizer.ggml.tokens".into(),
+                });
+            }
+        },
+    };
     let h = spec.hidden_size;
     let mut rng = StdRng::seed_from_u64(spec.seed);
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
@@ -738,8 +752,6 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
             format!("{a}.attention.layer_norm_rms_epsilon"),
             Value::F32(1e-6),
         ),
-        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".into(), Value::String("gpt2".into())),
     ];
     if spec.arch == Arch::Gemma3 {
         md.push((
@@ -754,33 +766,39 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         ));
         md.push((format!("{a}.rope.scaling.factor"), Value::F32(f)));
     }
-    md.push((
-        "tokenizer.ggml.tokens".into(),
-        Value::Array(tokens.into_iter().map(Value::String).collect()),
-    ));
-    md.push((
-        "tokenizer.ggml.merges".into(),
-        Value::Array(merges.into_iter().map(Value::String).collect()),
-    ));
-    md.push((
-        "tokenizer.ggml.token_type".into(),
-        Value::Array(types.into_iter().map(Value::I32).collect()),
-    ));
-    let special = |t: &str| super::tokenizer::tiny_special_id(t).map(|i| Value::U32(i as u32));
-    md.push((
-        "tokenizer.ggml.bos_token_id".into(),
-        special("<|im_start|>")?,
-    ));
-    md.push(("tokenizer.ggml.eos_token_id".into(), special("<|im_end|>")?));
-    md.push((
-        "tokenizer.ggml.padding_token_id".into(),
-        special("<|endoftext|>")?,
-    ));
-    if let Some(b) = spec.add_bos_token {
-        md.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(b)));
-    }
-    if let Some(id) = spec.eot_token_id {
-        md.push(("tokenizer.ggml.eot_token_id".into(), Value::U32(id)));
+    if let Some(tok_md) = &spec.tokenizer {
+        md.extend(tok_md.iter().cloned());
+    } else {
+        md.push(("tokenizer.ggml.model".into(), Value::String("gpt2".into())));
+        md.push(("tokenizer.ggml.pre".into(), Value::String("gpt2".into())));
+        md.push((
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.into_iter().map(Value::String).collect()),
+        ));
+        md.push((
+            "tokenizer.ggml.merges".into(),
+            Value::Array(merges.into_iter().map(Value::String).collect()),
+        ));
+        md.push((
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ));
+        let special = |t: &str| super::tokenizer::tiny_special_id(t).map(|i| Value::U32(i as u32));
+        md.push((
+            "tokenizer.ggml.bos_token_id".into(),
+            special("<|im_start|>")?,
+        ));
+        md.push(("tokenizer.ggml.eos_token_id".into(), special("<|im_end|>")?));
+        md.push((
+            "tokenizer.ggml.padding_token_id".into(),
+            special("<|endoftext|>")?,
+        ));
+        if let Some(b) = spec.add_bos_token {
+            md.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(b)));
+        }
+        if let Some(id) = spec.eot_token_id {
+            md.push(("tokenizer.ggml.eot_token_id".into(), Value::U32(id)));
+        }
     }
     let path = path.as_ref();
     write_gguf(path, &md, &tensors)?;

@@ -1,10 +1,14 @@
 //! SentencePiece (`tokenizer.ggml.model = "llama"`) tokenization against Google's `sentencepiece`: a tiny BPE
 //! vocabulary with byte fallback and the ids `sp.encode` gave for a varied list of strings, computed once by
-//! `scripts/spm_fixtures.py` and committed as `tests/fixtures/spm/spm.json`.
+//! `scripts/spm_fixtures.py` and committed as `tests/fixtures/spm/spm.json`; and tiny Phi-3, Gemma 3 and
+//! Mistral (llama) GGUFs with that vocabulary chatting through their family templates.
 
 use candle_core::quantized::gguf_file::Value as Gguf;
-use hearth::model::Tokenizer;
 use hearth::model::tokenizer::token_type;
+use hearth::model::{
+    Arch, ChatFamily, ChatMessage, ChatTemplate, GenerateConfig, Role, TinySpec, Tokenizer,
+    encode_chat, generate, render_chat, write_tiny_model,
+};
 use serde_json::Value;
 use std::collections::HashMap;
 
@@ -193,4 +197,173 @@ fn bad_sentencepiece_metadata_is_an_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("<0xZZ>"), "{e}");
+}
+
+fn conversation(fx: &Value) -> Vec<ChatMessage> {
+    fx["conversation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let role = match m["role"].as_str().unwrap() {
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                r => panic!("role {r}"),
+            };
+            ChatMessage::new(role, m["content"].as_str().unwrap())
+        })
+        .collect()
+}
+
+/// Each family's settings and template, as its GGUFs carry them.
+fn family_metadata(fx: &Value, chat: &Value) -> Vec<(String, Gguf)> {
+    let name = chat["name"].as_str().unwrap();
+    let family = *ChatFamily::ALL.iter().find(|f| f.name() == name).unwrap();
+    let piece = |k: &str| {
+        let p = chat[k].as_str().unwrap();
+        let id = fx["pieces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|q| q == p)
+            .unwrap();
+        Gguf::U32(id as u32)
+    };
+    metadata(
+        fx,
+        &[
+            (
+                "tokenizer.ggml.add_space_prefix",
+                Gguf::Bool(chat["add_space_prefix"].as_bool().unwrap()),
+            ),
+            (
+                "tokenizer.ggml.add_bos_token",
+                Gguf::Bool(chat["add_bos"].as_bool().unwrap()),
+            ),
+            ("tokenizer.ggml.bos_token_id", piece("bos")),
+            ("tokenizer.ggml.eos_token_id", piece("eos")),
+            (
+                "tokenizer.chat_template",
+                Gguf::String(family.template().into()),
+            ),
+        ],
+    )
+}
+
+/// A conversation through each family's template gives the ids llama.cpp's server would feed the model (the
+/// rendering by jinja2, tokenized with special tokens parsed, after the BOS the tokenizer adds), the assistant
+/// turn's span is its content through its end of turn.
+#[test]
+fn chat_ids_match_the_whole_rendering_per_family() {
+    let fx = fixture();
+    let msgs = conversation(&fx);
+    for chat in fx["chats"].as_array().unwrap() {
+        let name = chat["name"].as_str().unwrap();
+        let md: HashMap<String, Gguf> = family_metadata(&fx, chat).into_iter().collect();
+        let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
+        assert_eq!(
+            render_chat(&tok, &msgs, true).unwrap(),
+            chat["text"].as_str().unwrap(),
+            "{name}"
+        );
+        let p = encode_chat(&tok, &msgs, true).unwrap();
+        assert_eq!(p.ids, ids(&chat["ids"]), "{name}");
+        assert_eq!(p.assistant_spans.len(), 1, "{name}");
+        let span = tok.decode(&p.ids[p.assistant_spans[0].clone()], false);
+        let end = match name {
+            "phi3" => "<|end|>",
+            "gemma3" => "<end_of_turn>",
+            _ => "</s>",
+        };
+        assert_eq!(
+            span.trim_start(),
+            format!("It splits text into pieces.{end}"),
+            "{name}"
+        );
+    }
+}
+
+/// Content after a space in the template (Mistral's `[INST] {content}`) tokenizes as in the whole text: the space
+/// joins the content's first word (`▁the`), where encoding the pieces apart would leave a lone `▁`.
+#[test]
+fn chat_pieces_tokenize_as_the_whole_text() {
+    let fx = fixture();
+    let mut tok = tokenizer(&fx, &[("tokenizer.ggml.add_bos_token", Gguf::Bool(false))]);
+    tok.set_chat_template(
+        ChatTemplate::new("{% for m in messages %}{{ 'Q: ' + m['content'] + ' ?' }}{% endfor %}")
+            .unwrap(),
+    );
+    let msgs = [ChatMessage::new(Role::User, "the model serves")];
+    let whole = tok.encode("Q: the model serves ?", false).unwrap();
+    assert!(whole.contains(&tok.token_id("▁the").unwrap()));
+    assert_eq!(encode_chat(&tok, &msgs, false).unwrap().ids, whole);
+}
+
+fn arch_end(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Phi3 => "<|end|>",
+        Arch::Gemma3 => "<end_of_turn>",
+        _ => "</s>",
+    }
+}
+
+/// Tiny Phi-3, Gemma 3 and Mistral (llama) GGUFs with the SentencePiece vocabulary load, chat through their
+/// family's template and generate, end to end.
+#[test]
+fn sentencepiece_models_chat_and_generate() {
+    let fx = fixture();
+    let msgs = conversation(&fx);
+    let dir = tempfile::tempdir().unwrap();
+    for chat in fx["chats"].as_array().unwrap() {
+        let name = chat["name"].as_str().unwrap();
+        let arch = match name {
+            "phi3" => Arch::Phi3,
+            "gemma3" => Arch::Gemma3,
+            _ => Arch::Llama,
+        };
+        let mut spec = TinySpec::new(arch);
+        spec.tokenizer = Some(family_metadata(&fx, chat));
+        let path = dir.path().join(format!("{name}.gguf"));
+        write_tiny_model(&path, &spec).unwrap();
+        let (model, tok) = hearth::model::load(&path).unwrap();
+        assert!(tok.is_sentencepiece());
+        assert_eq!(tok.vocab_size(), 1000);
+        let prompt = encode_chat(&tok, &msgs, true).unwrap();
+        assert_eq!(prompt.ids, ids(&chat["ids"]), "{name}");
+        // Generation stops at the family's end of turn though the file names no EOT.
+        let end = tok.token_id(arch_end(arch)).unwrap();
+        assert!(
+            GenerateConfig::greedy(&tok, 1).stop_tokens.contains(&end),
+            "{name}"
+        );
+        let out = generate(
+            &model,
+            &tok,
+            &prompt.ids,
+            None,
+            &GenerateConfig {
+                max_tokens: 12,
+                stop_tokens: vec![],
+                ..GenerateConfig::greedy(&tok, 12)
+            },
+            |_| true,
+        )
+        .unwrap();
+        assert_eq!(out.tokens.len(), 12, "{name}");
+        assert!(out.tokens.iter().all(|&t| (t as usize) < 1000));
+        let bytes: Vec<u8> = out
+            .tokens
+            .iter()
+            .filter(|&&t| !tok.is_special(t))
+            .flat_map(|&t| tok.token_bytes(t))
+            .collect();
+        // The streamed text is the tokens' text, with `▁` as spaces and bytes reassembled.
+        assert_eq!(out.text, String::from_utf8_lossy(&bytes), "{name}");
+        assert!(!out.text.contains('\u{2581}'), "{name}: {:?}", out.text);
+    }
+    // A template that the file does not carry falls back to the family its turn markers name.
+    let md: HashMap<String, Gguf> = metadata(&fx, &[]).into_iter().collect();
+    let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
+    assert!(tok.chat_template().is_some());
+    let _ = ChatTemplate::fallback(&tok).unwrap();
 }
