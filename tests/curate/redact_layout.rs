@@ -129,3 +129,88 @@ fn look_alikes_are_left_alone() {
         assert!(found(t).is_empty(), "{t:?}: {:?}", found(t));
     }
 }
+
+#[test]
+fn form_labels_and_place_columns_are_no_names() {
+    // a past form of an ordinary word is a form label, not a speaker
+    let t = "Applicant: Ruth Okafor\nFiled: 14/02/24";
+    has(t, "Ruth Okafor", PiiType::Person);
+    assert!(
+        !found(t).iter().any(|(v, _)| v.contains("Filed")),
+        "{:?}",
+        found(t)
+    );
+    // a speaker whose name ends like a verb form stays a name
+    has("Harding: see you at six", "Harding", PiiType::Person);
+    // a town column spelled like a name (`North Heather`) is a place, in a table or a field
+    let t = "name;city;tel\n\"Megan Miller\";North Heather;(462) 889-7514\n";
+    has(t, "Megan Miller", PiiType::Person);
+    assert!(
+        !found(t).iter().any(|(v, _)| v.contains("Heather")),
+        "{:?}",
+        found(t)
+    );
+    let t = "Customer: Olga Petrova\nCity: Port Sarah";
+    has(t, "Olga Petrova", PiiType::Person);
+    assert!(
+        !found(t).iter().any(|(v, _)| v.contains("Sarah")),
+        "{:?}",
+        found(t)
+    );
+}
+
+#[test]
+fn phone_cells_keep_their_extension_and_bare_digits() {
+    has(
+        "id,phone\n12,387.978.9328x792",
+        "387.978.9328x792",
+        PiiType::Phone,
+    );
+    has(
+        "id,name,phone\n3,Ana,4155550192",
+        "4155550192",
+        PiiType::Phone,
+    );
+    has("Tel.: 30/809 4699", "30/809 4699", PiiType::Phone);
+}
+
+#[test]
+fn inline_addresses_with_floors_postcodes_and_towns_first() {
+    for (t, a) in [
+        // Spanish floor and door, Danish floor and side
+        (
+            "meet me at Calle Arenal, 21, 4º C, 28013 Madrid tomorrow",
+            "Calle Arenal, 21, 4º C, 28013 Madrid",
+        ),
+        (
+            "Is Nørrebrogade 44, 2. tv., 2200 København inside the zone?",
+            "Nørrebrogade 44, 2. tv., 2200 København",
+        ),
+        // Italian number after a comma, postcode, province
+        (
+            "Is Via Garibaldi, 12, 10122, Torino (TO) ok?",
+            "Via Garibaldi, 12, 10122, Torino (TO)",
+        ),
+        // Polish and Hungarian postcodes
+        (
+            "send it to ul. Długa 5/7, 80-827 Gdańsk please",
+            "ul. Długa 5/7, 80-827 Gdańsk",
+        ),
+        (
+            "Is Petőfi tér 3., H-4025 Debrecen far?",
+            "Petőfi tér 3., H-4025 Debrecen",
+        ),
+        // Brazilian CEP and state
+        (
+            "meet me at Rua Aurora, 88, Centro, 01209-001 Santos / SP now",
+            "Rua Aurora, 88, Centro, 01209-001 Santos / SP",
+        ),
+        // Russian: town first, street abbreviations, house and flat
+        (
+            "Is г. Тверь, просп. Ленина, д. 12, кв. 7, 170100 right?",
+            "г. Тверь, просп. Ленина, д. 12, кв. 7, 170100",
+        ),
+    ] {
+        has(t, a, PiiType::Address);
+    }
+}

@@ -73,7 +73,8 @@ static PREFIX_TYPE: LazyLock<StaticSet> = LazyLock::new(|| {
          corso largo vicolo strada calle avenida paseo plaza camino carrer ronda glorieta travesia rua \
          travessa praca estrada alameda ul ulica aleja al plac rambla carretera callejon pasaje vale \
          contrada piazzale lungomare av avda c λεωφόρος οδός οδος улица ул проспект пр переулок \
-         бульвар",
+         бульвар просп бул пер наб ш шоссе пл площадь проезд тупик набережная аллея pl cuesta \
+         stretto borgo vico piazzetta ladeira recanto vereda viela rodovia travesía travesia",
     )
 });
 /// Endings of one-word street names (German, Dutch, Nordic, Finnish, Icelandic …), folded.
@@ -82,7 +83,7 @@ const COMPOUND_SUFFIX: &[&str] = &[
     "steig", "pfad", "markt", "vagen", "gatan", "gata", "gade", "vej", "veien", "vegen", "gate",
     "laan", "straat", "plein", "gracht", "kade", "dijk", "singel", "kuja", "katu", "tie", "polku",
     "straeti", "stigur", "braut", "utca", "ulice", "cesta", "torget", "torv", "stien", "backe",
-    "gränd", "grand",
+    "gränd", "grand", "straede", "plads", "vaenge", "gyde", "kaari", "rinne", "raitti",
 ];
 /// Separate street-type words that follow the name (Hungarian, Greek transliterations …).
 static POST_TYPE: LazyLock<StaticSet> = LazyLock::new(|| {
@@ -92,7 +93,11 @@ static POST_TYPE: LazyLock<StaticSet> = LazyLock::new(|| {
     )
 });
 static UNIT: LazyLock<StaticSet> = LazyLock::new(|| {
-    set("apt apartment suite ste unit flat floor fl room rm studio bldg building box")
+    set(
+        "apt apartment suite ste unit flat floor fl room rm studio bldg building box piso puerta \
+         planta piano appartamento interno scala escalera esc etage stock lgh кв квартира стр \
+         строение корп корпус к д",
+    )
 });
 /// Places inside a building or site that take a number (`Gate 12`): never a street name.
 static VENUE: LazyLock<StaticSet> = LazyLock::new(|| {
@@ -148,13 +153,32 @@ fn is_house_no(t: &Tok, text: &str) -> bool {
     (1..=6).contains(&lead) && s.len() <= 10
 }
 
+/// A postcode in one token: 4, 5, 6 or 8 digits (`1050`, `75008`, `236374`, a Brazilian
+/// `72486598`), digits with a dash (`12345-6789`, `01310-100`, `30-312`, `1000-001`), or a
+/// country letter prefix (`H-6607`, `D-10115`, `CH-8001`).
 fn is_zip(t: &Tok, text: &str) -> bool {
-    if t.kind != Kind::Num {
-        return false;
-    }
     let s = t.text(text).as_bytes();
-    let d = s.iter().take_while(|c| c.is_ascii_digit()).count();
-    ((d == 4 || d == 5) && s.len() == d) || (d == 5 && s.len() == 10 && s[5] == b'-')
+    let digits = |b: &[u8]| b.iter().take_while(|c| c.is_ascii_digit()).count();
+    match t.kind {
+        Kind::Num => {
+            let d = digits(s);
+            if d == s.len() {
+                return matches!(d, 4 | 5 | 6 | 8);
+            }
+            s[d] == b'-' && {
+                let r = &s[d + 1..];
+                digits(r) == r.len() && matches!((d, r.len()), (5, 4) | (5, 3) | (2, 3) | (4, 3))
+            }
+        }
+        Kind::Word => {
+            let l = s.iter().take_while(|c| c.is_ascii_uppercase()).count();
+            (1..=2).contains(&l) && s.get(l) == Some(&b'-') && {
+                let r = &s[l + 1..];
+                digits(r) == r.len() && (4..=5).contains(&r.len())
+            }
+        }
+        Kind::Punct => false,
+    }
 }
 
 /// (`&`: one branch on the answer, as in `names::capword`.)
@@ -385,6 +409,9 @@ fn is_state(t: &Tok, text: &str) -> bool {
 /// Unit designator `Apt. 810`, `Suite 433`, `Flat 6`, `# 5` starting at `i`.
 fn unit(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
     let t = toks.get(i)?;
+    if t.kind == Kind::Num && !t.sentinel {
+        return floor(toks, i, text);
+    }
     let mut j = i;
     if t.kind == Kind::Word && t.is(C_UNIT) {
         j += 1;
@@ -399,6 +426,34 @@ fn unit(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
     let n = toks.get(j)?;
     (n.kind == Kind::Num || (n.kind == Kind::Word && n.text(text).len() <= 3 && n.all_caps))
         .then_some(j + 1)
+}
+
+/// A floor and door after the house number: `6º A`, `3ª` (Spanish), `5. th.`, `2. tv.`
+/// (Danish: floor, then the side of the landing).
+fn floor(toks: &[Tok], i: usize, text: &str) -> Option<usize> {
+    let t = toks.get(i)?;
+    let s = t.text(text);
+    if s.ends_with(['º', 'ª']) && s.bytes().next().is_some_and(|c| c.is_ascii_digit()) {
+        let door = toks.get(i + 1).is_some_and(|x| {
+            !x.nl_before && x.kind == Kind::Word && x.cap && x.text(text).len() == 1
+        });
+        return Some(i + 1 + usize::from(door));
+    }
+    let side = toks.get(i + 2)?;
+    if s.len() <= 2
+        && s.bytes().all(|c| c.is_ascii_digit())
+        && toks
+            .get(i + 1)
+            .is_some_and(|x| x.is_punct(text, '.') && !x.sp_before)
+        && !side.nl_before
+        && matches!(side.text(text), "th" | "tv" | "mf")
+    {
+        let dot = toks
+            .get(i + 3)
+            .is_some_and(|x| x.is_punct(text, '.') && !x.sp_before);
+        return Some(i + 3 + usize::from(dot));
+    }
+    None
 }
 
 /// APO/FPO/DPO line: `APO AA 69974`.
@@ -427,9 +482,9 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
                 .get(k)
                 .is_some_and(|t| t.is_punct(text, '.') && !t.sp_before)
             && toks[k - 1].kind == Kind::Num
-            && toks
-                .get(k + 1)
-                .is_some_and(|t| t.nl_before || (is_capword(t) && t.is(C_UNIT)))
+            && toks.get(k + 1).is_some_and(|t| {
+                t.nl_before || (is_capword(t) && t.is(C_UNIT)) || t.is_punct(text, ',')
+            })
         {
             k += 1;
         }
@@ -462,9 +517,27 @@ fn extend(toks: &[Tok], mut k: usize, text: &str) -> (usize, usize, bool) {
             k = j + 1;
             segs += 1;
             strong_seg = true;
-            // `12345 City`
+            // `3779 EP`: the letters of a Dutch postcode
+            if toks.get(k).is_some_and(|t| {
+                !t.nl_before && t.kind == Kind::Word && t.all_caps && t.text(text).len() == 2
+            }) && toks
+                .get(k + 1)
+                .is_none_or(|t| t.nl_before || t.kind == Kind::Punct)
+            {
+                k += 1;
+            }
+            // `12345 City`, `72486598 Albuquerque / MT`
             if let Some(e) = city(toks, text, k).filter(|_| !toks[k].nl_before) {
                 k = e;
+                if toks
+                    .get(k)
+                    .is_some_and(|t| t.is_punct(text, '/') && !t.nl_before)
+                    && toks
+                        .get(k + 1)
+                        .is_some_and(|t| is_state(t, text) && !t.nl_before)
+                {
+                    k += 2;
+                }
             } else {
                 prev_zip = true;
             }
@@ -671,7 +744,20 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             } else if k == "c" && toks.get(j).is_some_and(|x| x.is_punct(text, '/')) {
                 // `C/ Mayor 5` (Spanish `calle`)
                 j += 1;
-            } else if matches!(k, "ul" | "al" | "bd" | "c" | "пр") {
+            } else if matches!(
+                k,
+                "ul" | "al"
+                    | "bd"
+                    | "c"
+                    | "пр"
+                    | "просп"
+                    | "бул"
+                    | "пер"
+                    | "наб"
+                    | "ш"
+                    | "пл"
+                    | "pl"
+            ) {
                 return None;
             }
             let start_words = j;
@@ -719,6 +805,10 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             {
                 j += 1;
                 strong = true;
+            } else if let Some(e) = house_after_comma(toks, j, text) {
+                // `Via Ricciardi, 327`, `ул. Лермонтова, д. 44`
+                j = e;
+                strong = true;
             }
             // leading house number: `11, avenue …` or `62 Rue …`
             let mut s = i;
@@ -730,7 +820,22 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
                 strong = true;
             }
             // bare abbreviations (`Av`, `C/`) are too short to stand without a number
-            if !strong && matches!(k, "av" | "avda" | "c" | "ул" | "пр") {
+            if !strong
+                && matches!(
+                    k,
+                    "av" | "avda"
+                        | "c"
+                        | "ул"
+                        | "пр"
+                        | "просп"
+                        | "бул"
+                        | "пер"
+                        | "наб"
+                        | "ш"
+                        | "пл"
+                        | "pl"
+                )
+            {
                 return None;
             }
             return Some((
@@ -883,6 +988,63 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
         return None;
     }
     None
+}
+
+/// The house number after a street name and a comma, as Romance and Slavic addresses write
+/// it: `, 327`, `, д. 44` (Russian `дом`). Returns the end token.
+fn house_after_comma(toks: &[Tok], j: usize, text: &str) -> Option<usize> {
+    if !toks.get(j)?.is_punct(text, ',') {
+        return None;
+    }
+    let mut n = j + 1;
+    if toks.get(n).is_some_and(|x| key(x) == "д" && !x.nl_before)
+        && toks.get(n + 1).is_some_and(|x| x.is_punct(text, '.'))
+    {
+        n += 2;
+    }
+    let h = toks.get(n)?;
+    (!h.nl_before && is_house_no(h, text) && !is_zip(h, text)).then_some(n + 1)
+}
+
+/// Settlement abbreviations before a town (Russian `г.` city, `ст.` stanitsa, `д.` village,
+/// `с.` village, `пос.` settlement …).
+const SETTLEMENTS: &[&str] = &[
+    "г", "гор", "ст", "с", "пос", "п", "д", "дер", "пгт", "рп", "х",
+];
+
+/// The start of a town written before the street, as Russian addresses do: `г. Сасово, ул. …`
+/// (a settlement abbreviation, then the town) or `Верхний Баскунчак, 516980, просп. …` (a
+/// town and a postcode). `s` is the street's first token; returns `s` when there is none.
+fn town_before(toks: &[Tok], s: usize, text: &str) -> usize {
+    if s < 2 || !toks[s - 1].is_punct(text, ',') || toks[s].nl_before || toks[s - 1].nl_before {
+        return s;
+    }
+    let mut e = s - 1;
+    let zip = toks[e - 1].kind == Kind::Num && is_zip(&toks[e - 1], text);
+    if zip {
+        if e < 3 || !toks[e - 2].is_punct(text, ',') || toks[e - 1].nl_before {
+            return s;
+        }
+        e -= 2;
+    }
+    let mut b = e;
+    while b > 0 && e - b < 3 && is_capword(&toks[b - 1]) && !toks[b].nl_before {
+        b -= 1;
+    }
+    if b == e {
+        return s;
+    }
+    if b >= 2
+        && toks[b - 1].is_punct(text, '.')
+        && !toks[b - 1].sp_before
+        && toks[b - 2].kind == Kind::Word
+        && !toks[b - 2].cap
+        && SETTLEMENTS.contains(&key(&toks[b - 2]))
+        && !toks[b].nl_before
+    {
+        return b - 2;
+    }
+    if zip { b } else { s }
 }
 
 /// Start of a PO box core at token `i`, with a leading postcode-like number on the same line
@@ -1047,6 +1209,13 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             && out.last().is_none_or(|c| c.end <= toks[s - 1].s)
         {
             s -= 1;
+        }
+        // `г. Сасово, ул. …`: the town before a prefix-type street
+        if toks[s].is(C_PREFIX_TYPE) && level == Level::Strong {
+            let b = town_before(toks, s, text);
+            if b < s && out.last().is_none_or(|c| c.end <= toks[b].s) {
+                s = b;
+            }
         }
         let (end, segs, saw_code) = extend(toks, e, text);
         let no_number_street =

@@ -301,6 +301,51 @@ const K_SSN: u8 = 16;
 /// Ends in `name`, `address` or `phone` but names no such field.
 const K_NOT: u8 = 32;
 const K_LABEL: u8 = 64;
+const K_PLACE: u8 = 128;
+
+/// Keys whose value names a place, an organisation or a role: never a person, though a town
+/// such as `North Sarah` or a firm such as `Wolff & Brandt` is spelled like one.
+const PLACE_KEYS: &[&str] = &[
+    "city",
+    "town",
+    "village",
+    "country",
+    "state",
+    "province",
+    "region",
+    "county",
+    "district",
+    "company",
+    "companyname",
+    "organization",
+    "organisation",
+    "org",
+    "employer",
+    "department",
+    "dept",
+    "team",
+    "role",
+    "jobtitle",
+    "position",
+    "stadt",
+    "ort",
+    "wohnort",
+    "land",
+    "firma",
+    "ciudad",
+    "pais",
+    "empresa",
+    "ville",
+    "pays",
+    "societe",
+    "citta",
+    "paese",
+    "azienda",
+    "stad",
+    "miasto",
+    "kraj",
+    "gorod",
+];
 
 /// `filename`, `hostname` … end in `name` but name no person.
 const NOT_FIELD_KEYS: &[&str] = &[
@@ -366,6 +411,7 @@ static KEY_LISTS: LazyLock<HashMap<&'static str, u8, BuildHasherDefault<FxHasher
             (SSN_KEYS, K_SSN),
             (NOT_FIELD_KEYS, K_NOT),
             (LABELS, K_LABEL),
+            (PLACE_KEYS, K_PLACE),
         ] {
             for k in list {
                 *m.entry(*k).or_default() |= bit;
@@ -543,11 +589,39 @@ fn name_like(v: &str, lenient: bool) -> bool {
         if inner_caps {
             return false;
         }
-        if cls & (IN_FIRST | IN_LAST) != 0 || cls & (IN_COMMON | IN_PLACES) == 0 {
+        if cls & (IN_FIRST | IN_LAST) != 0
+            || cls & (IN_COMMON | IN_PLACES) == 0 && !past_of_common(&key)
+        {
             all_common = false;
         }
     }
     real > 0 && (lenient || !all_common)
+}
+
+/// `filed`, `noted`, `submitted`, `applied`: the past form of an ordinary English word (a form
+/// label such as `Filed:`), which the vocabulary lists in its base form only.
+fn past_of_common(key: &str) -> bool {
+    let common = |w: &str| w.len() >= 3 && LEX.class(w) & IN_COMMON != 0;
+    let Some(stem) = key.strip_suffix("ed") else {
+        return false;
+    };
+    let b = stem.as_bytes();
+    let mut with: CompactString = stem.into();
+    with.push('e');
+    common(stem)
+        || common(&with)
+        // `submitted`: a doubled last consonant
+        // (an ASCII letter, so that the cut is on a char boundary)
+        || b.len() >= 2
+            && b[b.len() - 1].is_ascii_alphabetic()
+            && b[b.len() - 1] == b[b.len() - 2]
+            && common(&stem[..stem.len() - 1])
+        // `applied`
+        || stem.strip_suffix('i').is_some_and(|s| {
+            let mut y: CompactString = s.into();
+            y.push('y');
+            common(&y)
+        })
 }
 
 fn push(out: &mut Vec<Cand>, s: usize, e: usize, f: Field, detector: &'static str) {
@@ -586,11 +660,37 @@ fn digits(v: &str) -> usize {
 }
 
 fn phone_like(v: &str) -> bool {
+    let v = without_extension(v);
     let d = digits(v);
     (7..=15).contains(&d)
         && v.bytes().all(|c| {
             c.is_ascii_digit() || matches!(c, b' ' | b'-' | b'.' | b'(' | b')' | b'+' | b'/')
         })
+}
+
+/// The number before an extension (`…x792`, `… ext. 12`, `…;ext=337`, `… #4`), or `v` when
+/// it has none: the extension belongs to the value, but its digits are no part of the number.
+fn without_extension(v: &str) -> &str {
+    let b = v.as_bytes();
+    let digits_end = b.len() - b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+    if digits_end == b.len() || digits_end == 0 || b.len() - digits_end > 5 {
+        return v;
+    }
+    let head = v[..digits_end].trim_end_matches([' ', '.', '=', ':']);
+    for mark in ["extension", "ext", "x", "#"] {
+        let Some(cut) = head.len().checked_sub(mark.len()) else {
+            continue;
+        };
+        // an ASCII match leaves `cut` on a char boundary
+        if head.as_bytes()[cut..].eq_ignore_ascii_case(mark.as_bytes())
+            && head.as_bytes()[..cut]
+                .last()
+                .is_some_and(|&c| c.is_ascii_digit() || matches!(c, b' ' | b';' | b','))
+        {
+            return head[..cut].trim_end_matches([' ', ';', ',']);
+        }
+    }
+    v
 }
 
 fn ssn_like(v: &str) -> bool {
@@ -611,6 +711,20 @@ fn address_like(v: &str) -> bool {
         && !v.contains('<')
         && (digits(v) > 0 || v.chars().filter(|&c| is_cjk(c)).count() >= 4)
         && v.chars().filter(|c| c.is_alphabetic()).count() >= 3
+}
+
+/// Shields the value `v` (at byte `base`) of a place or organisation key from the name
+/// detectors; an address there is still found.
+fn place_value(out: &mut Vec<Cand>, base: usize, v: &str) {
+    let (s, e) = trim_value(v);
+    if e > s {
+        out.push(Cand::shield(
+            base + s,
+            base + e,
+            "field-place",
+            prio::ADDRESS - 1,
+        ));
+    }
 }
 
 /// Emits the value `v` (at byte `base`) of a field, if it has the field's shape.
@@ -764,6 +878,9 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
         ));
     }
     let Some(f) = f else {
+        if nk.lists() & K_PLACE != 0 && b[sep] != b'\t' {
+            place_value(out, ls + sep + 1, &l[sep + 1..]);
+        }
         return;
     };
     let vs = sep + 1 + usize::from(b[sep] == b':' && b.get(sep + 1) == Some(&b':'));
@@ -919,6 +1036,10 @@ fn tables(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
             continue;
         }
         let fields: Vec<Option<Field>> = hc.iter().map(|&c| header_field(c)).collect();
+        let places: Vec<bool> = hc
+            .iter()
+            .map(|&(s, e)| NormKey::of(h[s..e].trim().trim_matches('"')).lists() & K_PLACE != 0)
+            .collect();
         if fields.iter().all(Option::is_none)
             || hc.iter().any(|&(s, e)| {
                 let c = h[s..e].trim();
@@ -943,6 +1064,8 @@ fn tables(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
             for (k, &(s, e)) in rc.iter().enumerate() {
                 if let Some(f) = fields[k] {
                     value(out, ls + s, &l[s..e], f, true, "field-table");
+                } else if places[k] {
+                    place_value(out, ls + s, &l[s..e]);
                 }
             }
         }
