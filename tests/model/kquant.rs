@@ -77,7 +77,7 @@ fn kquant_models_match_their_dequantized_weights() {
             .enumerate()
         {
             let d = rel_diff(a, b);
-            // Decode steps go through candle's matvec, which quantizes activations per 256 values.
+            // Q4_0 goes through candle's path, the K-quants through `q8k` (activations rounded per 256).
             assert!(d < 0.05, "{dtype:?} step {step}: relative difference {d}");
         }
     }
@@ -138,6 +138,75 @@ fn kquant_backward_matches_the_f32_route() {
             assert!(b.iter().any(|v| *v != 0.0), "{dtype:?} {name}: no gradient");
             let d = rel_diff(a, b);
             assert!(d <= 0.08, "{dtype:?} {name}: relative difference {d}");
+        }
+    }
+}
+
+/// Q4_K, Q5_K and Q6_K layers multiply through `q8k`'s kernel on Q8_K activations, in prefill (many rows) and
+/// decode (one row): a layer's output is that kernel's, bit for bit.
+#[test]
+fn kquant_layers_take_the_q8_k_kernel() {
+    use hearth::model::q8::kquant::KQuant;
+    use hearth::model::q8::q8k;
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
+        let m = load(&write(dir.path(), dtype), Requantize::Off);
+        let lin = m.blocks()[0].linear(LoraTarget::Up);
+        let Weight::Quant(q) = lin.weight() else {
+            panic!("{dtype:?}: not kept packed");
+        };
+        let (n_out, k) = (lin.out_features(), lin.in_features());
+        for rows in [1, 20] {
+            let x: Vec<f32> = (0..rows * k)
+                .map(|i| ((i * 7919 % 211) as f32 - 105.0) / 37.0)
+                .collect();
+            let t = Tensor::from_vec(x.clone(), (rows, k), &Device::Cpu).unwrap();
+            let got: Vec<f32> = lin
+                .forward(&t, None)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let mut want = vec![0f32; rows * n_out];
+            let xq = q8k::KRows::new(&x, k).unwrap();
+            let kind = KQuant::of(dtype).unwrap();
+            q8k::matmul(kind, &q.data().unwrap(), n_out, &xq, &mut want).unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{dtype:?} rows={rows}");
+        }
+    }
+}
+
+/// A fresh adapter (B = 0) on a K-quant model leaves its logits exactly the base's, through the fused
+/// decode path (one row), the small-batch path (three) and the candle-op path (seven).
+#[test]
+fn kquant_zero_b_adapter_is_the_base() {
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        let m = load(&write(dir.path(), dtype), Requantize::Off);
+        let set = LoraSet::fresh(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 3).unwrap();
+        for len in [1, 3, 7] {
+            let ids: Vec<u32> = (0..len).map(|i| (i * 37 % 200) as u32 + 1).collect();
+            let t = Tensor::from_vec(ids, (1, len), &Device::Cpu).unwrap();
+            let run = |lora| -> Vec<f32> {
+                let mut cache = m.new_cache();
+                m.forward(&t, Some(&mut cache), lora)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            };
+            let (base, with) = (run(None), run(Some(&set)));
+            // `==`: bitwise except that +0 and -0 compare equal.
+            assert!(
+                base.iter().zip(&with).all(|(a, b)| a == b),
+                "{dtype:?} len={len}"
+            );
         }
     }
 }

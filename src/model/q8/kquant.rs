@@ -82,12 +82,12 @@ impl Decoded {
     }
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
 /// Q4_K/Q5_K's packed 6-bit scale and minimum of sub-block `j` (0..8), as llama.cpp's `get_scale_min_k4`.
-fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

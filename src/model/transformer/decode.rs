@@ -10,7 +10,10 @@
 
 use super::attention_decode::attend_cached;
 use super::qlinear::adapt_rows;
+use super::weight::{Int8Input, forward_in_int8};
 use super::*;
+use crate::model::q8::kquant::KQuant;
+use crate::model::q8::q8k;
 use crate::model::q8::{PanelWeights, QuantizedRows, matvec_panels_many, matvec_quantized_many};
 
 /// Buffers of one decode step, each the size of one activation.
@@ -178,10 +181,10 @@ impl Transformer {
     }
 }
 
-/// A projection input and, made on first use, its Q8_0 quantization: each stage's products share it.
+/// A projection input and, made on first use, its quantizations: each stage's products share them.
 struct QuantizedInput<'a> {
     x: &'a [f32],
-    q8: std::cell::OnceCell<QuantizedRows>,
+    int8: Int8Input<'a>,
 }
 
 /// One product of a stage: the layer, its adapter pair if any, and where its output goes.
@@ -191,30 +194,43 @@ impl<'a> QuantizedInput<'a> {
     fn new(x: &'a [f32]) -> Self {
         Self {
             x,
-            q8: std::cell::OnceCell::new(),
+            int8: Int8Input::new(x, x.len()),
         }
     }
 
     fn q8(&self) -> Result<&QuantizedRows> {
-        if let Some(q) = self.q8.get() {
-            return Ok(q);
-        }
-        let q = QuantizedRows::new(self.x, self.x.len()).map_err(ModelError::from)?;
-        Ok(self.q8.get_or_init(|| q))
+        self.int8.q8_0().map_err(ModelError::from)
     }
 
-    /// `y = W·x (+ scale·B·A·x, · DoRA factor)` for each projection of a stage: the Q8_0 weights through the
-    /// kernel on the input quantized once, then their adapters; other weights through [`QLinear::forward`].
+    /// `y = W·x (+ scale·B·A·x, · DoRA factor)` for each projection of a stage: the Q8_0 and K-quant weights
+    /// through their kernels on the input quantized once per form, then their adapters; other weights through
+    /// [`QLinear::forward`].
     fn project(&self, outs: Vec<Projection>) -> Result<()> {
-        let (mut gguf, mut panels, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut gguf, mut panels, mut kq, mut rest) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (lin, pair, y) in outs {
-            match &lin.weight {
-                Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0 => {
+            let kind = match &lin.weight {
+                Weight::Quant(q) if forward_in_int8(q.dtype()) => {
+                    KQuant::of(q.dtype()).filter(|k| q8k::supports(*k))
+                }
+                _ => None,
+            };
+            match (&lin.weight, kind) {
+                (Weight::Quant(q), Some(kind)) => kq.push((lin, kind, q.data()?, pair, y)),
+                (Weight::Quant(q), None) if q.dtype() == GgmlDType::Q8_0 => {
                     gguf.push((lin, q.data()?, pair, y))
                 }
-                Weight::Panels(p) => panels.push((lin, p, pair, y)),
+                (Weight::Panels(p), _) => panels.push((lin, p, pair, y)),
                 _ => rest.push((lin, pair, y)),
             }
+        }
+        if !kq.is_empty() {
+            let mut products: Vec<(KQuant, &[u8], &mut [f32])> = kq
+                .iter_mut()
+                .map(|(_, kind, w, _, y)| (*kind, &w[..], &mut **y))
+                .collect();
+            let x = self.int8.q8_k().map_err(ModelError::from)?;
+            q8k::matvec_many(x, &mut products).map_err(ModelError::from)?;
         }
         if !gguf.is_empty() {
             let mut products: Vec<(&[u8], &mut [f32])> = gguf
@@ -233,7 +249,8 @@ impl<'a> QuantizedInput<'a> {
         let fused = gguf
             .into_iter()
             .map(|(lin, _, pair, y)| (lin, pair, y))
-            .chain(panels.into_iter().map(|(lin, _, pair, y)| (lin, pair, y)));
+            .chain(panels.into_iter().map(|(lin, _, pair, y)| (lin, pair, y)))
+            .chain(kq.into_iter().map(|(lin, _, _, pair, y)| (lin, pair, y)));
         for (lin, pair, y) in fused {
             let dora = match pair {
                 Some(p) => lin.dora_factor(p)?,

@@ -98,9 +98,7 @@ impl HeadLogps {
     fn logits(&self, x_rows: Vec<f32>, m: usize) -> candle_core::Result<Vec<f32>> {
         if let Some(w) = self.head.int8() {
             let mut y = vec![0f32; m * self.vocab];
-            let xq = crate::model::q8::QuantizedRows::new(&x_rows, self.hidden)
-                .map_err(candle_core::Error::wrap)?;
-            w.int8_matmul(&xq, &mut y)
+            w.int8_matmul(&super::weight::Int8Input::new(&x_rows, self.hidden), &mut y)
                 .map_err(candle_core::Error::wrap)?;
             return Ok(y);
         }

@@ -14,8 +14,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::f32_gemm::{Mat, gemm};
 use super::train_ops::{cpu_storage, values};
-use super::weight::{QuantWeight, TransposeCache};
-use crate::model::q8::QuantizedRows;
+use super::weight::{Int8Input, QuantWeight, TransposeCache};
 
 /// The fused node; see the module doc. Built only for int8 weights whose output count is a multiple of 32
 /// (the int8 backward's requirement, `int8_backward_fits`).
@@ -66,8 +65,7 @@ impl CustomOp3 for LoraLinearGrad {
         let a = values(s2, l2, "lora-linear: A")?;
         let b = values(s3, l3, "lora-linear: B")?;
         let mut y = vec![0f32; m * n_out];
-        let xq = QuantizedRows::new(x, k).map_err(candle_core::Error::wrap)?;
-        self.w.int8_matmul(&xq, &mut y)?;
+        self.w.int8_matmul(&Int8Input::new(x, k), &mut y)?;
         let mut xa = vec![0f32; m * r];
         gemm(
             &mut xa,

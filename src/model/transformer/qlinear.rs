@@ -9,12 +9,11 @@ use candle_core::{DType, Device, Tensor};
 use super::lora_linear;
 use super::lora_rows::add_lora_rows;
 use super::weight::{
-    QMatMulGrad, QuantWeight, TransposeCache, Weight, forward_in_int8, frozen_matmul,
+    Int8Input, QMatMulGrad, QuantWeight, TransposeCache, Weight, forward_in_int8, frozen_matmul,
     int8_backward_fits,
 };
 use super::with_f32_slice;
 use crate::model::lora::LoraPair;
-use crate::model::q8::QuantizedRows;
 use crate::model::{ModelError, Result};
 
 /// A linear layer over a frozen weight, with an optional LoRA pair applied unmerged.
@@ -217,9 +216,8 @@ fn int8_forward(
     let (n, _) = x2.dims2()?;
     let x2 = x2.contiguous()?;
     let y = with_f32_slice(&x2, |x| -> Result<Option<Vec<f32>>> {
-        let xq = QuantizedRows::new(x, k).map_err(ModelError::from)?;
         let mut y = vec![0f32; n * n_out];
-        Ok(int8_into(w, x, &xq, lora, dora, &mut y)?.then_some(y))
+        Ok(int8_into(w, &Int8Input::new(x, k), lora, dora, &mut y)?.then_some(y))
     });
     match y.transpose()?.flatten() {
         Some(y) => Ok(Some(Tensor::from_vec(y, (n, n_out), x2.device())?)),
@@ -231,14 +229,13 @@ fn int8_forward(
 /// DoRA tensor is not contiguous f32 on CPU; `y` then holds no usable result.
 fn int8_into(
     w: &QuantWeight,
-    x: &[f32],
-    xq: &QuantizedRows,
+    x: &Int8Input,
     lora: Option<&LoraPair>,
     dora: Option<&Tensor>,
     y: &mut [f32],
 ) -> Result<bool> {
-    w.int8_matmul(xq, y).map_err(ModelError::from)?;
-    Ok(adapt_rows(x, lora, dora, y))
+    w.int8_matmul(x, y).map_err(ModelError::from)?;
+    Ok(adapt_rows(x.values(), lora, dora, y))
 }
 
 /// Adds `scale·B·(A·x)` to the rows `y` of `x·Wᵀ` and applies the DoRA factor. `false` when a LoRA or DoRA

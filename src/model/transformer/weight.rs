@@ -8,7 +8,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 
 use crate::model::q8::kquant::{self, KQuant};
-use crate::model::q8::{self, PanelWeights, QuantizedRows};
+use crate::model::q8::q8k::{self, KRows};
+use crate::model::q8::{self, PanelWeights, Q8Error, QuantizedRows};
 use crate::model::{ModelError, Result};
 
 /// A frozen weight: block-quantized and kept packed, Q8_0 repacked into panels where the CPU has their kernel
@@ -92,12 +93,58 @@ pub(super) fn has_int8_kernel(dtype: GgmlDType) -> bool {
     dtype == GgmlDType::Q8_0 || KQuant::of(dtype).is_some()
 }
 
-/// Whether forward products with this type take the int8 kernels: Q8_0 only. The [`kquant`] kernels
-/// decode each weight row with scalar code and are slower than candle's path (its quantized matvec for a
-/// few rows, the weight dequantized into one f32 gemm for more) until that decode is vectorized; the
-/// K-quants use them for the backward's transpose only (see [`TransposeCache`]).
+/// Whether forward products with this type take the int8 kernels: Q8_0, and the K-quants [`q8k`]
+/// multiplies (Q4_K, Q5_K, Q6_K). Q4_0's kernel ([`kquant`]) is slower than candle's path (its quantized
+/// matvec for a few rows, the weight dequantized into one f32 gemm for more); Q4_0 takes the int8 kernels in
+/// the backward's transpose only (see [`TransposeCache`]). `HEARTH_KQUANT_FORWARD=candle` leaves the K-quants'
+/// forward to candle as before, so that a benchmark can compare the two in one build.
 pub(super) fn forward_in_int8(dtype: GgmlDType) -> bool {
-    dtype == GgmlDType::Q8_0
+    static CANDLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let candle =
+        *CANDLE.get_or_init(|| std::env::var("HEARTH_KQUANT_FORWARD").as_deref() == Ok("candle"));
+    dtype == GgmlDType::Q8_0 || (!candle && KQuant::of(dtype).is_some_and(q8k::supports))
+}
+
+/// Activation rows for the int8 kernels, quantized on first use into the form each weight type takes: Q8_0
+/// (32-value blocks) for Q8_0 and Q4_0 weights, Q8_K (256-value blocks, see [`q8k`]) for the K-quants. The
+/// products of one input (q, k and v; gate and up) share it, so each form is made once per input.
+pub(crate) struct Int8Input<'a> {
+    x: &'a [f32],
+    k: usize,
+    q8_0: std::cell::OnceCell<QuantizedRows>,
+    q8_k: std::cell::OnceCell<KRows>,
+}
+
+impl<'a> Int8Input<'a> {
+    /// Rows of `k` values (`x.len() / k` of them).
+    pub(crate) fn new(x: &'a [f32], k: usize) -> Self {
+        Self {
+            x,
+            k,
+            q8_0: std::cell::OnceCell::new(),
+            q8_k: std::cell::OnceCell::new(),
+        }
+    }
+
+    pub(crate) fn values(&self) -> &'a [f32] {
+        self.x
+    }
+
+    pub(crate) fn q8_0(&self) -> std::result::Result<&QuantizedRows, Q8Error> {
+        if let Some(q) = self.q8_0.get() {
+            return Ok(q);
+        }
+        let q = QuantizedRows::new(self.x, self.k)?;
+        Ok(self.q8_0.get_or_init(|| q))
+    }
+
+    pub(crate) fn q8_k(&self) -> std::result::Result<&KRows, Q8Error> {
+        if let Some(q) = self.q8_k.get() {
+            return Ok(q);
+        }
+        let q = KRows::new(self.x, self.k)?;
+        Ok(self.q8_k.get_or_init(|| q))
+    }
 }
 
 /// The weight of a [`QMatMulGrad`]: a GGUF tensor, or Q8_0 panels.
@@ -133,21 +180,29 @@ impl QuantWeight {
     }
 
     /// `y = x·Wᵀ` (`[m, n_out]`) through hearth's int8 kernels, for a weight [`Weight::int8`] gives.
-    pub(super) fn int8_matmul(&self, x: &QuantizedRows, y: &mut [f32]) -> candle_core::Result<()> {
+    pub(super) fn int8_matmul(&self, x: &Int8Input, y: &mut [f32]) -> candle_core::Result<()> {
         match self {
             QuantWeight::Gguf(q) => {
                 let (n_out, _) = q.shape().dims2()?;
                 let bytes = q.data()?;
                 match KQuant::of(q.dtype()) {
-                    Some(kind) => kquant::matmul(kind, &bytes, n_out, x, y),
-                    None if q.dtype() == GgmlDType::Q8_0 => {
-                        q8::matmul_quantized(&bytes, n_out, x, y)
-                    }
+                    Some(kind) if q8k::supports(kind) => x
+                        .q8_k()
+                        .and_then(|x| q8k::matmul(kind, &bytes, n_out, x, y)),
+                    Some(kind) => x
+                        .q8_0()
+                        .and_then(|x| kquant::matmul(kind, &bytes, n_out, x, y)),
+                    None if q.dtype() == GgmlDType::Q8_0 => x
+                        .q8_0()
+                        .and_then(|x| q8::matmul_quantized(&bytes, n_out, x, y)),
                     None => candle_core::bail!("int8 matmul: no kernel for {:?}", q.dtype()),
                 }
                 .map_err(candle_core::Error::wrap)
             }
-            QuantWeight::Panels(p) => q8::matmul_panels(p, x, y).map_err(candle_core::Error::wrap),
+            QuantWeight::Panels(p) => x
+                .q8_0()
+                .and_then(|x| q8::matmul_panels(p, x, y))
+                .map_err(candle_core::Error::wrap),
         }
     }
 }
@@ -314,9 +369,7 @@ fn int8_fwd(
     }
     let x = x.get(layout.start_offset()..layout.start_offset() + m * k)?;
     let mut y = vec![0f32; m * n_out];
-    let done = QuantizedRows::new(x, k)
-        .map_err(candle_core::Error::wrap)
-        .and_then(|xq| w.int8_matmul(&xq, &mut y));
+    let done = w.int8_matmul(&Int8Input::new(x, k), &mut y);
     Some(done.map(|()| (CpuStorage::F32(y), Shape::from((m, n_out)))))
 }
 
