@@ -243,8 +243,14 @@ impl Tokenizer {
     }
 
     /// The vocabulary's token ids and special tokens: control and user-defined ones by `types` (GGUF token
-    /// types), or without types the `<|…|>` ones.
-    fn vocabulary(tokens: &[String], types: Option<&[i64]>) -> Result<Vocabulary> {
+    /// types), or without types the `<|…|>` ones. Both are matched in text where special tokens are parsed; with
+    /// `user_defined_text`, user-defined ones are text otherwise (not [`Self::is_special`]: decoded and streamed
+    /// as text), as llama.cpp has it for SentencePiece vocabularies, where Gemma's newline runs are user-defined.
+    fn vocabulary(
+        tokens: &[String],
+        types: Option<&[i64]>,
+        user_defined_text: bool,
+    ) -> Result<Vocabulary> {
         if let Some(ty) = types
             && ty.len() != tokens.len()
         {
@@ -264,7 +270,8 @@ impl Tokenizer {
                 None => tok.starts_with("<|") && tok.ends_with("|>") && tok.len() > 4,
             };
             if special && !tok.is_empty() {
-                is_special[i] = true;
+                is_special[i] =
+                    !(user_defined_text && types.is_some_and(|t| t[i] == token_type::USER_DEFINED));
                 specials.push((tok.clone(), i as u32));
             }
         }
@@ -315,7 +322,7 @@ impl Tokenizer {
                 tokens.len()
             )));
         }
-        let vocab = Self::vocabulary(&tokens, types)?;
+        let vocab = Self::vocabulary(&tokens, types, true)?;
         let ty = |i: usize| types.map_or(token_type::NORMAL, |t| t[i]);
         let mut byte_ids = [None; 256];
         let mut byte_of = vec![None; tokens.len()];
@@ -355,7 +362,7 @@ impl Tokenizer {
         types: Option<&[i64]>,
         pre: PreTokenizer,
     ) -> Result<Self> {
-        let vocab = Self::vocabulary(&tokens, types)?;
+        let vocab = Self::vocabulary(&tokens, types, false)?;
         let ids = &vocab.ids;
         let mut merge_ids = HashMap::with_capacity(merges.len());
         for (r, m) in merges.iter().enumerate() {

