@@ -883,3 +883,23 @@ fn gemma3_context_is_capped_at_the_sliding_window() {
     m.forward_ids(&ids, Some(&mut cache), None).unwrap();
     assert!(m.forward_ids(&[1], Some(&mut cache), None).is_err());
 }
+
+/// `Transformer::residual` stacks the stream after each asked block, stops after the deepest, and
+/// refuses blocks the model lacks or an order that is not ascending.
+#[test]
+fn residual_taps_agree_and_check_their_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _) = tiny(dir.path(), Arch::Llama, GgmlDType::F32);
+    let t = Tensor::new(&[[3u32, 17, 42, 9, 100]], &Device::Cpu).unwrap();
+    let both = m.residual(&t, &[1, 2]).unwrap();
+    assert_eq!(both.dims(), &[2, 1, 5, m.config().hidden_size]);
+    let first = m.residual(&t, &[1]).unwrap();
+    let last = m.residual(&t, &[2]).unwrap();
+    let v = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(v(&both.get(0).unwrap()), v(&first.get(0).unwrap()));
+    assert_eq!(v(&both.get(1).unwrap()), v(&last.get(0).unwrap()));
+    assert_ne!(v(&first), v(&last));
+    for bad in [&[0usize][..], &[3], &[2, 1], &[1, 1], &[]] {
+        assert!(m.residual(&t, bad).is_err(), "{bad:?}");
+    }
+}

@@ -132,6 +132,9 @@ enum Logits {
     Last,
     /// No logits: the final norm's output, for [`head::target_logps`].
     Hidden,
+    /// No logits, no final norm: the residual stream after each block `n` whose bit `n` is set,
+    /// stacked; the forward stops after the last of them.
+    Residual(u64),
 }
 
 /// A loaded model: configuration plus frozen weights.
@@ -564,6 +567,27 @@ impl Transformer {
         Ok(head::target_logps(&self.head, &h, targets, scored)?.reshape((n, l))?)
     }
 
+    /// The residual stream (no final norm, no logits) after each of `layers` blocks, ascending and
+    /// distinct, stacked as `[layers.len(), b, l, hidden]`: a frozen text representation for probes.
+    /// The forward stops after the deepest of them.
+    pub fn residual(&self, tokens: &Tensor, layers: &[usize]) -> Result<Tensor> {
+        let n = self.config.num_layers;
+        let mut mask = 0u64;
+        for (i, &k) in layers.iter().enumerate() {
+            if k == 0 || k > n || k >= 64 || (i > 0 && k <= layers[i - 1]) {
+                return Err(ModelError::Input(format!(
+                    "residual after blocks {layers:?}: each in 1..={}, ascending",
+                    n.min(63)
+                )));
+            }
+            mask |= 1 << k;
+        }
+        if mask == 0 {
+            return Err(ModelError::Input("residual after no block".into()));
+        }
+        self.run(tokens, None, None, false, Logits::Residual(mask))
+    }
+
     /// Convenience for one sequence: logits `[ids.len(), vocab]`.
     pub fn forward_ids(
         &self,
@@ -627,6 +651,7 @@ impl Transformer {
         }
         // Several positions at once: each attends to the cache and to itself and the positions before it.
         let causal = l > 1;
+        let mut taps = Vec::new();
         for (li, blk) in self.blocks.iter().enumerate() {
             let pair = |t| lora.and_then(|s| s.get(li, t));
             let h = rms_norm(&x, &blk.attn_norm, cfg.rms_eps, train)?;
@@ -662,6 +687,14 @@ impl Transformer {
                 None => h,
             };
             x = train_ops::add(&x, &h)?;
+            if let Logits::Residual(mask) = which
+                && mask >> (li + 1) & 1 == 1
+            {
+                taps.push(x.clone());
+                if mask.checked_shr(li as u32 + 2).unwrap_or(0) == 0 {
+                    return Ok(Tensor::stack(&taps, 0)?);
+                }
+            }
         }
         if let Some(c) = cache {
             c.len += l;
