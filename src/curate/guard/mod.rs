@@ -14,13 +14,16 @@
 
 mod builtin;
 pub mod data;
+pub mod embed;
 mod model;
 mod policy;
+pub mod probe;
 mod sample;
 
 pub use builtin::{BuiltinGuard, CategoryScores};
 pub use model::{ModelGuard, moderation_prompt};
 pub use policy::{ControversialAction, GuardDecision, GuardPolicy, GuardReason};
+pub use probe::ProbeHead;
 pub use sample::{GuardBackendKind, Judgement, judge_sample};
 
 use serde::{Deserialize, Serialize};
