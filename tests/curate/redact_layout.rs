@@ -210,7 +210,19 @@ fn inline_addresses_with_floors_postcodes_and_towns_first() {
             "Is г. Тверь, просп. Ленина, д. 12, кв. 7, 170100 right?",
             "г. Тверь, просп. Ленина, д. 12, кв. 7, 170100",
         ),
+        // a unit before the street, a number before its comma, a town joined to its postcode
+        (
+            "Please send it to Unit 12, 48 Harbour Quay, Wellington 6011 today",
+            "Unit 12, 48 Harbour Quay, Wellington 6011",
+        ),
+        (
+            "Please send it to 17, Gandhi Street, Nashik-422001 today",
+            "17, Gandhi Street, Nashik-422001",
+        ),
     ] {
         has(t, a, PiiType::Address);
     }
+    // a number, a comma and a street name without a town is not enough on its own
+    let t = "I have 2, Abbey Road is my favourite album";
+    assert!(found(t).is_empty(), "{t:?}: {:?}", found(t));
 }

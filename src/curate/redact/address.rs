@@ -63,7 +63,8 @@ static WEAK_SUFFIX: LazyLock<StaticSet> = LazyLock::new(|| {
          ridges river roads route run shoal shoals shore shores skyway spring springs spur spurs squares \
          station stravenue stream streets summit throughway trace track trafficway trailer tunnel \
          underpass union unions valley valleys viaduct view views village villages ville vista walk \
-         walks wall ways well wells rue via",
+         walks wall ways well wells rue via arcade quay approach copse alleyway esplanade \
+         promenade rise grange wynd",
     )
 });
 /// Street-type words that come before the name (Romance, Slavic, Portuguese …), folded.
@@ -74,7 +75,8 @@ static PREFIX_TYPE: LazyLock<StaticSet> = LazyLock::new(|| {
          travessa praca estrada alameda ul ulica aleja al plac rambla carretera callejon pasaje vale \
          contrada piazzale lungomare av avda c λεωφόρος οδός οδος улица ул проспект пр переулок \
          бульвар просп бул пер наб ш шоссе пл площадь проезд тупик набережная аллея pl cuesta \
-         stretto borgo vico piazzetta ladeira recanto vereda viela rodovia travesía travesia",
+         stretto borgo vico piazzetta ladeira recanto vereda viela rodovia travesía travesia jalan \
+         jl",
     )
 });
 /// Endings of one-word street names (German, Dutch, Nordic, Finnish, Icelandic …), folded.
@@ -83,18 +85,19 @@ const COMPOUND_SUFFIX: &[&str] = &[
     "steig", "pfad", "markt", "vagen", "gatan", "gata", "gade", "vej", "veien", "vegen", "gate",
     "laan", "straat", "plein", "gracht", "kade", "dijk", "singel", "kuja", "katu", "tie", "polku",
     "straeti", "stigur", "braut", "utca", "ulice", "cesta", "torget", "torv", "stien", "backe",
-    "gränd", "grand", "straede", "plads", "vaenge", "gyde", "kaari", "rinne", "raitti",
+    "gränd", "grand", "straede", "plads", "vaenge", "gyde", "kaari", "rinne", "raitti", "baan",
+    "dreef",
 ];
 /// Separate street-type words that follow the name (Hungarian, Greek transliterations …).
 static POST_TYPE: LazyLock<StaticSet> = LazyLock::new(|| {
     set(
         "ut utca u utja kapu ter korut sor str odos rkp rakpart terrasse vei veg veien gate gata \
-             gaten vej gade plass tee tie iela gatve",
+             gaten vej gade plass tee tie iela gatve pot",
     )
 });
 static UNIT: LazyLock<StaticSet> = LazyLock::new(|| {
     set(
-        "apt apartment suite ste unit flat floor fl room rm studio bldg building box piso puerta \
+        "apt apartment suite ste unit flat floor fl room rm studio bldg building box level piso puerta \
          planta piano appartamento interno scala escalera esc etage stock lgh кв квартира стр \
          строение корп корпус к д",
     )
@@ -171,11 +174,15 @@ fn is_zip(t: &Tok, text: &str) -> bool {
             }
         }
         Kind::Word => {
-            let l = s.iter().take_while(|c| c.is_ascii_uppercase()).count();
-            (1..=2).contains(&l) && s.get(l) == Some(&b'-') && {
-                let r = &s[l + 1..];
-                digits(r) == r.len() && (4..=5).contains(&r.len())
-            }
+            // `H-6607`, or a town joined to its postcode (`Jaunpur-809275`)
+            let Some(p) = s.iter().rposition(|&c| c == b'-') else {
+                return false;
+            };
+            let (head, r) = (&s[..p], &s[p + 1..]);
+            digits(r) == r.len()
+                && (4..=6).contains(&r.len())
+                && (head.len() <= 2 && head.iter().all(u8::is_ascii_uppercase)
+                    || t.cap && head.len() >= 3 && !head.iter().any(u8::is_ascii_digit))
         }
         Kind::Punct => false,
     }
@@ -757,6 +764,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
                     | "ш"
                     | "пл"
                     | "pl"
+                    | "jl"
             ) {
                 return None;
             }
@@ -834,6 +842,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
                         | "ш"
                         | "пл"
                         | "pl"
+                        | "jl"
                 )
             {
                 return None;
@@ -961,6 +970,17 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
         let n = toks.get(j)?;
         if n.nl_before {
             return None;
+        }
+        // `54, Deshpande Street`, `85/260, Subramanian Path`: the number, a comma, then the
+        // street; as weak as a street without its town
+        if n.is_punct(text, ',') {
+            if toks.get(j + 1).is_none_or(|x| x.nl_before) {
+                return None;
+            }
+            let e = us_street_words(toks, j + 1, text)?;
+            return toks[last_word(toks, e)]
+                .is(C_STRONG_SUFFIX)
+                .then_some((i, e, Level::Weak));
         }
         // `3378 217 Lovers Lane`: two numbers (postcode or house range) before the street
         let s = if i >= 1 && is_house_no(&toks[i - 1], text) && !t.nl_before {
@@ -1216,6 +1236,19 @@ pub(crate) fn detect(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             if b < s && out.last().is_none_or(|c| c.end <= toks[b].s) {
                 s = b;
             }
+        }
+        // `Unit 69, 125 Mitchell Avenue`, `Apt. 383, 740 …`: a unit before the street, with a comma
+        if s >= 3
+            && toks[s].kind == Kind::Num
+            && toks[s - 1].is_punct(text, ',')
+            && !toks[s].nl_before
+            && !toks[s - 1].nl_before
+            && let Some(u) = [s - 3, s.saturating_sub(4)].into_iter().find(|&u| {
+                is_capword(&toks[u]) && toks[u].is(C_UNIT) && unit(toks, u, text) == Some(s - 1)
+            })
+            && out.last().is_none_or(|c| c.end <= toks[u].s)
+        {
+            s = u;
         }
         let (end, segs, saw_code) = extend(toks, e, text);
         let no_number_street =
