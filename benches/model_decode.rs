@@ -8,13 +8,13 @@
 //! int8 kernel (`q8::kquant`): that kernel, candle's path (its quantized matmul for one row; for many rows
 //! the weight dequantized and multiplied in f32, what hearth did before), and the weight requantized to
 //! Q8_0 through hearth's Q8_0 kernel. `HEARTH_BENCH_DTYPE=Q4K` (any `GgmlDType` name) stores the synthetic
-//! model's matrices in that type; `HEARTH_REQUANT_Q8=1` requantizes the model to Q8_0 at load.
+//! model's matrices in that type (`Q4_K_M`: Q4_K and Q6_K, as llama.cpp's mix); `HEARTH_REQUANT_Q8=1` requantizes the model to Q8_0 at load.
 
 use std::time::Instant;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use hearth::model::q8::{self, PanelWeights, QuantizedRows, kquant};
+use hearth::model::q8::{self, PanelWeights, QuantizedRows, kquant, q8k};
 use hearth::model::{Arch, LoraConfig, LoraPair, LoraSet, LoraTarget, TinySpec, write_tiny_model};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,11 +40,16 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             spec.num_heads = 8;
             spec.num_kv_heads = 4;
             spec.head_dim = 64;
-            spec.dtype = match std::env::var("HEARTH_BENCH_DTYPE") {
-                Ok(name) => dtype_named(&name)?,
-                Err(_) => GgmlDType::Q8_0,
-            };
-            write_tiny_model(&p, &spec)?;
+            let name = std::env::var("HEARTH_BENCH_DTYPE").unwrap_or_else(|_| "Q8_0".into());
+            if name == "Q4_K_M" {
+                spec.dtype = GgmlDType::F32;
+                let f32_path = dir.join("bench-f32.gguf");
+                write_tiny_model(&f32_path, &spec)?;
+                write_q4_k_m(&f32_path, &p)?;
+            } else {
+                spec.dtype = dtype_named(&name)?;
+                write_tiny_model(&p, &spec)?;
+            }
             p
         }
     };
@@ -135,6 +140,42 @@ fn dtype_named(name: &str) -> Result<GgmlDType, Box<dyn std::error::Error + Send
     })
 }
 
+/// `src` (an F32 model) re-encoded at `dst` as llama.cpp's Q4_K_M mixes types, simplified: Q6_K for the
+/// embeddings, the output, `attn_v` and `ffn_down` (llama.cpp gives Q6_K to some of those layers), Q4_K for
+/// the other matrices, norms kept F32.
+fn write_q4_k_m(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use candle_core::quantized::gguf_file;
+    let mut f = std::fs::File::open(src)?;
+    let content = gguf_file::Content::read(&mut f)?;
+    let mut tensors = Vec::new();
+    for name in content.tensor_infos.keys() {
+        let t = content.tensor(&mut f, name, &Device::Cpu)?;
+        let dtype = if t.shape().rank() != 2 {
+            GgmlDType::F32
+        } else if ["token_embd", "output.", "attn_v", "ffn_down"]
+            .iter()
+            .any(|p| name.contains(p))
+        {
+            GgmlDType::Q6K
+        } else {
+            GgmlDType::Q4K
+        };
+        let t = QTensor::quantize(&t.dequantize(&Device::Cpu)?, dtype)?;
+        tensors.push((name.clone(), t));
+    }
+    let metadata: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    gguf_file::write(&mut std::fs::File::create(dst)?, &metadata, &tensors)?;
+    Ok(())
+}
+
 /// Best of `rounds` runs of `f`, in microseconds.
 fn best_us(rounds: usize, mut f: impl FnMut()) -> f64 {
     (0..rounds)
@@ -178,8 +219,13 @@ fn kernels(smoke: bool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> 
             let xv: Vec<f32> = x.flatten_all()?.to_vec1()?;
             let mut y = vec![0f32; m * n_out];
             let native = best_us(rounds, || {
-                let xq = QuantizedRows::new(&xv, k).expect("quantize");
-                kquant::matmul(kind, &bytes, n_out, &xq, &mut y).expect("kquant");
+                if q8k::supports(kind) {
+                    let xq = q8k::KRows::new(&xv, k).expect("quantize");
+                    q8k::matmul(kind, &bytes, n_out, &xq, &mut y).expect("q8k");
+                } else {
+                    let xq = QuantizedRows::new(&xv, k).expect("quantize");
+                    kquant::matmul(kind, &bytes, n_out, &xq, &mut y).expect("kquant");
+                }
             });
             let candle = if m == 1 {
                 best_us(rounds, || {

@@ -82,6 +82,7 @@ impl Decoded {
     }
 }
 
+#[inline(always)]
 pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }

@@ -553,35 +553,45 @@ fn row_bytes(kind: KQuant, k: usize) -> Result<usize, Q8Error> {
 /// Weight rows per item of a split: enough work per claim that the hand-off stays small.
 const ROWS_PER_ITEM: usize = 4;
 
-/// Products of weight rows `rows` of `w` (rows of `rb` bytes) with every input row, at
-/// `out[(o - rows.start) · m + r]`.
-fn rows_into(
+/// Products of weight rows `rows` of `w` (rows of `rb` bytes) with every input row `r`, at
+/// `out + (o - rows.start) · per_output + r · per_input`.
+///
+/// # Safety
+/// `out` is valid for writes at every one of those places, which no one else touches during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_into(
     kind: KQuant,
     w: &[u8],
     rb: usize,
     rows: std::ops::Range<usize>,
     x: &[KRow],
     un: &mut Unpacked,
-    out: &mut [f32],
+    out: *mut f32,
+    (per_output, per_input): (usize, usize),
 ) {
     let m = x.len();
+    // SAFETY: the caller's guarantee for each `(o, r)` place.
+    let put = |i: usize, r: usize, v: f32| unsafe { *out.add(i * per_output + r * per_input) = v };
     #[cfg(target_arch = "x86_64")]
     if super::x86::usable() {
         for (i, o) in rows.enumerate() {
             let wrow = &w[o * rb..(o + 1) * rb];
-            let out = &mut out[i * m..(i + 1) * m];
             let mut r = 0;
             while r < m {
                 let n = (m - r).min(4);
+                let mut v = [0f32; 4];
                 // SAFETY: the CPU has AVX2 and FMA; `wrow` is one row of `kind` super-blocks for the `k` values
                 // every input row has (the callers' checks).
                 unsafe {
                     match n {
-                        4 => fused::dot::<4>(kind, wrow, &x[r..r + 4], &mut out[r..r + 4]),
-                        3 => fused::dot::<3>(kind, wrow, &x[r..r + 3], &mut out[r..r + 3]),
-                        2 => fused::dot::<2>(kind, wrow, &x[r..r + 2], &mut out[r..r + 2]),
-                        _ => fused::dot::<1>(kind, wrow, &x[r..r + 1], &mut out[r..r + 1]),
+                        4 => fused::dot::<4>(kind, wrow, &x[r..r + 4], &mut v[..4]),
+                        3 => fused::dot::<3>(kind, wrow, &x[r..r + 3], &mut v[..3]),
+                        2 => fused::dot::<2>(kind, wrow, &x[r..r + 2], &mut v[..2]),
+                        _ => fused::dot::<1>(kind, wrow, &x[r..r + 1], &mut v[..1]),
                     }
+                }
+                for (j, &v) in v[..n].iter().enumerate() {
+                    put(i, r + j, v);
                 }
                 r += n;
             }
@@ -590,8 +600,8 @@ fn rows_into(
     }
     for (i, o) in rows.enumerate() {
         unpack(kind, &w[o * rb..(o + 1) * rb], un);
-        for (slot, xr) in out[i * m..(i + 1) * m].iter_mut().zip(x) {
-            *slot = dot(un, *xr);
+        for (r, xr) in x.iter().enumerate() {
+            put(i, r, dot(un, *xr));
         }
     }
 }
@@ -620,8 +630,8 @@ pub fn matvec_many(x: &KRows, products: &mut [(KQuant, &[u8], &mut [f32])]) -> R
     Ok(())
 }
 
-/// The products of every input row of `x` with each weight, into `[n_out, m]` outputs, split as
-/// [`matvec_many`] describes. Sizes are the caller's to have checked.
+/// The products of every input row of `x` with each weight, into `[m, n_out]` outputs (`y`'s layout), split
+/// as [`matvec_many`] describes. Sizes are the caller's to have checked.
 fn products_split(x: &KRows, products: &mut [(KQuant, &[u8], &mut [f32])]) {
     let (k, m) = (x.k, x.len());
     let rows = x.rows();
@@ -629,8 +639,20 @@ fn products_split(x: &KRows, products: &mut [(KQuant, &[u8], &mut [f32])]) {
     if rayon::current_num_threads() == 1 || weights < PARALLEL_MIN_WEIGHTS {
         let mut un = Unpacked::new(k);
         for (kind, w, y) in products.iter_mut() {
-            let rb = kind.block_bytes() * k / QK_K;
-            rows_into(*kind, w, rb, 0..y.len() / m, &rows, &mut un, y);
+            let (rb, n_out) = (kind.block_bytes() * k / QK_K, y.len() / m);
+            // SAFETY: `y` holds `m × n_out` values and is borrowed mutably here.
+            unsafe {
+                rows_into(
+                    *kind,
+                    w,
+                    rb,
+                    0..n_out,
+                    &rows,
+                    &mut un,
+                    y.as_mut_ptr(),
+                    (1, n_out),
+                )
+            };
         }
         return;
     }
@@ -651,11 +673,14 @@ fn products_split(x: &KRows, products: &mut [(KQuant, &[u8], &mut [f32])]) {
             first += count;
             if a < b {
                 let o = a * ROWS_PER_ITEM..(b * ROWS_PER_ITEM).min(*n_out);
-                // SAFETY: `products` borrows every `y` mutably for this whole call, and item ranges are
-                // disjoint, so these weight rows' outputs are written by this range alone.
-                let out = unsafe { y.part(o.start * m..o.end * m) };
                 let rb = kind.block_bytes() * k / QK_K;
-                rows_into(*kind, w, rb, o, &rows, &mut un, out);
+                // SAFETY: `products` borrows every `y` (`m × n_out` values) mutably for this whole call, and item
+                // ranges are disjoint, so these weight rows' outputs (their columns) are written by this range
+                // alone.
+                unsafe {
+                    let out = y.as_ptr().add(o.start);
+                    rows_into(*kind, w, rb, o, &rows, &mut un, out, (1, *n_out));
+                }
             }
         }
     });
@@ -680,17 +705,7 @@ pub fn matmul(
             y.len()
         )));
     }
-    if m == 1 {
-        products_split(x, &mut [(kind, w, y)]);
-        return Ok(());
-    }
-    let mut by_output = vec![0f32; n_out * m];
-    products_split(x, &mut [(kind, w, &mut by_output)]);
-    for (o, col) in by_output.chunks_exact(m).enumerate() {
-        for (r, &v) in col.iter().enumerate() {
-            y[r * n_out + o] = v;
-        }
-    }
+    products_split(x, &mut [(kind, w, y)]);
     Ok(())
 }
 
