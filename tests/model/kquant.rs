@@ -210,3 +210,59 @@ fn kquant_zero_b_adapter_is_the_base() {
         }
     }
 }
+
+/// `HEARTH_KQUANT_FORWARD=candle` (read once per process, for benchmarks that compare both paths in one
+/// build) leaves the K-quants' forward to candle: this test reruns itself in a child process with the
+/// variable set, where a 20-row product must differ from the Q8_K kernel's (candle dequantizes to f32 there).
+#[test]
+fn kquant_forward_switch_leaves_the_kquants_to_candle() {
+    use hearth::model::q8::kquant::KQuant;
+    use hearth::model::q8::q8k;
+    const VAR: &str = "HEARTH_KQUANT_FORWARD";
+    if std::env::var(VAR).as_deref() != Ok("candle") {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "kquant::kquant_forward_switch_leaves_the_kquants_to_candle",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(VAR, "candle")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "child failed:\n{text}");
+        assert!(text.contains("1 passed"), "child ran no test:\n{text}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = load(&write(dir.path(), GgmlDType::Q4K), Requantize::Off);
+    let lin = m.blocks()[0].linear(LoraTarget::Up);
+    let Weight::Quant(q) = lin.weight() else {
+        panic!("Q4_K: not kept packed");
+    };
+    let (rows, n_out, k) = (20, lin.out_features(), lin.in_features());
+    let x: Vec<f32> = (0..rows * k)
+        .map(|i| ((i * 7919 % 211) as f32 - 105.0) / 37.0)
+        .collect();
+    let t = Tensor::from_vec(x.clone(), (rows, k), &Device::Cpu).unwrap();
+    let got: Vec<f32> = lin
+        .forward(&t, None)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let mut kernel = vec![0f32; rows * n_out];
+    let xq = q8k::KRows::new(&x, k).unwrap();
+    q8k::matmul(KQuant::Q4K, &q.data().unwrap(), n_out, &xq, &mut kernel).unwrap();
+    let same = got
+        .iter()
+        .zip(&kernel)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    let diff = rel_diff(&got, &kernel);
+    assert!(
+        !same && diff < 2e-2,
+        "bitwise the kernel's: {same}, relative difference {diff}"
+    );
+}
