@@ -65,6 +65,7 @@ fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         t0.elapsed().as_secs_f64(),
         model.config()
     );
+    println!("int8 kernels: {}", hearth::model::q8::int8_kernel());
     let prompt = tok.encode(
         &"The quick brown fox jumps over the lazy dog. ".repeat(4),
         false,

@@ -2,6 +2,7 @@
 //! and the training backward through the int8 transpose), and `Requantize::Q8_0` at load.
 
 use crate::train_util;
+use crate::util::{is_child, prefill_and_decode, rerun_with};
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
@@ -41,20 +42,6 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let d: f32 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f32>();
     let n: f32 = b.iter().map(|y| y * y).sum::<f32>();
     (d / n).sqrt()
-}
-
-/// Logits of a 20-token prefill (the many-row product) and of three decode steps after it (one row).
-fn prefill_and_decode(m: &Transformer) -> Vec<Vec<f32>> {
-    let mut cache = m.new_cache();
-    let mut out = Vec::new();
-    let mut input: Vec<u32> = (0..20).map(|i| (i * 37 % 200) as u32 + 1).collect();
-    for step in 0..4 {
-        let t = Tensor::from_vec(input.clone(), (1, input.len()), &Device::Cpu).unwrap();
-        let logits = m.forward(&t, Some(&mut cache), None).unwrap();
-        out.push(logits.flatten_all().unwrap().to_vec1().unwrap());
-        input = vec![(step * 41 + 7) as u32];
-    }
-    out
 }
 
 fn first_q(m: &Transformer) -> &Weight {
@@ -219,20 +206,12 @@ fn kquant_forward_switch_leaves_the_kquants_to_candle() {
     use hearth::model::q8::kquant::KQuant;
     use hearth::model::q8::q8k;
     const VAR: &str = "HEARTH_KQUANT_FORWARD";
-    if std::env::var(VAR).as_deref() != Ok("candle") {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "kquant::kquant_forward_switch_leaves_the_kquants_to_candle",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(VAR, "candle")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "child failed:\n{text}");
-        assert!(text.contains("1 passed"), "child ran no test:\n{text}");
+    if !is_child(VAR, "candle") {
+        rerun_with(
+            "kquant::kquant_forward_switch_leaves_the_kquants_to_candle",
+            VAR,
+            "candle",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

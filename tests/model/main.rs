@@ -13,4 +13,6 @@ mod peft_scales;
 mod q8_layout;
 mod real;
 mod spm;
+mod switches;
 mod tokenizer;
+mod util;

@@ -580,6 +580,16 @@ fn dot_rows_scalar(
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+/// Which int8 kernels run here, for benchmark output: `avx512-vnni`, `avx-vnni` or `avx2` (`HEARTH_Q8_KERNEL=avx2`
+/// forces the last), or `portable` where none of them can.
+pub fn int8_kernel() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if x86::usable() {
+        return x86::isa_name();
+    }
+    "portable"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

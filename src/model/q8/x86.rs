@@ -118,6 +118,15 @@ fn isa() -> u8 {
     })
 }
 
+/// The name of the int8 dot path [`isa`] chose.
+pub fn isa_name() -> &'static str {
+    match isa() {
+        AVX_VNNI => "avx-vnni",
+        AVX512_VNNI => "avx512-vnni",
+        _ => "avx2",
+    }
+}
+
 // The helpers and the loop body are `inline(always)` without target features of their own: inlined into
 // the entry points below, they compile with each entry point's features. (A call to a function with
 // more features than its caller cannot be inlined: per block, that was a real call.)
