@@ -8,7 +8,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 use hearth::model::transformer::Weight;
 use hearth::model::{
-    Arch, GgufFile, LoraConfig, LoraSet, LoraTarget, Requantize, TinySpec, Transformer,
+    Arch, GgufFile, LoraConfig, LoraSet, LoraTarget, QLinear, Requantize, TinySpec, Transformer,
     write_tiny_model,
 };
 use train_util::with_random_b;
@@ -42,6 +42,17 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let d: f32 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f32>();
     let n: f32 = b.iter().map(|y| y * y).sum::<f32>();
     (d / n).sqrt()
+}
+
+/// `rows` input rows spread over signs, and what `lin` gives for them.
+fn forward_rows(lin: &QLinear, rows: usize) -> (Vec<f32>, Vec<f32>) {
+    let k = lin.in_features();
+    let x: Vec<f32> = (0..rows * k)
+        .map(|i| ((i * 7919 % 211) as f32 - 105.0) / 37.0)
+        .collect();
+    let t = Tensor::from_vec(x.clone(), (rows, k), &Device::Cpu).unwrap();
+    let y = lin.forward(&t, None).unwrap().flatten_all().unwrap();
+    (x, y.to_vec1().unwrap())
 }
 
 fn first_q(m: &Transformer) -> &Weight {
@@ -144,17 +155,7 @@ fn kquant_layers_take_the_q8_k_kernel() {
         };
         let (n_out, k) = (lin.out_features(), lin.in_features());
         for rows in [1, 20] {
-            let x: Vec<f32> = (0..rows * k)
-                .map(|i| ((i * 7919 % 211) as f32 - 105.0) / 37.0)
-                .collect();
-            let t = Tensor::from_vec(x.clone(), (rows, k), &Device::Cpu).unwrap();
-            let got: Vec<f32> = lin
-                .forward(&t, None)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let (x, got) = forward_rows(lin, rows);
             let mut want = vec![0f32; rows * n_out];
             let xq = q8k::KRows::new(&x, k).unwrap();
             let kind = KQuant::of(dtype).unwrap();
@@ -221,17 +222,7 @@ fn kquant_forward_switch_leaves_the_kquants_to_candle() {
         panic!("Q4_K: not kept packed");
     };
     let (rows, n_out, k) = (20, lin.out_features(), lin.in_features());
-    let x: Vec<f32> = (0..rows * k)
-        .map(|i| ((i * 7919 % 211) as f32 - 105.0) / 37.0)
-        .collect();
-    let t = Tensor::from_vec(x.clone(), (rows, k), &Device::Cpu).unwrap();
-    let got: Vec<f32> = lin
-        .forward(&t, None)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let (x, got) = forward_rows(lin, rows);
     let mut kernel = vec![0f32; rows * n_out];
     let xq = q8k::KRows::new(&x, k).unwrap();
     q8k::matmul(KQuant::Q4K, &q.data().unwrap(), n_out, &xq, &mut kernel).unwrap();

@@ -382,16 +382,9 @@ pub fn error_bound(x: &[f32], w: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::QTensor;
-    use candle_core::{Device, Tensor};
-
-    /// `n × k` weights spread over signs and magnitudes, quantized by candle to `dtype`.
-    fn weights(n: usize, k: usize, dtype: GgmlDType) -> QTensor {
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| (((i * 7919) % 509) as f32 - 254.0) / 97.0 * (1.0 + (i % 13) as f32 / 5.0))
-            .collect();
-        QTensor::quantize(&Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap(), dtype).unwrap()
-    }
+    use crate::model::q8::test_support::{
+        bound_inputs, check_bound_not_vacuous, check_product, dense, inputs, weights,
+    };
 
     const TYPES: [GgmlDType; 4] = [
         GgmlDType::Q4_0,
@@ -407,13 +400,7 @@ mod tests {
         for dtype in TYPES {
             let kind = KQuant::of(dtype).unwrap();
             let q = weights(n, k, dtype);
-            let want: Vec<f32> = q
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let want = dense(&q);
             let bytes = q.data().unwrap();
             let rb = row_bytes(kind, k).unwrap();
             for r in 0..n {
@@ -442,46 +429,16 @@ mod tests {
         for dtype in TYPES {
             let kind = KQuant::of(dtype).unwrap();
             let q = weights(n, k, dtype);
-            let dense: Vec<f32> = q
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let dense = dense(&q);
             let bytes = q.data().unwrap();
             for m in [1, 5] {
-                let x: Vec<f32> = (0..m * k)
-                    .map(|i| match i % 7 {
-                        0 => -3.0,
-                        1 => 2.5,
-                        _ => ((i * 104729 % 97) as f32 - 48.0) / 17.0,
-                    })
-                    .collect();
+                let x = inputs(m, k);
                 let xq = QuantizedRows::new(&x, k).unwrap();
                 let mut y = vec![f32::NAN; m * n];
                 matmul(kind, &bytes, n, &xq, &mut y).unwrap();
                 let mut split = vec![f32::NAN; m * n];
                 pool.install(|| matmul(kind, &bytes, n, &xq, &mut split).unwrap());
-                for r in 0..m {
-                    let xr = &x[r * k..(r + 1) * k];
-                    for o in 0..n {
-                        let wr = &dense[o * k..(o + 1) * k];
-                        let want: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
-                        let norm: f32 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum();
-                        let bound = error_bound(xr, wr) + 1e-5 * norm;
-                        let got = y[r * n + o];
-                        assert!(
-                            (got - want).abs() <= bound,
-                            "{dtype:?} m={m} [{r}][{o}]: {got} vs {want}, bound {bound}"
-                        );
-                        assert_eq!(
-                            got.to_bits(),
-                            split[r * n + o].to_bits(),
-                            "{dtype:?} split [{r}][{o}]"
-                        );
-                    }
-                }
+                check_product(dtype, (&x, k), &dense, &y, &split, error_bound);
                 let rows = xq.rows();
                 let mut dec = Decoded::new(k);
                 decode_row(kind, &bytes[..row_bytes(kind, k).unwrap()], &mut dec);
@@ -508,30 +465,12 @@ mod tests {
     fn the_bound_is_met_but_not_vacuous() {
         let k = 256;
         let q = weights(1, k, GgmlDType::Q4K);
-        let dense: Vec<f32> = q
-            .dequantize(&Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let x: Vec<f32> = (0..k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0)
-            .collect();
+        let dense = dense(&q);
+        let x = bound_inputs(k);
         let xq = QuantizedRows::new(&x, k).unwrap();
         let mut y = [0f32];
         matmul(KQuant::Q4K, &q.data().unwrap(), 1, &xq, &mut y).unwrap();
-        let want: f32 = x.iter().zip(&dense).map(|(a, b)| a * b).sum();
-        let bound = error_bound(&x, &dense);
-        assert!((y[0] - want).abs() <= bound);
-        assert!(
-            bound
-                < 0.05
-                    * x.iter()
-                        .zip(&dense)
-                        .map(|(a, b)| (a * b).abs())
-                        .sum::<f32>()
-        );
+        check_bound_not_vacuous(GgmlDType::Q4K, &x, &dense, y[0], error_bound);
     }
 
     #[test]

@@ -20,6 +20,8 @@ use crate::model::spin_pool::SharedSlice;
 pub mod kquant;
 pub mod panels;
 pub mod q8k;
+#[cfg(test)]
+mod test_support;
 pub use panels::{PanelWeights, matmul_panels, matvec_panels_many, panels_usable};
 
 /// A q8_0 kernel called with sizes that do not fit together; the message names the operation and the sizes.

@@ -726,27 +726,12 @@ pub fn error_bound(x: &[f32], w: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::{GgmlDType, QTensor};
-    use candle_core::{Device, Tensor};
-
-    fn weights(n: usize, k: usize, dtype: GgmlDType) -> QTensor {
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| (((i * 7919) % 509) as f32 - 254.0) / 97.0 * (1.0 + (i % 13) as f32 / 5.0))
-            .collect();
-        QTensor::quantize(&Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap(), dtype).unwrap()
-    }
+    use crate::model::q8::test_support::{
+        bound_inputs, check_bound_not_vacuous, check_product, dense, inputs, weights,
+    };
+    use candle_core::quantized::GgmlDType;
 
     const TYPES: [GgmlDType; 3] = [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
-
-    fn inputs(m: usize, k: usize) -> Vec<f32> {
-        (0..m * k)
-            .map(|i| match i % 7 {
-                0 => -3.0,
-                1 => 2.5,
-                _ => ((i * 104729 % 97) as f32 - 48.0) / 17.0,
-            })
-            .collect()
-    }
 
     /// Each type's product equals the f32 product of its dequantized weights within [`error_bound`] (plus
     /// 1e-5 of `Σ|x·w|` for float order), for one and several input rows, single-threaded and split across a
@@ -761,13 +746,7 @@ mod tests {
         for dtype in TYPES {
             let kind = KQuant::of(dtype).unwrap();
             let q = weights(n, k, dtype);
-            let dense: Vec<f32> = q
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let dense = dense(&q);
             let bytes = q.data().unwrap();
             for m in [1, 5] {
                 let x = inputs(m, k);
@@ -776,25 +755,7 @@ mod tests {
                 matmul(kind, &bytes, n, &xq, &mut y).unwrap();
                 let mut split = vec![f32::NAN; m * n];
                 pool.install(|| matmul(kind, &bytes, n, &xq, &mut split).unwrap());
-                for r in 0..m {
-                    let xr = &x[r * k..(r + 1) * k];
-                    for o in 0..n {
-                        let wr = &dense[o * k..(o + 1) * k];
-                        let want: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
-                        let norm: f32 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum();
-                        let bound = error_bound(xr, wr) + 1e-5 * norm;
-                        let got = y[r * n + o];
-                        assert!(
-                            (got - want).abs() <= bound,
-                            "{dtype:?} m={m} [{r}][{o}]: {got} vs {want}, bound {bound}"
-                        );
-                        assert_eq!(
-                            got.to_bits(),
-                            split[r * n + o].to_bits(),
-                            "{dtype:?} split [{r}][{o}]"
-                        );
-                    }
-                }
+                check_product(dtype, (&x, k), &dense, &y, &split, error_bound);
             }
             let x = inputs(1, k);
             let xq = KRows::new(&x, k).unwrap();
@@ -879,26 +840,13 @@ mod tests {
         let k = 256;
         for dtype in TYPES {
             let q = weights(1, k, dtype);
-            let dense: Vec<f32> = q
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let x: Vec<f32> = (0..k)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0)
-                .collect();
+            let dense = dense(&q);
+            let x = bound_inputs(k);
             let xq = KRows::new(&x, k).unwrap();
             let mut y = [0f32];
             let kind = KQuant::of(dtype).unwrap();
             matmul(kind, &q.data().unwrap(), 1, &xq, &mut y).unwrap();
-            let want: f32 = x.iter().zip(&dense).map(|(a, b)| a * b).sum();
-            let bound = error_bound(&x, &dense);
-            assert!((y[0] - want).abs() <= bound, "{dtype:?}");
-            assert!(y[0] != want, "{dtype:?}: no rounding at all");
-            let norm: f32 = x.iter().zip(&dense).map(|(a, b)| (a * b).abs()).sum();
-            assert!(bound < 0.05 * norm, "{dtype:?}");
+            check_bound_not_vacuous(dtype, &x, &dense, y[0], error_bound);
         }
     }
 
