@@ -530,8 +530,8 @@ pub struct TinySpec {
     pub eot_token_id: Option<u32>,
     /// Gemma 3's `attention.sliding_window` (written for gemma3 only).
     pub sliding_window: usize,
-    /// `tokenizer.*` metadata written in place of the tiny byte-level BPE's (a SentencePiece vocabulary, say);
-    /// the embedding has a row per entry of its `tokenizer.ggml.tokens`.
+    /// `tokenizer.*` metadata written in place of the tiny byte-level BPE's (a SentencePiece vocabulary, say), and
+    /// any other key to replace (`general.name`); the embedding has a row per entry of its `tokenizer.ggml.tokens`.
     pub tokenizer: Option<Vec<(String, Value)>>,
 }
 
@@ -767,6 +767,8 @@ pub fn write_tiny_model(path: impl AsRef<Path>, spec: &TinySpec) -> Result<Model
         md.push((format!("{a}.rope.scaling.factor"), Value::F32(f)));
     }
     if let Some(tok_md) = &spec.tokenizer {
+        // A key given there (`general.name`, say) replaces the default: GGUF readers refuse a key twice.
+        md.retain(|(k, _)| tok_md.iter().all(|(t, _)| t != k));
         md.extend(tok_md.iter().cloned());
     } else {
         md.push(("tokenizer.ggml.model".into(), Value::String("gpt2".into())));
