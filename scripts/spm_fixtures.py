@@ -12,7 +12,7 @@ kept, digits split, a dummy prefix. Each string is encoded twice, with `add_dumm
 Phi-3: `tokenizer.ggml.add_space_prefix` true or absent) and off (Gemma's `add_space_prefix = false`).
 
 `sp.encode` matches user-defined pieces in text and never control ones. llama.cpp, with special tokens parsed,
-splits text at control and user-defined tokens and encodes each text fragment on its own, each with the space
+splits text at control, user-defined and unknown (`<unk>`) tokens and encodes each text fragment on its own, each with the space
 prefix (every fragment starts the text or follows a special token): `special` is that, built from `sp.encode`
 of each fragment. `chat` is each family template (src/model/chat_templates/, rendered by jinja2 as
 scripts/chat_fixtures.py does) tokenized that way after the BOS the tokenizer adds: what llama.cpp's server
@@ -131,7 +131,7 @@ def processor(proto_bytes, prefix):
 def specials(sp):
     return sorted(
         [(sp.id_to_piece(i), i) for i in range(sp.get_piece_size()) if sp.is_control(i)
-         or sp.id_to_piece(i) in USER_DEFINED],
+         or sp.is_unknown(i) or sp.id_to_piece(i) in USER_DEFINED],
         key=lambda s: -len(s[0]),
     )
 

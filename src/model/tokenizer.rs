@@ -98,6 +98,11 @@ pub struct Tokenizer {
     /// How conversations become prompts: the file's `tokenizer.chat_template`, or the template of the family
     /// whose turn markers the vocabulary has (`None` when neither).
     chat: Option<super::chat::ChatTemplate>,
+    /// Tokens after which whitespace is dropped where special tokens are parsed (empty: none). llama.cpp does
+    /// this for Phi-3 files, chosen by `general.name`: every control, user-defined and unknown token but
+    /// `<unk>`, `<s>` and `<|endoftext|>`, and `</s>` (its RSTRIP attribute). Prompts must be the ids llama.cpp
+    /// gives them, which are what such models were run with.
+    rstrip: Vec<bool>,
 }
 
 fn tok_err(msg: impl Into<String>) -> ModelError {
@@ -214,6 +219,32 @@ impl Tokenizer {
         t.pad_id = id("tokenizer.ggml.padding_token_id")?;
         t.add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(spm);
         t.add_space_prefix = flag("tokenizer.ggml.add_space_prefix")?.unwrap_or(spm);
+        let name = match md.get("general.name") {
+            Some(Value::String(n)) => n.to_lowercase(),
+            _ => String::new(),
+        };
+        if name.contains("phi-3") || name.contains("phi3") {
+            t.rstrip = t
+                .tokens
+                .iter()
+                .enumerate()
+                .map(|(i, tok)| {
+                    let special = match &types {
+                        Some(ty) => matches!(
+                            ty.get(i).copied(),
+                            Some(
+                                token_type::CONTROL
+                                    | token_type::USER_DEFINED
+                                    | token_type::UNKNOWN
+                            )
+                        ),
+                        None => t.is_special[i],
+                    };
+                    (special || tok == "</s>")
+                        && !matches!(tok.as_str(), "<unk>" | "<s>" | "<|endoftext|>")
+                })
+                .collect();
+        }
         if let Some(v) = md.get("tokenizer.chat_template") {
             let Value::String(src) = v else {
                 return Err(ModelError::BadKey {
@@ -242,8 +273,8 @@ impl Tokenizer {
         Ok(t)
     }
 
-    /// The vocabulary's token ids and special tokens: control and user-defined ones by `types` (GGUF token
-    /// types), or without types the `<|…|>` ones. Both are matched in text where special tokens are parsed; with
+    /// The vocabulary's token ids and special tokens: control, user-defined and unknown ones by `types` (GGUF
+    /// token types), or without types the `<|…|>` ones. Both are matched in text where special tokens are parsed; with
     /// `user_defined_text`, user-defined ones are text otherwise (not [`Self::is_special`]: decoded and streamed
     /// as text), as llama.cpp has it for SentencePiece vocabularies, where Gemma's newline runs are user-defined.
     fn vocabulary(
@@ -266,7 +297,11 @@ impl Tokenizer {
         for (i, tok) in tokens.iter().enumerate() {
             ids.entry(tok.clone()).or_insert(i as u32);
             let special = match types {
-                Some(ty) => ty[i] == token_type::CONTROL || ty[i] == token_type::USER_DEFINED,
+                // llama.cpp matches the unknown token (`<unk>`) in text as well.
+                Some(ty) => matches!(
+                    ty[i],
+                    token_type::CONTROL | token_type::USER_DEFINED | token_type::UNKNOWN
+                ),
                 None => tok.starts_with("<|") && tok.ends_with("|>") && tok.len() > 4,
             };
             if special && !tok.is_empty() {
@@ -306,6 +341,7 @@ impl Tokenizer {
             pad_id: None,
             add_bos: false,
             chat: None,
+            rstrip: Vec::new(),
         };
         t.chat = super::chat::ChatTemplate::fallback(&t);
         t
@@ -490,12 +526,15 @@ impl Tokenizer {
                 } else {
                     text
                 };
-                let mut at = 0;
+                let mut at = self.after_rstrip(after, text, 0);
                 if allow_special {
                     for (r, id) in self.special_matches(text) {
+                        if r.start < at {
+                            continue;
+                        }
                         self.bpe_encode(bpe, &text[at..r.start], &mut out);
                         out.push(id);
-                        at = r.end;
+                        at = self.after_rstrip(Some(id), text, r.end);
                     }
                 }
                 self.bpe_encode(bpe, &text[at..], &mut out);
@@ -503,24 +542,42 @@ impl Tokenizer {
             }
         };
         let mut prev_special = after.is_none_or(|a| self.is_special(a));
-        let mut at = 0;
+        let mut at = self.after_rstrip(after, text, 0);
         let matches = if allow_special {
             self.special_matches(text)
         } else {
             Vec::new()
         };
         for (r, id) in matches {
+            if r.start < at {
+                continue;
+            }
             if r.start > at {
                 self.spm_encode(spm, &text[at..r.start], prev_special, &mut out);
             }
             out.push(id);
             prev_special = true;
-            at = r.end;
+            at = self.after_rstrip(Some(id), text, r.end);
         }
         if at < text.len() {
             self.spm_encode(spm, &text[at..], prev_special, &mut out);
         }
         Ok(out)
+    }
+
+    /// Where text after token `prev` (`None`: nothing before it) continues at byte `at`: past the whitespace
+    /// there when `prev` drops it (see `rstrip`), as C's `isspace` counts it.
+    fn after_rstrip(&self, prev: Option<u32>, text: &str, at: usize) -> usize {
+        match prev {
+            Some(id) if self.rstrip.get(id as usize).copied().unwrap_or(false) => {
+                let rest = &text[at..];
+                at + rest.len()
+                    - rest
+                        .trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r'])
+                        .len()
+            }
+            _ => at,
+        }
     }
 
     /// Where special tokens occur in `text`, in order: the earliest occurrence first, the longest of those

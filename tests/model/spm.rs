@@ -413,3 +413,91 @@ fn real_gemma3_vocabulary_matches_sentencepiece_when_present() {
     let end = tok.token_id("<end_of_turn>").unwrap();
     assert!(GenerateConfig::greedy(&tok, 1).stop_tokens.contains(&end));
 }
+
+/// A tiny Phi-3 file with the fixture's vocabulary, named as Phi-3 files are.
+fn phi3_file(path: &std::path::Path) {
+    let mut spec = TinySpec::new(Arch::Phi3);
+    spec.tokenizer = Some(metadata(
+        &fixture(),
+        &[
+            (
+                "general.name",
+                Gguf::String("Phi-3 Mini 4k Instruct".into()),
+            ),
+            (
+                "tokenizer.chat_template",
+                Gguf::String(ChatFamily::Phi3.template().into()),
+            ),
+        ],
+    ));
+    write_tiny_model(path, &spec).unwrap();
+}
+
+/// Writes [`phi3_file`] to `target/spm-phi3.gguf`, and the fixture's vocabulary in a Llama file with the space
+/// prefix on and off to `target/spm-prefix.gguf` and `target/spm-no_prefix.gguf`, for
+/// `scripts/llamacpp_tokenize.py`, which gave the llama.cpp ids these tests compare with.
+#[test]
+#[ignore = "writes the reference files for scripts/llamacpp_tokenize.py"]
+fn write_llamacpp_reference_files() {
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    phi3_file(&target.join("spm-phi3.gguf"));
+    for (key, on) in [("prefix", true), ("no_prefix", false)] {
+        let mut spec = TinySpec::new(Arch::Llama);
+        spec.tokenizer = Some(metadata(&fixture(), &prefix(on)));
+        write_tiny_model(target.join(format!("spm-{key}.gguf")), &spec).unwrap();
+    }
+}
+
+/// In Phi-3 files (by `general.name`) whitespace after a special token is dropped, as llama.cpp does: the ids
+/// are those llama.cpp (llama-cpp-python 0.3.36's) gave for [`phi3_file`], by
+/// `scripts/llamacpp_tokenize.py target/spm-phi3.gguf TEXT...`. The same vocabulary under another name keeps the
+/// whitespace, and a chat encoded in pieces gets the ids of its whole rendering.
+#[test]
+fn phi3_files_drop_whitespace_after_special_tokens() {
+    let cases: [(&str, &[u32]); 5] = [
+        (
+            "<|user|>\n Hello there<|end|>\n<|assistant|>\n",
+            &[3, 925, 994, 926, 344, 932, 276, 569, 6, 4],
+        ),
+        (
+            "<|system|>\nBe brief.<|end|>\n<|user|>\nHi\n\n<|end|>\n<|assistant|>\nSure.<|end|>\n<|endoftext|> after",
+            &[
+                5, 721, 926, 301, 348, 926, 944, 945, 6, 3, 925, 994, 933, 23, 23, 6, 4, 396, 372,
+                945, 6, 7, 925, 861,
+            ],
+        ),
+        (
+            "<s> x </s>  y <unk> z",
+            &[1, 275, 965, 925, 2, 925, 950, 925, 0, 275, 997],
+        ),
+        (
+            "<|tool|>  tool text\t\n<|end|>",
+            &[12, 341, 391, 816, 22, 23, 6],
+        ),
+        (
+            "plain text, no specials  ",
+            &[850, 402, 816, 943, 360, 793, 454, 933, 320, 929, 275],
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("phi3.gguf");
+    phi3_file(&path);
+    let (_, tok) = hearth::model::load(&path).unwrap();
+    let other = tokenizer(&fixture(), &[]);
+    for (text, want) in cases {
+        assert_eq!(tok.encode(text, true).unwrap(), want, "{text:?}");
+    }
+    let (text, want) = cases[0];
+    assert_ne!(other.encode(text, true).unwrap(), want);
+    let msgs = [
+        ChatMessage::new(Role::System, "Be brief."),
+        ChatMessage::new(Role::User, "  Hi there\n"),
+    ];
+    let whole = render_chat(&tok, &msgs, true).unwrap();
+    assert!(whole.contains("<|user|>\n  Hi there\n<|end|>"), "{whole:?}");
+    let mut ids = tok.encode(&whole, true).unwrap();
+    if tok.add_bos && ids.first() != tok.bos_id.as_ref() {
+        ids.insert(0, tok.bos_id.unwrap());
+    }
+    assert_eq!(encode_chat(&tok, &msgs, true).unwrap().ids, ids);
+}
