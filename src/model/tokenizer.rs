@@ -51,13 +51,29 @@ pub enum PreTokenizer {
 }
 
 impl PreTokenizer {
-    fn from_name(s: &str) -> Self {
-        match s {
+    /// The names hearth splits text for (`tokenizer.ggml.pre`). `default` (llama.cpp's name where the
+    /// converter knew none) gets the GPT-2 split.
+    const NAMES: &str =
+        "gpt-2, gpt2, phi-2, default, smollm, qwen2, qwen3, llama-bpe, llama3, smaug-bpe";
+
+    /// Another name is an error: its pre-tokenizer splits text otherwise (Qwen 3.5's joins `'all`, Falcon's and
+    /// MPT's split ` ½` apart), so its ids would not be the model's, as llama.cpp refuses names it lacks.
+    fn from_name(s: &str) -> Result<Self> {
+        Ok(match s {
+            "gpt-2" | "gpt2" | "phi-2" | "default" => PreTokenizer::Gpt2,
             "smollm" => PreTokenizer::SmolLm,
             "qwen2" | "qwen3" => PreTokenizer::Qwen2,
             "llama-bpe" | "llama3" | "smaug-bpe" => PreTokenizer::LlamaBpe,
-            _ => PreTokenizer::Gpt2,
-        }
+            other => {
+                return Err(ModelError::BadKey {
+                    key: "tokenizer.ggml.pre".into(),
+                    reason: format!(
+                        "pre-tokenizer `{other}` is not one hearth splits text for ({})",
+                        Self::NAMES
+                    ),
+                });
+            }
+        })
     }
 }
 
@@ -204,9 +220,11 @@ impl Tokenizer {
             Self::new_spm(tokens, &scores, types.as_deref())?
         } else {
             let merges = md_str_array(md, "tokenizer.ggml.merges")?;
-            let pre = md_str(md, "tokenizer.ggml.pre")
-                .map(PreTokenizer::from_name)
-                .unwrap_or(PreTokenizer::Gpt2);
+            let pre = match md.get("tokenizer.ggml.pre") {
+                Some(_) => PreTokenizer::from_name(md_str(md, "tokenizer.ggml.pre")?)?,
+                // Files converted before the key existed: llama.cpp's default split.
+                None => PreTokenizer::Gpt2,
+            };
             Self::new(tokens, &merges, types.as_deref(), pre)?
         };
         // Without the keys, llama.cpp gives SentencePiece vocabularies Llama's ids: unknown 0, BOS 1, EOS 2.
@@ -604,7 +622,21 @@ impl Tokenizer {
 
     fn bpe_encode(&self, bpe: &ByteBpe, text: &str, out: &mut Vec<u32>) {
         let mut run = Bpe::default();
+        // Llama 3 ignores the merges for a piece the vocabulary holds whole (`ignore_merges` in its
+        // tokenizer.json; llama.cpp's LLAMA3 pre-tokenizer): merging may not reach that token (` Việt`).
+        let ignore_merges = bpe.pre == PreTokenizer::LlamaBpe;
+        static BYTE_ENC: std::sync::LazyLock<[char; 256]> =
+            std::sync::LazyLock::new(bytes_to_unicode);
+        let mut whole = String::new();
         for piece in pre_tokenize(text, bpe.pre) {
+            if ignore_merges {
+                whole.clear();
+                whole.extend(piece.bytes().map(|b| BYTE_ENC[b as usize]));
+                if let Some(&id) = self.ids.get(whole.as_str()) {
+                    out.push(id);
+                    continue;
+                }
+            }
             // A byte the vocabulary lacks has no token and is dropped, as Hugging Face's BPE
             // (without byte fallback) does; it merges with nothing.
             let byte_ids = piece.bytes().map(|b| bpe.byte_ids[b as usize]);

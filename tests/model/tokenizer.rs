@@ -318,3 +318,42 @@ fn templates_fall_back_by_family_and_errors_name_the_key() {
         "26 Jul 2024 00:00:00 Friday"
     );
 }
+
+/// The tiny model's tokenizer metadata with `tokenizer.ggml.pre` set to `pre` and the token `Ġcab` added, which
+/// no merge reaches.
+fn with_whole_word(pre: &str) -> Result<Tokenizer, hearth::model::ModelError> {
+    use candle_core::quantized::gguf_file::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.gguf");
+    write_tiny_model(&path, &TinySpec::new(Arch::Llama)).unwrap();
+    let mut md = GgufFile::open(&path).unwrap().metadata().clone();
+    let Some(Value::Array(tokens)) = md.get_mut("tokenizer.ggml.tokens") else {
+        panic!("no tokens");
+    };
+    tokens.push(Value::String("Ġcab".into()));
+    if let Some(Value::Array(types)) = md.get_mut("tokenizer.ggml.token_type") {
+        types.push(Value::I32(1));
+    }
+    md.insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
+    Tokenizer::from_gguf_metadata(&md)
+}
+
+/// Llama 3 takes a piece the vocabulary holds whole without merging (its `ignore_merges`, as llama.cpp's LLAMA3
+/// pre-tokenizer), where merges may not reach that token; Qwen2 merges. A pre-tokenizer hearth does not split
+/// for is refused, naming the key, rather than splitting text as GPT-2 does.
+#[test]
+fn llama3_ignores_merges_for_whole_pieces_and_unknown_pre_tokenizers_are_refused() {
+    let llama3 = with_whole_word("llama-bpe").unwrap();
+    let cab = llama3.token_id("Ġcab").unwrap();
+    assert_eq!(llama3.encode("a cab", false).unwrap()[1..], [cab]);
+    let qwen2 = with_whole_word("qwen2").unwrap();
+    let ids = qwen2.encode("a cab", false).unwrap();
+    assert!(ids.len() > 2 && !ids.contains(&cab), "{ids:?}");
+    for pre in ["qwen35", "falcon", ""] {
+        let err = with_whole_word(pre).unwrap_err().to_string();
+        assert!(
+            err.contains("tokenizer.ggml.pre") && err.contains(&format!("`{pre}`")),
+            "{err}"
+        );
+    }
+}
