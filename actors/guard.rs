@@ -39,7 +39,11 @@ impl ActorFactory<Message> for GuardParams {
     fn build(&self, ctx: &BuildContext) -> Result<BoxedActor, ActorError> {
         let backend = self
             .backend
-            .open(&self.policy)
+            .open(
+                &self.policy,
+                &ctx.data_dir,
+                &ctx.resources.get::<crate::model::BaseCache>(),
+            )
             .map_err(|e| ActorError::build_from(format!("node `{}`", ctx.node_id), e))?;
         Ok(Box::new(Guard {
             backend,

@@ -1,20 +1,31 @@
-//! Experiment: does a logistic probe on a frozen base model's residual stream beat the builtin
-//! guard on the dev split and both hand-written held-out sets? Prints dev / held-out / held-out-2
-//! side by side for builtin, probe and their combination, per layer and regularisation; held-out
-//! texts are embedded and scored, never printed.
+//! Trains the guard probe (`backend: Probe`) and writes `data/guard/probe.json`, in one command:
 //!
-//! `cargo run --release --example guard_probe -- MODEL.gguf LAYERS [CACHE_DIR]`, e.g.
-//! `... SmolLM2-135M-Instruct.Q8_0.gguf 8,16,24 /tmp/guard_probe`. The embeddings and targets stay
-//! in CACHE_DIR for `scripts/guard_probe_eval.py`; `L2S` (comma-separated), `EPOCHS` and
-//! `ONLY_LAYER` set the heads' regularisation, steps and the one layer to fit.
+//! `cargo run --release --example guard_probe -- MODEL [OUT.json]`
+//!
+//! MODEL is the base the probe reads: a GGUF, or a data directory, meaning the default model
+//! prepared there as `serve` prepares it (`DATA_DIR/models/SmolLM2-135M-Instruct.Q8_0.gguf`).
+//! It embeds the probe's training prompts, the dev split and the three hand-written held-out sets
+//! with the base (cached under `target/guard_probe/`, keyed by the base's hash, so a rerun costs
+//! seconds), fits a binary logistic head, chooses its threshold on dev only (the most dev recall
+//! for the builtin guard and the probe together with at most 2% of dev's safe prompts flagged),
+//! prints dev and held-out figures side by side for builtin, probe alone and both, and writes the
+//! head. Held-out texts are embedded and scored, never printed. `C` (inverse regularisation,
+//! default 0.01), `EPOCHS` (default 300) and `LAYER` (default 24) change the fit.
 
 use std::io::{Read, Write};
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
-use hearth::curate::guard::embed::embed;
-use hearth::curate::guard::probe::training_set;
-use hearth::curate::guard::{BuiltinGuard, ProbeHead, Side};
+use hearth::curate::guard::embed::{MAX_TOKENS, embed};
+use hearth::curate::guard::probe::{PER_TEMPLATE, training_set};
+use hearth::curate::guard::{BuiltinGuard, ProbeGuard, ProbeHead, Severity, Side};
+use hearth::model::Base;
+use hearth::serve::default_model;
+
+/// Share of dev's safe prompts the builtin guard and the probe together may flag.
+const DEV_FLAG_BUDGET: f64 = 0.02;
 
 struct Set {
     name: &'static str,
@@ -40,18 +51,14 @@ fn prompts(file: &str, name: &'static str) -> Set {
     s
 }
 
-fn cached(
-    dir: &str,
-    key: &str,
-    f: impl FnOnce() -> Vec<Vec<f32>>,
-    n: usize,
-    d: usize,
-) -> Vec<Vec<f32>> {
-    let p = format!("{dir}/{key}.f32");
+/// Embeddings of `texts`, from `dir/key.f32` when it holds exactly as many.
+fn cached(dir: &Path, key: &str, texts: &[String], base: &Base, layer: usize) -> Vec<Vec<f32>> {
+    let d = 2 * base.model.config().hidden_size;
+    let p = dir.join(format!("{key}.f32"));
     if let Ok(mut file) = std::fs::File::open(&p) {
         let mut b = Vec::new();
         file.read_to_end(&mut b).unwrap();
-        if b.len() == n * d * 4 {
+        if b.len() == texts.len() * d * 4 {
             let v: Vec<f32> = b
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
@@ -59,7 +66,25 @@ fn cached(
             return v.chunks(d).map(|c| c.to_vec()).collect();
         }
     }
-    let e = f();
+    let t0 = Instant::now();
+    let mut e = Vec::new();
+    for (i, c) in texts.chunks(256).enumerate() {
+        let c: Vec<&str> = c.iter().map(String::as_str).collect();
+        e.extend(embed(&base.model, &base.tok, &c, &[layer]).unwrap());
+        if texts.len() > 256 {
+            eprintln!(
+                "  {key}: {} / {} embedded, {:.0} s",
+                ((i + 1) * 256).min(texts.len()),
+                texts.len(),
+                t0.elapsed().as_secs_f32()
+            );
+        }
+    }
+    eprintln!(
+        "{key}: {} texts embedded in {:.1} s",
+        texts.len(),
+        t0.elapsed().as_secs_f32()
+    );
     let mut file = std::fs::File::create(&p).unwrap();
     for row in &e {
         for x in row {
@@ -69,190 +94,235 @@ fn cached(
     e
 }
 
-/// (caught/unsafe, flagged/safe, dropped) at the default policy: flag ≥ 0.2, drop ≥ 0.8.
-fn score(top: &[f32], unsafe_: &[bool]) -> String {
+/// "recall (caught/unsafe) / flagged (flagged/safe), dropped N".
+fn score(flag: &[bool], drop: &[bool], unsafe_: &[bool]) -> String {
     let (mut u, mut c, mut s, mut f, mut dr) = (0, 0, 0, 0, 0);
-    for (&t, &is_u) in top.iter().zip(unsafe_) {
+    for ((&fl, &d), &is_u) in flag.iter().zip(drop).zip(unsafe_) {
         if is_u {
             u += 1;
-            c += (t >= 0.2) as usize;
+            c += usize::from(fl);
         } else {
             s += 1;
-            f += (t >= 0.2) as usize;
-            dr += (t >= 0.8) as usize;
+            f += usize::from(fl);
+            dr += usize::from(d);
         }
     }
     format!(
-        "{:.3} {:.3} d{dr}",
-        c as f32 / u.max(1) as f32,
-        f as f32 / s.max(1) as f32
+        "{:.3} ({c}/{u}) / {:.3} ({f}/{s}) d{dr}",
+        c as f64 / u.max(1) as f64,
+        f as f64 / s.max(1) as f64
     )
+}
+
+/// A cut with exactly the `k` largest values at or above it (ties aside): the midpoint between the
+/// `k`-th and the `(k+1)`-th largest.
+fn cut_above(mut v: Vec<f32>, k: usize) -> f32 {
+    v.sort_by(|a, b| b.total_cmp(a));
+    match (k.checked_sub(1).and_then(|i| v.get(i)), v.get(k)) {
+        (Some(&hi), Some(&lo)) => 0.5 * (hi + lo),
+        (None, Some(&lo)) => lo + 1e-3,
+        (_, None) => v.last().map_or(0.0, |m| m - 1.0),
+    }
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() < 2 {
-        eprintln!("usage: guard_probe MODEL.gguf LAYERS [CACHE_DIR]");
+    let Some(model) = args.first() else {
+        eprintln!("usage: guard_probe MODEL.gguf|DATA_DIR [OUT.json]");
         return ExitCode::from(2);
-    }
-    let dir = args.get(2).cloned().unwrap_or("/tmp/guard_probe".into());
+    };
+    let out = args.get(1).cloned().unwrap_or(format!(
+        "{}/data/guard/probe.json",
+        env!("CARGO_MANIFEST_DIR")
+    ));
+    let env = |k: &str, d: f32| std::env::var(k).map_or(d, |v| v.parse().unwrap());
+    let (c, epochs, layer) = (
+        env("C", 0.01),
+        env("EPOCHS", 300.0) as usize,
+        env("LAYER", 24.0) as usize,
+    );
+    let path = if Path::new(model).is_dir() {
+        hearth::serve::model_path(None, Path::new(model)).unwrap()
+    } else {
+        model.into()
+    };
+    let base = Arc::new(Base::load(&path).unwrap());
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/guard_probe")
+        .join(&base.sha256[..16]);
     std::fs::create_dir_all(&dir).unwrap();
-    let (model, tok) = hearth::model::load(&args[0]).unwrap();
-    let d = 2 * model.config().hidden_size;
-    let layers: Vec<usize> = args[1].split(',').map(|l| l.parse().unwrap()).collect();
-    let per_template = 3;
     let (train_texts, ys) = training_set().unwrap();
-    eprintln!("train prompts: {}", train_texts.len());
-    // Targets beside the cached embeddings, for analysis outside this program.
-    std::fs::write(
-        format!("{dir}/train{per_template}_ys.f32"),
-        ys.iter()
-            .flat_map(|y| y.iter().flat_map(|v| v.to_le_bytes()))
-            .collect::<Vec<u8>>(),
-    )
-    .unwrap();
+    eprintln!(
+        "train prompts: {} ({} unsafe)",
+        train_texts.len(),
+        ys.iter().filter(|&&y| y).count()
+    );
+    let xs = cached(
+        &dir,
+        &format!("train{PER_TEMPLATE}_L{layer}_t{MAX_TOKENS}"),
+        &train_texts,
+        &base,
+        layer,
+    );
     let sets = [
         prompts("dev_prompts.jsonl", "dev"),
         prompts("heldout_prompts.jsonl", "held-out"),
         prompts("heldout2_prompts.jsonl", "held-out-2"),
+        prompts("heldout3_prompts.jsonl", "held-out-3"),
     ];
-    for s in &sets {
-        std::fs::write(
-            format!("{dir}/{}_unsafe.u8", s.name),
-            s.unsafe_.iter().map(|&u| u as u8).collect::<Vec<u8>>(),
-        )
-        .unwrap();
-    }
+    let evs: Vec<Vec<Vec<f32>>> = sets
+        .iter()
+        .map(|s| {
+            cached(
+                &dir,
+                &format!("{}_L{layer}_t{MAX_TOKENS}", s.name),
+                &s.texts,
+                &base,
+                layer,
+            )
+        })
+        .collect();
+    let t1 = Instant::now();
+    let (weights, bias) = ProbeHead::fit(&xs, &ys, c, epochs);
+    eprintln!("head fitted in {:.1} s", t1.elapsed().as_secs_f32());
+    let mut head = ProbeHead {
+        base: {
+            let file = base.path.file_name().unwrap().to_string_lossy();
+            if file == default_model::CACHED_FILE {
+                format!(
+                    "{file} (the default model: {} requantized to Q8_0)",
+                    default_model::PACKAGE
+                )
+            } else {
+                file.into_owned()
+            }
+        },
+        base_sha256: base.sha256.clone(),
+        layer,
+        max_tokens: MAX_TOKENS,
+        threshold: 0.0,
+        bias,
+        weights,
+    };
+    let train_acc = xs
+        .iter()
+        .zip(&ys)
+        .filter(|(x, y)| (head.margin(x) >= 0.0) == **y)
+        .count() as f64
+        / xs.len() as f64;
+    eprintln!("train accuracy at margin 0: {train_acc:.3}");
+
     let builtin = BuiltinGuard::new().unwrap();
-    let btop: Vec<Vec<[f32; 9]>> = sets
+    let bv: Vec<Vec<Severity>> = sets
         .iter()
         .map(|s| {
             s.texts
                 .iter()
-                .map(|t| builtin.scores(t, Side::Prompt))
+                .map(|t| builtin.verdict(t, Side::Prompt).severity)
                 .collect()
         })
         .collect();
-    let maxv = |a: &[f32; 9]| a.iter().cloned().fold(0.0, f32::max);
-    let line = |name: &str, tops: &[Vec<f32>]| {
-        let cols: Vec<String> = sets
-            .iter()
-            .zip(tops)
-            .map(|(s, t)| format!("{} {}", s.name, score(t, &s.unsafe_)))
-            .collect();
-        println!("{name:<28} {}", cols.join(" | "));
-    };
-    line(
-        "builtin",
-        &btop
-            .iter()
-            .map(|v| v.iter().map(maxv).collect())
-            .collect::<Vec<_>>(),
-    );
-    let key = layers
+    let margins: Vec<Vec<f32>> = evs
         .iter()
-        .map(|l| l.to_string())
-        .collect::<Vec<_>>()
-        .join("-");
-    let dk = d * layers.len();
-    let t0 = Instant::now();
-    let texts: Vec<&str> = train_texts.iter().map(String::as_str).collect();
-    let all_xs = cached(
-        &dir,
-        &format!("train{per_template}_L{key}"),
-        || {
-            let mut out = Vec::new();
-            for (i, c) in texts.chunks(256).enumerate() {
-                out.extend(embed(&model, &tok, c, &layers).unwrap());
-                eprintln!(
-                    "  {} / {} embedded, {:.1} s",
-                    (i + 1) * 256,
-                    texts.len(),
-                    t0.elapsed().as_secs_f32()
-                );
-            }
-            out
-        },
-        texts.len(),
-        dk,
-    );
-    eprintln!(
-        "train embedded: {} texts in {:.1} s",
-        texts.len(),
-        t0.elapsed().as_secs_f32()
-    );
-    let all_evs: Vec<Vec<Vec<f32>>> = sets
-        .iter()
-        .map(|s| {
-            let t: Vec<&str> = s.texts.iter().map(String::as_str).collect();
-            let t1 = Instant::now();
-            let e = cached(
-                &dir,
-                &format!("{}_L{key}", s.name),
-                || embed(&model, &tok, &t, &layers).unwrap(),
-                t.len(),
-                dk,
-            );
-            eprintln!("{}: {:.1} s", s.name, t1.elapsed().as_secs_f32());
-            e
-        })
+        .map(|e| e.iter().map(|x| head.margin(x)).collect())
         .collect();
-    let only = std::env::var("ONLY_LAYER")
-        .ok()
-        .map(|v| v.parse::<usize>().unwrap());
-    for (k, &layer) in layers.iter().enumerate() {
-        if only.is_some_and(|o| o != layer) {
-            continue;
-        }
-        let slice = |v: &Vec<f32>| v[k * d..(k + 1) * d].to_vec();
-        let xs: Vec<Vec<f32>> = all_xs.iter().map(slice).collect();
-        let evs: Vec<Vec<Vec<f32>>> = all_evs
-            .iter()
-            .map(|e| e.iter().map(slice).collect())
-            .collect();
-        let layers = layer;
-        for l2 in std::env::var("L2S").map_or(vec![1e-3f32], |v| {
-            v.split(',').map(|x| x.parse().unwrap()).collect()
-        }) {
-            let t1 = Instant::now();
-            let p = ProbeHead::train(
-                &xs,
-                &ys,
-                l2,
-                std::env::var("EPOCHS").map_or(200, |v| v.parse().unwrap()),
-            );
-            eprintln!("  head trained in {:.1} s", t1.elapsed().as_secs_f32());
-            let ptop: Vec<Vec<[f32; 9]>> = evs
+    // Thresholds from dev only.
+    let (dev, dev_b, dev_m) = (&sets[0], &bv[0], &margins[0]);
+    let safe_n = dev.unsafe_.iter().filter(|u| !**u).count();
+    let budget = (DEV_FLAG_BUDGET * safe_n as f64).floor() as usize;
+    let safe_m: Vec<f32> = (0..dev.texts.len())
+        .filter(|&i| !dev.unsafe_[i])
+        .map(|i| dev_m[i])
+        .collect();
+    let alone = cut_above(safe_m, budget);
+    let builtin_flagged = (0..dev.texts.len())
+        .filter(|&i| !dev.unsafe_[i] && dev_b[i] != Severity::Safe)
+        .count();
+    let left: Vec<f32> = (0..dev.texts.len())
+        .filter(|&i| !dev.unsafe_[i] && dev_b[i] == Severity::Safe)
+        .map(|i| dev_m[i])
+        .collect();
+    head.threshold = cut_above(left, budget.saturating_sub(builtin_flagged));
+    eprintln!(
+        "dev: {safe_n} safe, budget {budget}, builtin flags {builtin_flagged}; probe alone cut {alone:.3}, \
+         with builtin {:.3}",
+        head.threshold
+    );
+
+    println!(
+        "guard (recall / safe flagged, dropped) | {}",
+        sets.iter().map(|s| s.name).collect::<Vec<_>>().join(" | ")
+    );
+    let row =
+        |name: &str, flag: &dyn Fn(usize, usize) -> bool, drop: &dyn Fn(usize, usize) -> bool| {
+            let cols: Vec<String> = sets
                 .iter()
-                .map(|e| e.iter().map(|x| p.scores(x)).collect())
-                .collect();
-            let name = format!("probe L{layers} l2={l2}");
-            line(
-                &name,
-                &ptop
-                    .iter()
-                    .map(|v| v.iter().map(maxv).collect())
-                    .collect::<Vec<_>>(),
-            );
-            // Combination: per-category mean of the two probabilities.
-            let mix: Vec<Vec<f32>> = ptop
-                .iter()
-                .zip(&btop)
-                .map(|(pv, bv)| {
-                    pv.iter()
-                        .zip(bv)
-                        .map(|(a, b)| {
-                            let mut m = [0f32; 9];
-                            for h in 0..9 {
-                                m[h] = 0.5 * (a[h] + b[h]);
-                            }
-                            maxv(&m)
-                        })
-                        .collect()
+                .enumerate()
+                .map(|(k, s)| {
+                    let f: Vec<bool> = (0..s.texts.len()).map(|i| flag(k, i)).collect();
+                    let d: Vec<bool> = (0..s.texts.len()).map(|i| drop(k, i)).collect();
+                    score(&f, &d, &s.unsafe_)
                 })
                 .collect();
-            line("  mean(probe,builtin)", &mix);
-        }
+            println!("{name:<34} | {}", cols.join(" | "));
+        };
+    let b_flag = |k: usize, i: usize| bv[k][i] != Severity::Safe;
+    let b_drop = |k: usize, i: usize| bv[k][i] == Severity::Unsafe;
+    row("builtin (default policy)", &b_flag, &b_drop);
+    row(
+        &format!("probe alone (dev 2% cut {alone:.2})"),
+        &|k, i| margins[k][i] >= alone,
+        &|_, _| false,
+    );
+    row(
+        &format!("builtin + probe (cut {:.2})", head.threshold),
+        &|k, i| b_flag(k, i) || margins[k][i] >= head.threshold,
+        &b_drop,
+    );
+    for (k, s) in sets.iter().enumerate() {
+        let auc = {
+            let (mut pairs, mut wins) = (0f64, 0f64);
+            for i in (0..s.texts.len()).filter(|&i| s.unsafe_[i]) {
+                for j in (0..s.texts.len()).filter(|&j| !s.unsafe_[j]) {
+                    pairs += 1.0;
+                    wins += match margins[k][i].total_cmp(&margins[k][j]) {
+                        std::cmp::Ordering::Greater => 1.0,
+                        std::cmp::Ordering::Equal => 0.5,
+                        std::cmp::Ordering::Less => 0.0,
+                    };
+                }
+            }
+            wins / pairs.max(1.0)
+        };
+        println!("probe ROC AUC {}: {auc:.3}", s.name);
     }
+
+    // Speed of the backend as a graph runs it: one prompt at a time, builtin first.
+    let guard = ProbeGuard::new(builtin.clone(), base.clone(), head.clone()).unwrap();
+    let texts: Vec<&str> = sets[0].texts.iter().map(String::as_str).collect();
+    let t2 = Instant::now();
+    for t in &texts {
+        builtin.verdict(t, Side::Prompt);
+    }
+    let tb = t2.elapsed().as_secs_f64();
+    let t3 = Instant::now();
+    for t in &texts {
+        guard.prompt_verdict(t).unwrap();
+    }
+    let tp = t3.elapsed().as_secs_f64();
+    let bytes: usize = texts.iter().map(|t| t.len()).sum();
+    println!(
+        "speed on dev's {} prompts, one at a time: builtin {:.0} prompts/s, builtin + probe {:.1} prompts/s \
+         ({:.1} KB/s)",
+        texts.len(),
+        texts.len() as f64 / tb,
+        texts.len() as f64 / tp,
+        bytes as f64 / tp / 1e3
+    );
+
+    let mut json = serde_json::to_string(&head).unwrap();
+    json.push('\n');
+    std::fs::write(&out, json).unwrap();
+    eprintln!("wrote {out}");
     ExitCode::SUCCESS
 }

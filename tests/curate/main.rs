@@ -4,6 +4,7 @@ mod dedup;
 mod graphs;
 mod guard;
 mod guard_model;
+mod guard_probe;
 mod props;
 mod redact;
 mod redact_layout;

@@ -23,7 +23,7 @@ mod sample;
 pub use builtin::{BuiltinGuard, CategoryScores};
 pub use model::{ModelGuard, moderation_prompt};
 pub use policy::{ControversialAction, GuardDecision, GuardPolicy, GuardReason};
-pub use probe::ProbeHead;
+pub use probe::{ProbeGuard, ProbeHead};
 pub use sample::{GuardBackendKind, Judgement, judge_sample};
 
 use serde::{Deserialize, Serialize};
@@ -168,6 +168,25 @@ pub enum GuardError {
     InvalidPolicy(String),
     #[error("guard model: {0}")]
     Model(String),
+    #[error("guard probe file {file}: {source}")]
+    ProbeFile {
+        file: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "the guard probe was trained on {trained} (sha256 {expected}), but the base at {path} has sha256 \
+         {found}: a probe reads one base's representation only; use `backend: Builtin`, point the guard's \
+         `model` at that base, or retrain the probe (examples/guard_probe.rs) on this one"
+    )]
+    WrongBase {
+        path: String,
+        found: String,
+        trained: String,
+        expected: String,
+    },
+    #[error("guard probe does not fit its base: {0}")]
+    InvalidProbe(String),
 }
 
 /// A guard implementation. `Send + Sync` so one instance can serve several actor threads.

@@ -1,35 +1,69 @@
-//! A guard probe: one-vs-rest logistic heads on a frozen base model's pooled residual stream
-//! ([`super::embed`]), trained on the prompt side of the builtin guard's training data. Measured
-//! by `examples/guard_probe.rs` (figures in `docs/guard.md`); not yet a graph backend.
+//! The probe guard (`backend: Probe`): the builtin guard, plus a binary logistic head on a frozen
+//! base model's pooled residual stream ([`super::embed`]) that sends a prompt the builtin guard
+//! calls Safe to `Controversial` when the head's margin reaches a threshold chosen on the dev split.
 //!
 //! Why: the builtin guard knows only the words of its training prompts; the base model has read
 //! far more text, so an unsafe prompt in words the guard data lacks can still land near the
-//! training prompts it means the same as.
+//! training prompts it means the same as. Why only `Controversial`: the head names no category and
+//! its flags were never checked for drop-level precision, so they go to a person (the policy's
+//! `controversial` action), never silently out of the training set.
+//!
+//! The head ships in `data/guard/probe.json`, written by `examples/guard_probe.rs`. It is tied to
+//! the base it was trained on (the SHA-256 of its GGUF file): another base is refused.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use super::data::{COMPOSED_BASE, Split, dataset};
-use super::{CategoryScores, GuardError, Side};
+use super::embed::{MAX_TOKENS, embed};
+use super::{
+    BuiltinGuard, Category, GuardBackend, GuardError, SampleVerdict, Severity, Side, Verdict,
+};
+use crate::model::Base;
+
+/// The shipped head, as `examples/guard_probe.rs` writes it.
+pub const SHIPPED: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/data/guard/probe.json"
+));
 
 /// Expansions of each prompt template kept for the probe's training (every composed prompt is
 /// kept): expansions of one template differ in a filler word, and each costs a forward.
-const PER_TEMPLATE: usize = 3;
-const LR: f32 = 0.01;
-/// Logistic heads over standardised features: `w[j * 9 + h]` for feature `j`, category `h`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProbeHead {
-    mean: Vec<f32>,
-    scale: Vec<f32>,
-    w: Vec<f32>,
-    b: [f32; 9],
-}
+pub const PER_TEMPLATE: usize = 3;
 
-fn sigmoid(z: f32) -> f32 {
-    1.0 / (1.0 + (-z).exp())
+/// A binary unsafe-vs-safe logistic head over `[mean, last]` pooled residuals after block `layer`,
+/// with the training standardiser folded into `weights` and `bias`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeHead {
+    /// The base it reads, for people.
+    pub base: String,
+    /// SHA-256 of the base's GGUF file ([`Base::sha256`]); any other base is refused.
+    pub base_sha256: String,
+    /// The residual after this block (1-based) is read.
+    pub layer: usize,
+    /// Tokens read per text; must equal [`MAX_TOKENS`], the embedding the head was trained on.
+    pub max_tokens: usize,
+    /// Margin at or above which the probe flags, chosen on the dev split only.
+    pub threshold: f32,
+    pub bias: f32,
+    pub weights: Vec<f32>,
 }
 
 impl ProbeHead {
-    /// Full-batch Adam on the logistic loss, positives weighted up per category as the builtin
-    /// guard does (square root of the imbalance, capped at 6).
-    pub fn train(xs: &[Vec<f32>], ys: &[[f32; 9]], l2: f32, epochs: usize) -> Self {
+    /// The head shipped in `data/guard/probe.json`.
+    pub fn shipped() -> Result<Self, GuardError> {
+        serde_json::from_str(SHIPPED).map_err(|source| GuardError::ProbeFile {
+            file: "data/guard/probe.json",
+            source,
+        })
+    }
+
+    /// Fits `weights` and `bias` (threshold 0) to minimise the mean logistic loss plus
+    /// `‖w‖² / (2·c·n)` on standardised features: scikit-learn's `LogisticRegression(C=c)`
+    /// objective, by full-batch Adam (the problem is convex; `epochs` steps).
+    pub fn fit(xs: &[Vec<f32>], ys: &[bool], c: f32, epochs: usize) -> (Vec<f32>, f32) {
         let d = xs.first().map_or(0, Vec::len);
         let n = xs.len().max(1) as f32;
         let mut mean = vec![0f32; d];
@@ -55,89 +89,59 @@ impl ProbeHead {
                     .collect()
             })
             .collect();
-        let mut pos = [0f32; 9];
-        for y in ys {
-            for (p, v) in pos.iter_mut().zip(y) {
-                *p += v;
-            }
-        }
-        let pw = pos.map(|p| {
-            if p > 0.0 {
-                ((n - p) / p).sqrt().clamp(1.0, 6.0)
-            } else {
-                1.0
-            }
-        });
-        let mut w = vec![0f32; d * 9];
-        let mut b = [0f32; 9];
-        let (mut mw, mut vw) = (vec![0f32; d * 9], vec![0f32; d * 9]);
-        let (mut mb, mut vb) = ([0f32; 9], [0f32; 9]);
+        let l2 = 1.0 / (c * n);
+        let (mut w, mut b) = (vec![0f32; d], 0f32);
+        let (mut mw, mut vw, mut mb, mut vb) = (vec![0f32; d], vec![0f32; d], 0f32, 0f32);
         let (b1, b2) = (0.9f32, 0.999f32);
-        let mut gw = vec![0f32; d * 9];
+        let mut gw = vec![0f32; d];
         for t in 1..=epochs {
             gw.iter_mut().for_each(|g| *g = 0.0);
-            let mut gb = [0f32; 9];
-            for (u, y) in us.iter().zip(ys) {
-                let z = logits(&w, &b, u);
-                let mut g = [0f32; 9];
-                for h in 0..9 {
-                    let wt = if y[h] > 0.0 { pw[h] } else { 1.0 };
-                    g[h] = (sigmoid(z[h]) - y[h]) * wt / n;
-                    gb[h] += g[h];
-                }
-                for (row, &v) in gw.chunks_exact_mut(9).zip(u) {
-                    for (r, gh) in row.iter_mut().zip(&g) {
-                        *r += gh * v;
-                    }
+            let mut gb = 0f32;
+            for (u, &y) in us.iter().zip(ys) {
+                let z = b + dot(&w, u);
+                let g = (sigmoid(z) - f32::from(u8::from(y))) / n;
+                gb += g;
+                for (gi, v) in gw.iter_mut().zip(u) {
+                    *gi += g * v;
                 }
             }
+            // A step size that shrinks late lets Adam settle at the optimum instead of hovering.
+            let lr = 0.01 / (1.0 + 4.0 * t as f32 / epochs as f32);
             let (c1, c2) = (1.0 - b1.powi(t as i32), 1.0 - b2.powi(t as i32));
             let adam = |p: &mut f32, m: &mut f32, v: &mut f32, g: f32| {
                 *m = b1 * *m + (1.0 - b1) * g;
                 *v = b2 * *v + (1.0 - b2) * g * g;
-                *p -= LR * (*m / c1) / ((*v / c2).sqrt() + 1e-8);
+                *p -= lr * (*m / c1) / ((*v / c2).sqrt() + 1e-8);
             };
-            for i in 0..d * 9 {
+            for i in 0..d {
                 let g = gw[i] + l2 * w[i];
                 adam(&mut w[i], &mut mw[i], &mut vw[i], g);
             }
-            for h in 0..9 {
-                adam(&mut b[h], &mut mb[h], &mut vb[h], gb[h]);
-            }
+            adam(&mut b, &mut mb, &mut vb, gb);
         }
-        ProbeHead { mean, scale, w, b }
+        // Folded: w·((x − mean)·scale) + b = (w·scale)·x + (b − Σ w·scale·mean).
+        let folded: Vec<f32> = w.iter().zip(&scale).map(|(w, s)| w * s).collect();
+        let bias = b - dot(&folded, &mean);
+        (folded, bias)
     }
 
-    /// Features the head reads.
-    pub fn dim(&self) -> usize {
-        self.mean.len()
-    }
-
-    /// Category probabilities of one embedding.
-    pub fn scores(&self, x: &[f32]) -> CategoryScores {
-        let u: Vec<f32> = x
-            .iter()
-            .zip(&self.mean)
-            .zip(&self.scale)
-            .map(|((v, m), s)| (v - m) * s)
-            .collect();
-        logits(&self.w, &self.b, &u).map(sigmoid)
+    /// The head's margin (log-odds of unsafe) for one embedding.
+    pub fn margin(&self, x: &[f32]) -> f32 {
+        self.bias + dot(&self.weights, x)
     }
 }
 
-fn logits(w: &[f32], b: &[f32; 9], u: &[f32]) -> [f32; 9] {
-    let mut z = *b;
-    for (row, &v) in w.chunks_exact(9).zip(u) {
-        for (zh, wh) in z.iter_mut().zip(row) {
-            *zh += wh * v;
-        }
-    }
-    z
+fn sigmoid(z: f32) -> f32 {
+    1.0 / (1.0 + (-z).exp())
 }
 
-/// The probe's training prompts and their category targets: the prompt side of the builtin
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(a, b)| a * b).sum()
+}
+
+/// The probe's training prompts and whether each is unsafe: the prompt side of the builtin
 /// guard's training split, every composed prompt and [`PER_TEMPLATE`] expansions per template.
-pub fn training_set() -> Result<(Vec<String>, Vec<[f32; 9]>), GuardError> {
+pub fn training_set() -> Result<(Vec<String>, Vec<bool>), GuardError> {
     let mut per = std::collections::HashMap::new();
     let mut texts = Vec::new();
     let mut ys = Vec::new();
@@ -150,12 +154,118 @@ pub fn training_set() -> Result<(Vec<String>, Vec<[f32; 9]>), GuardError> {
         if s.template < COMPOSED_BASE && *n > PER_TEMPLATE {
             continue;
         }
-        let mut y = [0f32; 9];
-        for c in &s.labels {
-            y[c.index()] = 1.0;
-        }
+        ys.push(!s.labels.is_empty());
         texts.push(s.text);
-        ys.push(y);
     }
     Ok((texts, ys))
+}
+
+/// The `Probe` backend: the builtin guard's verdicts, with prompts it calls Safe raised to
+/// `Controversial` when the probe's margin reaches the head's threshold. The category named then
+/// is the builtin guard's most likely one for the prompt.
+pub struct ProbeGuard {
+    builtin: BuiltinGuard,
+    base: Arc<Base>,
+    head: ProbeHead,
+}
+
+impl std::fmt::Debug for ProbeGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeGuard")
+            .field("base", &self.base.path)
+            .field("layer", &self.head.layer)
+            .field("threshold", &self.head.threshold)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProbeGuard {
+    /// Refuses a base other than the head's (by file hash), and a head whose shape or embedding
+    /// does not match the base and this build.
+    pub fn new(
+        builtin: BuiltinGuard,
+        base: Arc<Base>,
+        head: ProbeHead,
+    ) -> Result<Self, GuardError> {
+        if base.sha256 != head.base_sha256 {
+            return Err(GuardError::WrongBase {
+                path: base.path.display().to_string(),
+                found: base.sha256.clone(),
+                trained: head.base.clone(),
+                expected: head.base_sha256.clone(),
+            });
+        }
+        let cfg = base.model.config();
+        let bad = |what: String| Err(GuardError::InvalidProbe(what));
+        if head.layer == 0 || head.layer > cfg.num_layers {
+            return bad(format!(
+                "layer {} is not a block of the base (1..={})",
+                head.layer, cfg.num_layers
+            ));
+        }
+        if head.weights.len() != 2 * cfg.hidden_size {
+            return bad(format!(
+                "{} weights, the base's pooled residual has {}",
+                head.weights.len(),
+                2 * cfg.hidden_size
+            ));
+        }
+        if head.max_tokens != MAX_TOKENS {
+            return bad(format!(
+                "trained on {} tokens per text, this build embeds {MAX_TOKENS}",
+                head.max_tokens
+            ));
+        }
+        Ok(Self {
+            builtin,
+            base,
+            head,
+        })
+    }
+
+    /// The probe's margins for `texts` (one forward per batch of similar lengths).
+    pub fn margins(&self, texts: &[&str]) -> Result<Vec<f32>, GuardError> {
+        let e = embed(&self.base.model, &self.base.tok, texts, &[self.head.layer])?;
+        Ok(e.iter().map(|x| self.head.margin(x)).collect())
+    }
+
+    /// The prompt side's verdict: the builtin guard's, raised by the probe.
+    pub fn prompt_verdict(&self, prompt: &str) -> Result<Verdict, GuardError> {
+        let v = self.builtin.verdict(prompt, Side::Prompt);
+        if v.severity != Severity::Safe {
+            return Ok(v);
+        }
+        let m = self.margins(&[prompt])?[0];
+        if m < self.head.threshold {
+            return Ok(v);
+        }
+        let s = self.builtin.scores(prompt, Side::Prompt);
+        let top = Category::ALL
+            .into_iter()
+            .max_by(|a, b| s[a.index()].total_cmp(&s[b.index()]))
+            .unwrap_or(Category::Violent);
+        Ok(Verdict {
+            severity: Severity::Controversial,
+            categories: vec![top],
+            refusal: None,
+        })
+    }
+
+    pub fn head(&self) -> &ProbeHead {
+        &self.head
+    }
+}
+
+impl GuardBackend for ProbeGuard {
+    /// The head was trained on prompts only, so responses get the builtin guard's verdict.
+    fn classify(&self, prompt: &str, response: &str) -> Result<SampleVerdict, GuardError> {
+        Ok(SampleVerdict {
+            prompt: self.prompt_verdict(prompt)?,
+            response: self.builtin.verdict(response, Side::Response),
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "probe"
+    }
 }

@@ -2,8 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{BuiltinGuard, GuardBackend, GuardDecision, GuardError, GuardPolicy, ModelGuard};
+use super::{
+    BuiltinGuard, GuardBackend, GuardDecision, GuardError, GuardPolicy, ModelGuard, ProbeGuard,
+    ProbeHead,
+};
 use crate::message::{Outcome, SampleContent};
+use crate::model::BaseCache;
 
 /// Which classifier judges samples.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -20,6 +24,15 @@ pub enum GuardBackendKind {
         #[serde(default = "default_max_new_tokens")]
         max_new_tokens: usize,
     },
+    /// The builtin guard plus the probe shipped in `data/guard/probe.json`: a logistic head on the
+    /// base model's residual stream that sends prompts the builtin guard calls Safe to
+    /// `Controversial` when it is confident. `model` is the base it reads, held in the graph's
+    /// shared cache (absent: the default model, as `serve` resolves it); a base the probe was not
+    /// trained on is refused when the node is built.
+    Probe {
+        #[serde(default)]
+        model: Option<String>,
+    },
 }
 
 fn default_max_new_tokens() -> usize {
@@ -27,8 +40,14 @@ fn default_max_new_tokens() -> usize {
 }
 
 impl GuardBackendKind {
-    /// Builds (or loads) the classifier this kind names.
-    pub fn open(&self, policy: &GuardPolicy) -> Result<Box<dyn GuardBackend>, GuardError> {
+    /// Builds (or loads) the classifier this kind names; a base model comes from `bases`, resolved
+    /// against `data_dir` when the default model is meant.
+    pub fn open(
+        &self,
+        policy: &GuardPolicy,
+        data_dir: &std::path::Path,
+        bases: &BaseCache,
+    ) -> Result<Box<dyn GuardBackend>, GuardError> {
         Ok(match self {
             GuardBackendKind::Builtin => Box::new(BuiltinGuard::from_policy(policy)?),
             GuardBackendKind::Model {
@@ -40,6 +59,18 @@ impl GuardBackendKind {
                 adapter.as_deref().map(std::path::Path::new),
                 *max_new_tokens,
             )?),
+            GuardBackendKind::Probe { model } => {
+                let path = crate::serve::model_path(model.as_deref(), data_dir)
+                    .map_err(|e| GuardError::Model(format!("resolving the probe's base: {e}")))?;
+                let base = bases
+                    .get(&path)
+                    .map_err(|e| GuardError::Model(format!("{}: {e}", path.display())))?;
+                Box::new(ProbeGuard::new(
+                    BuiltinGuard::from_policy(policy)?,
+                    base,
+                    ProbeHead::shipped()?,
+                )?)
+            }
         })
     }
 }
