@@ -41,6 +41,11 @@ fn personal_graph(model: &Path) -> String {
             format!(r#"Eval(model: "{m}", gate"#),
         ),
         (r#", control: "127.0.0.1:9090""#.to_owned(), String::new()),
+        // The shipped probe reads the default model only and refuses the tiny one: the builtin guard.
+        (
+            "Guard(backend: Probe()".to_owned(),
+            "Guard(backend: Builtin".to_owned(),
+        ),
     ] {
         assert!(
             out.contains(&from),
