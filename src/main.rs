@@ -115,6 +115,10 @@ enum Command {
         /// Redactor settings as RON, e.g. `(types: [Email, Phone], keep_non_personal_ips: false)`.
         #[arg(long, default_value = "()")]
         config: String,
+        /// Name/address tagger weights (safetensors from examples/train_pii_tagger.rs) instead
+        /// of the shipped ones.
+        #[arg(long)]
+        tagger_weights: Option<PathBuf>,
     },
     /// Find credentials in a JSONL file (`id`, `text` per line) and write score_secrets.py findings.
     Secrets {
@@ -340,7 +344,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             jsonl,
             spans_out,
             config,
-        } => redact(&jsonl, &spans_out, &config),
+            tagger_weights,
+        } => redact(&jsonl, &spans_out, &config, tagger_weights.as_deref()),
         Command::Secrets {
             jsonl,
             findings_out,
@@ -725,8 +730,19 @@ fn coordinator(settings: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn redact(jsonl: &Path, spans_out: &Path, config: &str) -> anyhow::Result<ExitCode> {
-    let redactor = hearth::curate::redact::Redactor::new(parse_config(config)?);
+fn redact(
+    jsonl: &Path,
+    spans_out: &Path,
+    config: &str,
+    tagger_weights: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let mut redactor = hearth::curate::redact::Redactor::new(parse_config(config)?);
+    if let Some(p) = tagger_weights {
+        let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        let w = hearth::curate::redact::tagger::TaggerWeights::from_safetensors(&bytes)
+            .with_context(|| p.display().to_string())?;
+        redactor = redactor.with_tagger_weights(w);
+    }
     let (reader, writer) = jsonl_files(jsonl, spans_out)?;
     let stats = hearth::curate::redact::predict_jsonl(&redactor, reader, writer)?;
     report_bad_lines(jsonl, &stats.errors);

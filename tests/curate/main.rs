@@ -8,4 +8,5 @@ mod guard_probe;
 mod props;
 mod redact;
 mod redact_layout;
+mod redact_tagger;
 mod secrets;

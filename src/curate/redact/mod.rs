@@ -11,6 +11,7 @@ mod fields;
 mod lexicon;
 mod names;
 mod structured;
+pub mod tagger;
 
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
@@ -168,6 +169,10 @@ pub struct RedactConfig {
     pub allow: Vec<String>,
     /// Redact the `user:password@` part of URLs.
     pub url_credentials: bool,
+    /// Run the learned name/address tagger ([`tagger`]) beside the rules: its PERSON and
+    /// ADDRESS spans fill what the rules leave in non-Latin scripts, the rules winning where
+    /// both find a span. Off by default: see docs/redact-tagger.md for its figures.
+    pub tagger: bool,
 }
 
 impl Default for RedactConfig {
@@ -184,6 +189,7 @@ impl Default for RedactConfig {
             known_names: Vec::new(),
             allow: Vec::new(),
             url_credentials: true,
+            tagger: false,
         }
     }
 }
@@ -300,6 +306,7 @@ pub(crate) mod prio {
     pub const PHONE: u8 = 60;
     pub const ADDRESS: u8 = 50;
     pub const PERSON: u8 = 40;
+    pub const TAGGER: u8 = 30;
 }
 
 /// Keywords found in a text: secret rules selected (bit per rule index) and structured
@@ -358,9 +365,18 @@ pub struct Redactor {
     secrets: SecretScanner,
     allow: HashSet<String>,
     known_names: Vec<String>,
+    /// Tagger weights other than the shipped ones (see [`Redactor::with_tagger_weights`]).
+    tagger_weights: Option<std::sync::Arc<tagger::TaggerWeights>>,
 }
 
 impl Redactor {
+    /// Uses these tagger weights instead of the shipped ones (weights trained by
+    /// `examples/train_pii_tagger.rs`); they only act when `tagger` is on.
+    pub fn with_tagger_weights(mut self, w: tagger::TaggerWeights) -> Self {
+        self.tagger_weights = Some(std::sync::Arc::new(w));
+        self
+    }
+
     /// Builds a redactor from its config.
     pub fn new(config: RedactConfig) -> Self {
         let mut enabled = [false; 16];
@@ -389,6 +405,7 @@ impl Redactor {
             secrets,
             allow,
             known_names,
+            tagger_weights: None,
         }
     }
 
@@ -442,7 +459,7 @@ impl Redactor {
         // unchanged (`lexicon::retokenize`).
         let wants_tokens = self.on(PiiType::Address) || self.on(PiiType::Person);
         let toks = (wants_tokens && !text.is_empty()).then(|| lexicon::tokenize(text));
-        let mut cands = self.pass(text, toks.as_deref());
+        let mut cands = self.pass(text, toks.as_deref(), false);
         for _ in 0..4 {
             if cands.is_empty() {
                 break;
@@ -450,7 +467,7 @@ impl Redactor {
             // redacted text and, per sentinel, (redacted start, redacted end, original start, original end)
             let spliced = sentinels_for(text, &cands);
             let spliced_toks = toks.as_deref().map(|t| lexicon::retokenize(t, &spliced));
-            let new = self.pass(&spliced.text, spliced_toks.as_deref());
+            let new = self.pass(&spliced.text, spliced_toks.as_deref(), true);
             drop(spliced_toks);
             if new.is_empty() {
                 return (cands, Some(spliced.text));
@@ -498,9 +515,43 @@ impl Redactor {
         hits
     }
 
+    /// The tagger's PERSON and ADDRESS spans, below the rules' priority: it wakes only on
+    /// words no rule span holds (most names in Latin-script chat are the rules'), so that it
+    /// costs little where the rules already did the work.
+    fn tag(&self, text: &str, toks: &[lexicon::Tok], rescan: bool, cands: &mut Vec<Cand>) {
+        if !self.on(PiiType::Person) && !self.on(PiiType::Address) {
+            return;
+        }
+        let w: &tagger::TaggerWeights = match &self.tagger_weights {
+            Some(w) => w,
+            None => tagger::shipped(),
+        };
+        let mut held: Vec<(usize, usize)> = cands
+            .iter()
+            .filter(|c| c.ty.is_some())
+            .map(|c| (c.start, c.end))
+            .collect();
+        held.sort_unstable();
+        for s in w.spans(text, toks, rescan, &held) {
+            let ty = if s.address {
+                PiiType::Address
+            } else {
+                PiiType::Person
+            };
+            cands.push(Cand::new(
+                s.start,
+                s.end,
+                ty,
+                "tagger",
+                s.confidence,
+                prio::TAGGER,
+            ));
+        }
+    }
+
     /// One detection pass: candidates after filtering and overlap resolution. `toks` are
     /// `text`'s tokens when the name or address detector is on.
-    fn pass(&self, text: &str, toks: Option<&[lexicon::Tok]>) -> Vec<Cand> {
+    fn pass(&self, text: &str, toks: Option<&[lexicon::Tok]>, rescan: bool) -> Vec<Cand> {
         let mut cands: Vec<Cand> = Vec::with_capacity(16);
         if text.is_empty() {
             return cands;
@@ -546,6 +597,9 @@ impl Redactor {
         }
         if self.on(PiiType::Person) || self.on(PiiType::Address) {
             fields::detect(text, &mut cands);
+        }
+        if let Some(toks) = toks.filter(|_| self.config.tagger) {
+            self.tag(text, toks, rescan, &mut cands);
         }
         // Drop unwanted types and weak spans before resolving, so that a disabled detector
         // never hides an enabled one.

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Makes the tagger's training data with scripts/gen_pii_tagger.py and trains the shipped weights
+# (src/curate/redact/data/tagger.safetensors) with examples/train_pii_tagger.rs; prints the
+# tagger's own span figures on the train split and on the test split it never trains on.
+# usage: scripts/train_pii_tagger.sh [N_TRAIN]   (Faker in target/venv-faker or on python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-30000}
+OUT=target/pii-tagger
+mkdir -p "$OUT"
+PY=python3
+if [ -x target/venv-faker/bin/python ]; then PY=target/venv-faker/bin/python; fi
+if ! "$PY" -c 'import faker' 2>/dev/null; then
+  python3 -m venv target/venv-faker && target/venv-faker/bin/pip install -q faker
+  PY=target/venv-faker/bin/python
+fi
+"$PY" scripts/gen_pii_tagger.py --split train --seed 11 --n "$N" --out "$OUT/train.jsonl"
+"$PY" scripts/gen_pii_tagger.py --split test --seed 23 --n 3000 --out "$OUT/test.jsonl"
+cargo run -j"${JOBS:-1}" --release --example train_pii_tagger -- \
+  --train "$OUT/train.jsonl" --eval "$OUT/test.jsonl" --out src/curate/redact/data/tagger.safetensors "${@:2}"
