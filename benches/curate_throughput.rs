@@ -105,6 +105,26 @@ fn side_by_side(name: &str, bytes: usize, records: &[&str], red: &Redactor) {
     );
 }
 
+/// What the learned name/address tagger costs: the redactor with `tagger: true` beside the
+/// default (off), interleaved best-of-5 MB/s in the same run.
+fn tagger_cost(name: &str, bytes: usize, records: &[&str], on: &Redactor, off: &Redactor) {
+    let (mut a, mut b) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        for (t, red) in [(&mut a, on), (&mut b, off)] {
+            *t = t.min(best_secs(1, || {
+                for r in records {
+                    black_box(red.redact(black_box(r)));
+                }
+            }));
+        }
+    }
+    let (am, bm) = (bytes as f64 / a / 1e6, bytes as f64 / b / 1e6);
+    eprintln!(
+        "tagger cost {name}: tagger on {am:.1} MB/s, off {bm:.1} MB/s, ratio on/off {:.2}",
+        am / bm
+    );
+}
+
 /// Repetitive texts that once made redaction quadratic (a long list of names, a name repeated,
 /// candidates piling up for overlap resolution, a re-scan finding something in every copy),
 /// and a few that never did.
@@ -227,6 +247,10 @@ fn bench(c: &mut Criterion) {
         ],
         ..RedactConfig::default()
     });
+    let with_tagger = Redactor::new(RedactConfig {
+        tagger: true,
+        ..RedactConfig::default()
+    });
     let sec = SecretScanner::new(SecretConfig::default()).expect("default secret config");
     let guard = hanzo_guard::pii::PiiDetector::new(hanzo_guard::config::PiiConfig::default());
     for (name, unicode) in [("ascii", false), ("non_ascii", true)] {
@@ -266,6 +290,7 @@ fn bench(c: &mut Criterion) {
         });
         g.finish();
         side_by_side(name, text.len(), &records, &red);
+        tagger_cost(name, text.len(), &records, &with_tagger, &red);
         side_by_side(
             &format!("{name}, the peer's six types only"),
             text.len(),
