@@ -30,7 +30,7 @@ struct Args {
     /// Output safetensors.
     #[arg(long)]
     out: String,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 3)]
     epochs: usize,
     /// Hash buckets (power of two).
     #[arg(long, default_value_t = 1 << 14)]
@@ -40,9 +40,9 @@ struct Args {
     #[arg(long, default_value_t = 32)]
     hidden: usize,
     /// Units per batch.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 4096)]
     batch: usize,
-    #[arg(long, default_value_t = 0.003)]
+    #[arg(long, default_value_t = 0.005)]
     lr: f64,
     /// Probability of hiding a unit's word feature, so that context and character n-grams
     /// carry names never seen.

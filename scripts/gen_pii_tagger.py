@@ -21,6 +21,7 @@ a few others are filled in so that the tagger learns to leave them to the rules.
 usage: gen_pii_tagger.py --split train|test --n N --seed S --out FILE   (needs `pip install faker`)
 """
 import argparse
+import datetime
 import json
 import os
 import random
@@ -168,6 +169,18 @@ HEADINGS = ["Release Notes", "Getting Started", "Known Issues", "Table of Conten
             "Action Items", "Meeting Minutes", "Project Overview", "Privacy Policy", "Terms of Service"]
 
 
+# Faker draws dates up to "now": pinned (in our calls, and in the providers' own calls for
+# weekday and month names), so that one seed gives one file on any day.
+DATES_END = datetime.datetime(2026, 1, 1)
+
+
+def pin_dates(f):
+    for p in f.providers:
+        if hasattr(p, "date_time") and hasattr(p, "day_of_week"):
+            orig = p.date_time
+            p.date_time = lambda tzinfo=None, end_datetime=None, _o=orig: _o(tzinfo, end_datetime or DATES_END)
+
+
 class Gen:
     def __init__(self, seed, locales):
         self.r = random.Random(seed)
@@ -175,6 +188,7 @@ class Gen:
         for loc in sorted(set(locales) | {"en_US"}):
             f = Faker(loc)
             f.seed_instance(self.r.randrange(1 << 30))
+            pin_dates(f)
             self.fakers[loc] = f
         self.loc = "en_US"
 
@@ -414,8 +428,8 @@ def neg_filler(g):
 
 def neg_date(g):
     f = g.f
-    return [g.r.choice([f.date(), f.date_time().strftime("%a %b %d %H:%M:%S %Y"), f.day_of_week(), f.month_name(),
-                        f.date_time().strftime("%d %b %Y"), f.time()]), g.r.choice([" ", ": ", " - "]), g.r.choice(FILLERS)]
+    return [g.r.choice([f.date(end_datetime=DATES_END), f.date_time(end_datetime=DATES_END).strftime("%a %b %d %H:%M:%S %Y"), f.day_of_week(), f.month_name(),
+                        f.date_time(end_datetime=DATES_END).strftime("%d %b %Y"), f.time(end_datetime=DATES_END)]), g.r.choice([" ", ": ", " - "]), g.r.choice(FILLERS)]
 
 
 def _word(g):
@@ -431,7 +445,7 @@ def neg_fields(g):
     parts = []
     for _ in range(g.r.randint(1, 4)):
         label = _word(g).capitalize() if g.r.random() < 0.7 else g.r.choice(["Status", "Created", "Filed", "Due"])
-        value = g.r.choice([g.f.date(), str(g.r.randint(1, 9999)), _word(g), g.r.choice(PRODUCTS), "n/a", "—"])
+        value = g.r.choice([g.f.date(end_datetime=DATES_END), str(g.r.randint(1, 9999)), _word(g), g.r.choice(PRODUCTS), "n/a", "—"])
         parts.append(f"{label}: {value}\n")
     return parts
 
