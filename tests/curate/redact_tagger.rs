@@ -150,3 +150,25 @@ fn bad_weights_are_a_typed_error() {
         Err(TaggerError::Format(_))
     ));
 }
+
+/// With the tagger on, redaction is still idempotent (the default-config property test runs
+/// with it off).
+#[test]
+fn tagger_redaction_is_idempotent() {
+    let on = Redactor::new(config(true));
+    let mixed = [
+        "Здравствуйте, меня зовут Ольга Смирнова, адрес: г. Казань, ул. Баумана, д. 15, кв. 4",
+        "氏名：佐藤 花子\n住所：大阪府大阪市北区梅田1-2-3\n電話：06-1234-5678",
+        "שלום, קוראים לי דנה לוי, אני גרה ברחוב הרצל 12, תל אביב",
+        "ชื่อ สมชาย ใจดี ที่อยู่ 99/1 ถนนสุขุมวิท กรุงเทพฯ 10110",
+    ];
+    for t in FINDS
+        .iter()
+        .map(|f| f.0)
+        .chain(CLEAN.iter().copied())
+        .chain(mixed)
+    {
+        let once = on.redact(t).text;
+        assert_eq!(on.redact(&once).text, once, "{t}");
+    }
+}
