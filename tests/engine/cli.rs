@@ -333,3 +333,52 @@ fn reload_and_sighup_rewire_a_running_graph_and_refuse_a_broken_one() {
         "count in != count out"
     );
 }
+
+/// `hearth redact --tagger-weights FILE` reads its weights from FILE: a copy of the shipped ones gives the
+/// shipped tagger's spans, and a file that is not weights, or none, is an error naming it.
+#[test]
+fn redact_reads_tagger_weights_from_the_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"id\": 0, \"text\": \"Вчера звонил Сергей Кузнецов насчёт договора.\"}\n",
+    )
+    .unwrap();
+    let shipped = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/curate/redact/data/tagger.safetensors"
+    );
+    let copy = dir.path().join("copy.safetensors");
+    std::fs::copy(shipped, &copy).unwrap();
+    let garbage = dir.path().join("garbage.safetensors");
+    std::fs::write(&garbage, b"not weights").unwrap();
+    let run = |weights: Option<&Path>, out: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["redact", "--config", "(tagger: true)", "--jsonl"])
+            .arg(&input)
+            .arg("--spans-out")
+            .arg(dir.path().join(out));
+        if let Some(w) = weights {
+            cmd.arg("--tagger-weights").arg(w);
+        }
+        let o = cmd.output().unwrap();
+        let spans = std::fs::read_to_string(dir.path().join(out)).unwrap_or_default();
+        (
+            o.status.success(),
+            spans,
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, default_spans, err) = run(None, "default.jsonl");
+    assert!(
+        ok && default_spans.contains("PERSON"),
+        "{err}{default_spans}"
+    );
+    let (ok, copy_spans, err) = run(Some(&copy), "copy.jsonl");
+    assert!(ok && copy_spans == default_spans, "{err}{copy_spans}");
+    for bad in [garbage, dir.path().join("missing.safetensors")] {
+        let (ok, _, err) = run(Some(&bad), "bad.jsonl");
+        assert!(!ok && err.contains(&bad.display().to_string()), "{err}");
+    }
+}
