@@ -751,21 +751,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
             } else if k == "c" && toks.get(j).is_some_and(|x| x.is_punct(text, '/')) {
                 // `C/ Mayor 5` (Spanish `calle`)
                 j += 1;
-            } else if matches!(
-                k,
-                "ul" | "al"
-                    | "bd"
-                    | "c"
-                    | "пр"
-                    | "просп"
-                    | "бул"
-                    | "пер"
-                    | "наб"
-                    | "ш"
-                    | "пл"
-                    | "pl"
-                    | "jl"
-            ) {
+            } else if matches!(k, "ul" | "al" | "bd") || is_bare_street_abbreviation(k) {
                 return None;
             }
             let start_words = j;
@@ -828,23 +814,7 @@ fn core(toks: &[Tok], i: usize, text: &str) -> Option<(usize, usize, Level)> {
                 strong = true;
             }
             // bare abbreviations (`Av`, `C/`) are too short to stand without a number
-            if !strong
-                && matches!(
-                    k,
-                    "av" | "avda"
-                        | "c"
-                        | "ул"
-                        | "пр"
-                        | "просп"
-                        | "бул"
-                        | "пер"
-                        | "наб"
-                        | "ш"
-                        | "пл"
-                        | "pl"
-                        | "jl"
-                )
-            {
+            if !strong && (matches!(k, "av" | "avda" | "ул") || is_bare_street_abbreviation(k)) {
                 return None;
             }
             return Some((
@@ -1388,6 +1358,15 @@ fn intersections(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             prio::ADDRESS,
         ));
     }
+}
+
+/// Street-type abbreviations (folded) that name no street without a dot or a number after them: `C/`, `пр`,
+/// `pl`, Indonesian `jl` …
+fn is_bare_street_abbreviation(k: &str) -> bool {
+    matches!(
+        k,
+        "c" | "пр" | "просп" | "бул" | "пер" | "наб" | "ш" | "пл" | "pl" | "jl"
+    )
 }
 
 #[cfg(test)]
