@@ -9,12 +9,7 @@ SHARED=${SHARED:-$(cd .. && pwd)/shared}
 N=${1:-5000}
 OUT=target/pii-heldout
 mkdir -p "$OUT"
-PY=python3
-if [ -x target/venv-faker/bin/python ]; then PY=target/venv-faker/bin/python; fi
-if ! "$PY" -c 'import faker' 2>/dev/null; then
-  python3 -m venv target/venv-faker && target/venv-faker/bin/pip install -q faker
-  PY=target/venv-faker/bin/python
-fi
+source scripts/faker_venv.sh
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build -j"${JOBS:-1}" --release --bin hearth
 "$PY" scripts/gen_pii_heldout.py --split dev --seed 7 --n "$N" --out "$OUT/dev.jsonl"
 "$PY" scripts/gen_pii_heldout.py --split heldout --seed 90210 --n "$N" --out "$OUT/heldout.jsonl"

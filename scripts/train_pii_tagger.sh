@@ -8,12 +8,7 @@ cd "$(dirname "$0")/.."
 N=${1:-30000}
 OUT=target/pii-tagger
 mkdir -p "$OUT"
-PY=python3
-if [ -x target/venv-faker/bin/python ]; then PY=target/venv-faker/bin/python; fi
-if ! "$PY" -c 'import faker' 2>/dev/null; then
-  python3 -m venv target/venv-faker && target/venv-faker/bin/pip install -q faker
-  PY=target/venv-faker/bin/python
-fi
+source scripts/faker_venv.sh
 "$PY" scripts/gen_pii_tagger.py --split train --seed 11 --n "$N" --out "$OUT/train.jsonl"
 "$PY" scripts/gen_pii_tagger.py --split test --seed 23 --n 3000 --out "$OUT/test.jsonl"
 cargo run -j"${JOBS:-1}" --release --example train_pii_tagger -- \
