@@ -1,0 +1,260 @@
+//! hearth's half of `scripts/bench_real_sizes.sh`: speed, logits and training throughput on one GGUF (random
+//! weights shaped like Qwen3-1.7B or Llama-3.2-1B there), each printed as one line the script parses.
+//!
+//! ```text
+//! real_sizes speed GGUF PREFILL DECODE
+//!     through the serve engine, as `serve_decode` measures: a greedy request whose prompt is about PREFILL
+//!     tokens (the count is printed), DECODE tokens generated; prefill tokens/s from the time to the first
+//!     token, decode tokens/s after it. One untimed warm-up request first. Threads: RAYON_NUM_THREADS.
+//!     `requantize-q8_0` after DECODE loads the weights as `Serve(requantize: Q8_0)` does.
+//! real_sizes prompt-tokens GGUF PREFILL
+//!     the token count of the prompt `speed` sends (PREFILL unless the text cannot be cut there), for llama-bench.
+//! real_sizes logits GGUF N OUT
+//!     N fixed token ids (OUT.tokens.json) through one full-sequence forward; the logits as little-endian f32,
+//!     N rows of the vocabulary (OUT.f32); and the same through an f32 reference, every product in f32 over the
+//!     file's weights dequantized (OUT.ref.f32).
+//! real_sizes train GGUF STEPS RANK
+//!     LoRA SFT steps (forward, backward, AdamW) at sequence 128, batch 4, all seven projections, on the weights
+//!     as the file has them (what the main job trains with `requantize: Off`), after one untimed step.
+//! ```
+
+use std::error::Error;
+use std::path::Path;
+use std::time::Instant;
+
+use hearth::message::{ChatMessage, Origin, Provenance, Role, Sample, SampleContent};
+use hearth::model::{Base, Requantize, Tokenizer};
+use hearth::serve::{GenerateRequest, PromptInput, ServeConfig, Server, StreamEvent};
+use hearth::train::{LoraTrainer, TrainConfig};
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+const PROSE: &str = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins \
+    with a single step, and the river keeps its own counsel as it winds toward the sea. ";
+
+fn usage() -> Res<()> {
+    Err(
+        "usage: real_sizes speed GGUF PREFILL DECODE [requantize-q8_0] | prompt-tokens GGUF PREFILL | logits GGUF N OUT | train GGUF STEPS RANK"
+            .into(),
+    )
+}
+
+fn num(s: &str) -> Res<usize> {
+    s.parse().map_err(|e| format!("{s:?}: {e}").into())
+}
+
+/// A prompt of `prefill` tokens: the prose's first tokens as text again, one fewer while the round trip merges
+/// a token or two into more or fewer.
+fn prompt_text(tok: &Tokenizer, prefill: usize) -> Res<String> {
+    let ids = tok.encode(&PROSE.repeat(prefill / 20 + 2), false)?;
+    let mut k = prefill.min(ids.len());
+    loop {
+        let text = tok.decode(&ids[..k], false);
+        if tok.encode(&text, false)?.len() == prefill || k == 0 {
+            return Ok(text);
+        }
+        k -= 1;
+    }
+}
+
+fn speed(path: &Path, prefill: usize, decode: usize, requantize: Requantize) -> Res<()> {
+    let config = ServeConfig {
+        model_name: "base".to_owned(),
+        max_tokens_limit: 4096,
+        // Every request prefills its whole prompt.
+        prompt_cache_bytes: 0,
+        ..ServeConfig::default()
+    };
+    let t0 = Instant::now();
+    let server = Server::from_base(&Base::load_with(path, requantize)?, config)?;
+    println!(
+        "{} loaded in {:.1}s",
+        path.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    let prompt = prompt_text(server.engine().tokenizer(), prefill)?;
+    let request = |max_tokens: usize| GenerateRequest {
+        model: Some("base".to_owned()),
+        prompt: PromptInput::Text(prompt.clone()),
+        user: "bench".to_owned(),
+        max_tokens: Some(max_tokens),
+        temperature: None,
+        top_p: None,
+        top_k: None,
+        seed: None,
+        stop: Vec::new(),
+        ignore_eos: true,
+        lora: None,
+        parse_special: false,
+    };
+    let run = |max_tokens: usize| -> Res<(f64, f64, usize, usize)> {
+        let t0 = Instant::now();
+        let admitted = server.engine().submit(request(max_tokens), "bench")?;
+        let mut first = None;
+        loop {
+            match admitted.pipe.next_event() {
+                StreamEvent::Text(_) => {
+                    first.get_or_insert_with(Instant::now);
+                }
+                StreamEvent::Done(c) => {
+                    let end = Instant::now();
+                    let first = first.unwrap_or(end);
+                    let decode_s = (end - first).as_secs_f64().max(1e-9);
+                    return Ok((
+                        c.prompt_tokens as f64 / (first - t0).as_secs_f64(),
+                        c.completion_tokens.saturating_sub(1) as f64 / decode_s,
+                        c.prompt_tokens,
+                        c.completion_tokens,
+                    ));
+                }
+                StreamEvent::Failed(m) => return Err(m.into()),
+                StreamEvent::Uncommitted(e) => return Err(e.into()),
+            }
+        }
+    };
+    run(2)?;
+    let (p, d, n, m) = run(decode)?;
+    if n != prefill {
+        return Err(format!("the prompt took {n} tokens, not {prefill}").into());
+    }
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into());
+    let form = match requantize {
+        Requantize::Off => "",
+        Requantize::Q8_0 => " requantize Q8_0",
+    };
+    println!(
+        "hearth{form} threads {threads} | prefill {n} tokens: {p:.2} tok/s | decode {m} tokens: {d:.2} tok/s"
+    );
+    Ok(())
+}
+
+fn logits(path: &Path, n: usize, out: &Path) -> Res<()> {
+    let (model, _tok) = hearth::model::load(path)?;
+    // Fixed ids spread over the source vocabulary's real tokens (the first 49152 of SmolLM2's; the padding
+    // after them is never produced by the tokenizer).
+    let vocab = model.config().vocab_size.min(49152) as u64;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let ids: Vec<u32> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab) as u32
+        })
+        .collect();
+    let t0 = Instant::now();
+    let logits = model.forward_ids(&ids, None, None)?.to_vec2::<f32>()?;
+    println!(
+        "hearth forward of {n} tokens in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    write_f32(&out.with_extension("f32"), &logits)?;
+    // The reference both sides are held to: every product in f32 over the file's weights dequantized.
+    let reference = model
+        .merged(None)?
+        .forward_ids(&ids, None, None)?
+        .to_vec2::<f32>()?;
+    write_f32(&out.with_extension("ref.f32"), &reference)?;
+    std::fs::write(
+        out.with_extension("tokens.json"),
+        serde_json::to_string(&ids)?,
+    )?;
+    Ok(())
+}
+
+fn write_f32(path: &Path, rows: &[Vec<f32>]) -> Res<()> {
+    let bytes: Vec<u8> = rows
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(path, bytes)?;
+    Ok(())
+}
+
+fn samples() -> Vec<Sample> {
+    let long = "the quick brown fox jumps over the lazy dog and then runs into the forest where "
+        .repeat(8);
+    (0..8)
+        .map(|i| Sample {
+            id: format!("b{i}"),
+            user: "bench".into(),
+            origin: Origin::Grounded,
+            content: SampleContent::Sft {
+                prompt: vec![ChatMessage {
+                    role: Role::User,
+                    content: format!("tell story {i}"),
+                }],
+                response: long.clone(),
+            },
+            provenance: Provenance::default(),
+            created_at_unix_ms: 0,
+        })
+        .collect()
+}
+
+fn train(path: &Path, steps: usize, rank: usize) -> Res<()> {
+    let (model, tok) = hearth::model::load(path)?;
+    let pool = hearth::train::background_pool(rayon::current_num_threads())?;
+    let cfg = TrainConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        steps,
+        batch_size: 4,
+        max_seq_len: 128,
+        warmup_steps: 1,
+        replay_fraction: 0.0,
+        holdout_fraction: 0.0,
+        ..TrainConfig::default()
+    };
+    let warm = TrainConfig {
+        steps: 1,
+        ..cfg.clone()
+    };
+    pool.install(|| LoraTrainer::new(&model, &tok, warm, None)?.train_cycle(&samples(), |_| {}))?;
+    let mut tr = LoraTrainer::new(&model, &tok, cfg, None)?;
+    let r = pool.install(|| tr.train_cycle(&samples(), |_| {}))?;
+    let threads = rayon::current_num_threads();
+    println!(
+        "hearth train threads {threads} | rank {rank}, seq 128, batch 4, all linear: {:.2} tokens/s ({} tokens in {:.1} s, {} steps)",
+        r.tokens_per_second, r.tokens, r.seconds, r.steps
+    );
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    // The hearth binary's allocator and thread settings, so the figures are the main job's.
+    hearth::malloc::tune_for_long_runs();
+    hearth::model::configure_candle_threads();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    match a[..] {
+        ["speed", gguf, prefill, decode] => speed(
+            Path::new(gguf),
+            num(prefill)?,
+            num(decode)?,
+            Requantize::Off,
+        ),
+        ["speed", gguf, prefill, decode, "requantize-q8_0"] => speed(
+            Path::new(gguf),
+            num(prefill)?,
+            num(decode)?,
+            Requantize::Q8_0,
+        ),
+        ["logits", gguf, n, out] => {
+            let n = num(n)?;
+            let pool = rayon::ThreadPoolBuilder::new().build()?;
+            pool.install(|| logits(Path::new(gguf), n, Path::new(out)).map_err(|e| e.to_string()))?;
+            Ok(())
+        }
+        ["prompt-tokens", gguf, prefill] => {
+            let g = hearth::model::GgufFile::open(gguf)?;
+            let tok = Tokenizer::from_gguf_metadata(g.metadata())?;
+            let text = prompt_text(&tok, num(prefill)?)?;
+            println!("{}", tok.encode(&text, false)?.len());
+            Ok(())
+        }
+        ["train", gguf, steps, rank] => train(Path::new(gguf), num(steps)?, num(rank)?),
+        _ => usage(),
+    }
+}
