@@ -54,7 +54,8 @@ if [ ! -f "$smol" ]; then
 fi
 echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $smol" | sha256sum -c --quiet
 
-cargo build -q --release --example real_sizes
+# Both in one build: the example's dev-dependencies unify features, so the binary built alone would recompile.
+cargo build -q --release --example real_sizes --bin hearth
 ours=$root/target/release/examples/real_sizes
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -169,7 +170,6 @@ fi
 if ((rss_secs > 0)); then
     f=${files[0]}
     size=$(stat -c %s "$f")
-    cargo build -q --release --bin hearth
     run=$out/rss
     mkdir -p "$run/data"
     graph=$run/graph.ron
