@@ -13,7 +13,7 @@
 //! costs a scan of its tokens.
 //!
 //! Weights: `data/tagger.safetensors` (f16), trained by `examples/train_pii_tagger.rs` on
-//! `scripts/gen_pii_tagger.py`'s data; see docs/curation.md.
+//! `scripts/gen_pii_tagger.py`'s data; see docs/redact-tagger.md.
 
 use std::sync::LazyLock;
 
