@@ -8,13 +8,12 @@
 
 mod bench_util;
 
-use bench_util::{bench_model, fixed_length_request, random_adapter};
+use bench_util::{bench_model, fixed_length_request, random_adapter, timed};
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use hearth::model::LoraSet;
-use hearth::serve::{ServeConfig, Server, StreamEvent};
+use hearth::serve::{ServeConfig, Server};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -40,22 +39,7 @@ fn rss_bytes() -> usize {
 fn decode(server: &Server, user: &str, prompt: &str, max_tokens: usize) -> Res<f64> {
     let mut req = fixed_length_request(None, prompt, max_tokens);
     req.user = user.to_owned();
-    let admitted = server.engine().submit(req, "bench")?;
-    let mut first = None;
-    loop {
-        match admitted.pipe.next_event() {
-            StreamEvent::Text(_) => {
-                first.get_or_insert_with(Instant::now);
-            }
-            StreamEvent::Done(c) => {
-                let end = Instant::now();
-                let secs = (end - first.unwrap_or(end)).as_secs_f64().max(1e-9);
-                return Ok(c.completion_tokens.saturating_sub(1) as f64 / secs);
-            }
-            StreamEvent::Failed(m) => return Err(m.into()),
-            StreamEvent::Uncommitted(e) => return Err(e.into()),
-        }
-    }
+    Ok(timed(server, req)?.1)
 }
 
 fn main() -> Res<()> {

