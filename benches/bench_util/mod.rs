@@ -179,6 +179,18 @@ pub fn lora_cycle(
         holdout_fraction: 0.0,
         ..TrainConfig::default()
     };
+    // The memory budgets, when set: `HEARTH_BENCH_ACTIVATION_MIB`, `HEARTH_BENCH_TRANSPOSE_MIB`.
+    let mib = |var: &str, default: usize| {
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let cfg = TrainConfig {
+        activation_budget_mib: mib("HEARTH_BENCH_ACTIVATION_MIB", cfg.activation_budget_mib),
+        transpose_cache_mib: mib("HEARTH_BENCH_TRANSPOSE_MIB", cfg.transpose_cache_mib),
+        ..cfg
+    };
     let warm = TrainConfig {
         steps: 1,
         ..cfg.clone()

@@ -113,6 +113,14 @@ pub struct TrainConfig {
     pub checkpoint_every: usize,
     /// Sleep after every optimizer step, so training yields the CPU to serving.
     pub step_sleep_ms: u64,
+    /// MiB of saved activations a micro-batch's graphs may hold, as estimated from the model's shape and the
+    /// sequences' lengths ([`super::activation_bytes`]); past it, each sequence's forward runs again for its
+    /// backward, one sequence at a time: the same update, for one more forward pass and less memory.
+    pub activation_budget_mib: usize,
+    /// MiB of weight transposes kept across backward passes, for the whole process
+    /// ([`crate::model::transformer::set_transpose_cache_limit`], set when a trainer is built); past it, each
+    /// backward pass builds and drops its own: the same update, for more time and less memory.
+    pub transpose_cache_mib: usize,
 }
 
 impl Default for TrainConfig {
@@ -160,6 +168,8 @@ impl Default for TrainConfig {
             max_self_generated_share: 0.5,
             checkpoint_every: 0,
             step_sleep_ms: 0,
+            activation_budget_mib: 1024,
+            transpose_cache_mib: 256,
         }
     }
 }

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::Result;
 use super::data::Seq;
-use crate::model::{LoraSet, Transformer};
+use crate::model::{LoraSet, ModelConfig, Transformer};
 
 /// Per-token log-probs of a right-padded batch: `lp[n, t]` is `log p(ids[t+1] | ids[..=t])` and
 /// `mask[n, t]` (f32) is 1 where that target is scored. Right padding is exact under a causal
@@ -70,25 +70,53 @@ pub fn token_logps(
 /// the chain rule the gradients are those of the whole-batch graph; only the order in which the sequences'
 /// contributions are summed differs. The split depends on the batch alone, not on the thread count, so a seed
 /// still gives the same bytes on any machine; and no sequence is padded to the longest.
-pub struct SequenceLogps {
+///
+/// With `recompute`, no graph outlives its sequence's forward: the sequences run one at a time, and
+/// [`SequenceLogps::gradients`] runs each forward again, one at a time, for its backward. The log-probs, and
+/// so the gradients, are the same bytes; the saved activations are one sequence's instead of the batch's.
+pub struct SequenceLogps<'a> {
     /// The leaf as `lp` (`[n, l − 1]`, zero past each sequence's end) and the mask, as [`token_logps`] gives them.
     pub logps: TokenLogps,
     leaf: Var,
+    graphs: Graphs<'a>,
+}
+
+/// Where [`SequenceLogps::gradients`] finds each sequence's graph.
+enum Graphs<'a> {
     /// Each sequence's own log-probs, `[1, its length − 1]`, with its graph.
-    graphs: Vec<Tensor>,
+    Kept(Vec<Tensor>),
+    /// What builds them again.
+    Recompute {
+        model: &'a Transformer,
+        lora: Option<Box<LoraSet>>,
+        seqs: Vec<Seq>,
+        pad: u32,
+    },
 }
 
 /// See [`SequenceLogps`].
-pub fn sequence_logps(
-    model: &Transformer,
+pub fn sequence_logps<'a>(
+    model: &'a Transformer,
     lora: Option<&LoraSet>,
     seqs: &[&Seq],
     pad: u32,
-) -> Result<SequenceLogps> {
-    let parts = seqs
-        .par_iter()
-        .map(|s| token_logps(model, lora, &[*s], pad))
-        .collect::<Result<Vec<_>>>()?;
+    recompute: bool,
+) -> Result<SequenceLogps<'a>> {
+    let parts = if recompute {
+        seqs.iter()
+            .map(|s| {
+                let t = token_logps(model, lora, &[*s], pad)?;
+                Ok(TokenLogps {
+                    lp: t.lp.detach(),
+                    mask: t.mask,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        seqs.par_iter()
+            .map(|s| token_logps(model, lora, &[*s], pad))
+            .collect::<Result<Vec<_>>>()?
+    };
     let width = parts
         .iter()
         .map(|p| p.lp.dim(1))
@@ -106,17 +134,27 @@ pub fn sequence_logps(
         .map(|p| widen(&p.mask))
         .collect::<Result<Vec<_>>>()?;
     let leaf = Var::from_tensor(&Tensor::cat(&lp, 0)?)?;
+    let graphs = if recompute {
+        Graphs::Recompute {
+            model,
+            lora: lora.cloned().map(Box::new),
+            seqs: seqs.iter().map(|s| (*s).clone()).collect(),
+            pad,
+        }
+    } else {
+        Graphs::Kept(parts.into_iter().map(|p| p.lp).collect())
+    };
     Ok(SequenceLogps {
         logps: TokenLogps {
             lp: leaf.as_tensor().clone(),
             mask: Tensor::cat(&mask, 0)?,
         },
         leaf,
-        graphs: parts.into_iter().map(|p| p.lp).collect(),
+        graphs,
     })
 }
 
-impl SequenceLogps {
+impl SequenceLogps<'_> {
     /// The gradient of `loss` (built on [`Self::logps`]) for each of `vars`, in order; `None` where the
     /// loss does not depend on it.
     pub fn gradients(&self, loss: &Tensor, vars: &[&Var]) -> Result<Vec<Option<Tensor>>> {
@@ -125,19 +163,31 @@ impl SequenceLogps {
             return Ok(vec![None; vars.len()]);
         };
         let d_lp = d_lp.detach();
-        let per_sequence = self
-            .graphs
-            .par_iter()
-            .enumerate()
-            .map(|(i, lp)| {
-                let d = d_lp.narrow(0, i, 1)?.narrow(1, 0, lp.dim(1)?)?;
-                let store = (lp * d)?.sum_all()?.backward()?;
-                Ok(vars
-                    .iter()
-                    .map(|v| store.get(v.as_tensor()).cloned())
-                    .collect::<Vec<_>>())
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let backward = |i: usize, lp: &Tensor| -> Result<Vec<Option<Tensor>>> {
+            let d = d_lp.narrow(0, i, 1)?.narrow(1, 0, lp.dim(1)?)?;
+            let store = (lp * d)?.sum_all()?.backward()?;
+            Ok(vars
+                .iter()
+                .map(|v| store.get(v.as_tensor()).cloned())
+                .collect())
+        };
+        let per_sequence = match &self.graphs {
+            Graphs::Kept(graphs) => graphs
+                .par_iter()
+                .enumerate()
+                .map(|(i, lp)| backward(i, lp))
+                .collect::<Result<Vec<_>>>()?,
+            Graphs::Recompute {
+                model,
+                lora,
+                seqs,
+                pad,
+            } => seqs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| backward(i, &token_logps(model, lora.as_deref(), &[s], *pad)?.lp))
+                .collect::<Result<Vec<_>>>()?,
+        };
         let mut total: Vec<Option<Tensor>> = vec![None; vars.len()];
         for grads in per_sequence {
             for (sum, g) in total.iter_mut().zip(grads) {
@@ -151,6 +201,21 @@ impl SequenceLogps {
         }
         Ok(total)
     }
+}
+
+/// Saved activations, in bytes, that a training forward over sequences of `lengths` tokens keeps for its
+/// backward on a model shaped like `cfg`: per token and layer, f32 copies of about ten hidden-size vectors
+/// (norms, projections, residual sums), five intermediate-size ones (gate, up, their product and the
+/// activation's parts) and two rows of attention scores per head.
+pub fn activation_bytes(cfg: &ModelConfig, lengths: impl IntoIterator<Item = usize>) -> usize {
+    lengths
+        .into_iter()
+        .map(|l| {
+            let per_token =
+                10 * cfg.hidden_size + 5 * cfg.intermediate_size + 2 * cfg.num_heads * l;
+            l * cfg.num_layers * per_token * 4
+        })
+        .sum()
 }
 
 /// Mean negative log-likelihood over scored tokens (the SFT and replay loss). Unscored tokens

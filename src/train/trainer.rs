@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 
 use super::data::{Example, Seq, encode_sample, encode_text};
 use super::loss::{
-    SequenceLogps, TokenLogps, advantage_loss, dpo_loss, kto_loss, masked_nll, sequence_logps,
+    SequenceLogps, TokenLogps, activation_bytes, advantage_loss, dpo_loss, kto_loss, masked_nll,
+    sequence_logps,
 };
 use super::reward::{Reward, builtin};
 use super::{Result, TrainConfig, TrainError, io_err};
@@ -60,6 +61,10 @@ pub struct CycleReport {
     pub data_digest: String,
     /// CPU threads the cycle's kernels ran on (the rayon pool it ran in).
     pub threads: usize,
+    /// Micro-batches whose saved activations would have exceeded `activation_budget_mib`, so that each of
+    /// their sequences' forward ran again for its backward.
+    #[serde(default)]
+    pub recomputed_micro_batches: usize,
 }
 
 impl CycleReport {
@@ -217,15 +222,17 @@ impl AdamW {
 }
 
 /// One micro-batch's loss and the per-sequence graphs its gradients flow through.
-struct MicroLoss {
+struct MicroLoss<'m> {
     loss: Tensor,
     /// Non-pad tokens forwarded.
     tokens: usize,
+    /// Whether its gradients run each sequence's forward again (`activation_budget_mib`).
+    recomputed: bool,
     /// `None` for an empty micro-batch (the loss is a constant).
-    policy: Option<SequenceLogps>,
+    policy: Option<SequenceLogps<'m>>,
 }
 
-impl MicroLoss {
+impl MicroLoss<'_> {
     /// The gradient of `loss` (this micro-batch's loss, possibly scaled) for each of `vars`.
     fn gradients(&self, loss: &Tensor, vars: &[(String, Var)]) -> Result<Vec<Option<Tensor>>> {
         match &self.policy {
@@ -250,6 +257,7 @@ impl<'m> LoraTrainer<'m> {
         parent: Option<&LoraSet>,
     ) -> Result<Self> {
         cfg.validate()?;
+        crate::model::transformer::set_transpose_cache_limit(cfg.transpose_cache_mib << 20);
         let init = match parent {
             Some(p) => {
                 p.check_compatible(model)?;
@@ -479,6 +487,7 @@ impl<'m> LoraTrainer<'m> {
                     .collect();
                 let micro = self.micro_loss(&batch, &mut rng)?;
                 tokens += micro.tokens;
+                report.recomputed_micro_batches += usize::from(micro.recomputed);
                 let loss = (&micro.loss / self.cfg.grad_accum as f64)?;
                 let value = loss.to_scalar::<f32>()? as f64;
                 loss_sum += value;
@@ -695,7 +704,7 @@ impl<'m> LoraTrainer<'m> {
     }
 
     /// The loss of one micro-batch, its non-pad token count and what its gradients need.
-    fn micro_loss(&self, examples: &[&Example], rng: &mut StdRng) -> Result<MicroLoss> {
+    fn micro_loss(&self, examples: &[&Example], rng: &mut StdRng) -> Result<MicroLoss<'m>> {
         let lora = self.dropped_set(rng)?;
         let mut b = Batch::default();
         for ex in examples {
@@ -736,17 +745,21 @@ impl<'m> LoraTrainer<'m> {
             return Ok(MicroLoss {
                 loss: Tensor::new(0f32, &Device::Cpu)?,
                 tokens: 0,
+                recomputed: false,
                 policy: None,
             });
         }
         let tokens = b.seqs.iter().map(|s| s.ids.len()).sum();
         let refs: Vec<&Seq> = b.seqs.iter().collect();
-        let policy = sequence_logps(self.model, Some(&lora), &refs, self.pad)?;
+        let recompute = activation_bytes(self.model.config(), refs.iter().map(|s| s.ids.len()))
+            > self.cfg.activation_budget_mib << 20;
+        let policy = sequence_logps(self.model, Some(&lora), &refs, self.pad, recompute)?;
         let tl = &policy.logps;
         let needs_ref =
             !(b.pairs.is_empty() && b.kto.is_empty() && b.grpo.is_empty() && b.rated.is_empty());
         let reference = if needs_ref {
-            let r = sequence_logps(self.model, None, &refs, self.pad)?.logps;
+            // Without an adapter nothing is tracked: no graph to keep.
+            let r = sequence_logps(self.model, None, &refs, self.pad, false)?.logps;
             Some(TokenLogps {
                 lp: r.lp.detach(),
                 mask: r.mask,
@@ -822,6 +835,7 @@ impl<'m> LoraTrainer<'m> {
         Ok(MicroLoss {
             loss,
             tokens,
+            recomputed: recompute,
             policy: Some(policy),
         })
     }

@@ -15,4 +15,5 @@ mod real;
 mod spm;
 mod switches;
 mod tokenizer;
+mod transpose_cache;
 mod util;

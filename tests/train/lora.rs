@@ -187,7 +187,8 @@ fn masked_tokens_contribute_zero_gradient() {
 
 /// The trainer's per-sequence graphs (`sequence_logps`) give the loss and every LoRA gradient of one
 /// whole-batch graph (`token_logps`), for sequences of different lengths and a loss that couples rows (DPO
-/// between two of them plus the SFT mean over all), on 1 and 3 threads alike.
+/// between two of them plus the SFT mean over all), on 1 and 3 threads alike; and recomputing each graph for
+/// its backward (`activation_budget_mib`) gives the same bytes as keeping them.
 #[test]
 fn per_sequence_graphs_give_the_whole_batch_gradients() {
     // Without int8 rounding the graphs differ only in the order of summation, so the bounds are tight.
@@ -217,19 +218,26 @@ fn per_sequence_graphs_give_the_whole_batch_gradients() {
     let store = whole_loss.backward().unwrap();
     let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let var_refs: Vec<_> = vars.iter().map(|(_, v)| v).collect();
-    for threads in [1, 3] {
+    let mut kept = Vec::new();
+    for (threads, recompute) in [(1, false), (3, false), (1, true), (3, true)] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .unwrap();
         let (loss, grads) = pool.install(|| {
-            let per = sequence_logps(&m, Some(&set), &refs, 0).unwrap();
+            let per = sequence_logps(&m, Some(&set), &refs, 0, recompute).unwrap();
             assert_eq!(per.logps.lp.dims(), whole.lp.dims());
             assert_eq!(flat(&per.logps.mask), flat(&whole.mask));
             let loss = loss_of(&per.logps);
             let grads = per.gradients(&loss, &var_refs).unwrap();
             (loss.to_scalar::<f32>().unwrap(), grads)
         });
+        let bytes: Vec<Vec<f32>> = grads.iter().map(|g| flat(g.as_ref().unwrap())).collect();
+        if recompute {
+            assert_eq!(bytes, kept[usize::from(threads == 3)], "{threads} threads");
+        } else {
+            kept.push(bytes);
+        }
         let expected = whole_loss.to_scalar::<f32>().unwrap();
         assert!(
             (loss - expected).abs() <= 1e-5 * expected.abs(),

@@ -133,6 +133,10 @@ fn every_option_changes_the_update() {
     let mut named: BTreeSet<String> = changes.iter().map(|(n, _)| n.to_string()).collect();
     named.insert("step_sleep_ms".into());
     named.insert("checkpoint_every".into());
+    // Two trade memory for time and must not change the update either: activation_budget_mib (below) and
+    // transpose_cache_mib (tests/model/transpose_cache.rs).
+    named.insert("activation_budget_mib".into());
+    named.insert("transpose_cache_mib".into());
     // The rated-answer objective acts only with GRPO off, unlike this baseline: tests/train/scores.rs.
     named.insert("score_baseline".into());
     named.insert("score_kl_coef".into());
@@ -201,6 +205,32 @@ fn step_sleep_ms_yields_time_without_changing_the_update() {
     let p_slow = params(&m, &tok, slow.clone());
     assert!(t.elapsed().as_millis() >= 40 * slow.steps as u128);
     assert_eq!(p_slow, params(&m, &tok, base));
+}
+
+#[test]
+fn activation_budget_mib_recomputes_the_forward_with_the_same_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let run = |cfg: TrainConfig| {
+        let mut tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
+        let report = tr.train_cycle(&data(), |_| {}).unwrap();
+        let mut out = Vec::new();
+        for (_, p) in tr.adapter().unwrap().iter() {
+            out.extend(p.a.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            out.extend(p.b.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        }
+        (out, report.recomputed_micro_batches)
+    };
+    // Every objective on, dropout included: the recomputed forward must see the same masks.
+    let base = baseline(dir.path());
+    let (kept, none) = run(base.clone());
+    assert_eq!(none, 0, "the tiny model's batches fit the default budget");
+    let (recomputed, all) = run(TrainConfig {
+        activation_budget_mib: 0,
+        ..base.clone()
+    });
+    assert_eq!(all, base.steps * base.grad_accum);
+    assert_eq!(kept, recomputed);
 }
 
 #[test]

@@ -257,49 +257,82 @@ pub fn transpose_requantized(w: &[u8], n_out: usize, k: usize) -> Result<Vec<u8>
             w.len()
         )));
     }
+    Ok(transpose_blocks(n_out, k, |b, ob, tile, scales| {
+        for (j, d) in scales.iter_mut().enumerate() {
+            let blk = &w[(ob * QK8_0 + j) * row_bytes + b * BLOCK_BYTES..][..BLOCK_BYTES];
+            *d = block_scale(blk);
+            for (c, &q) in blk[2..].iter().enumerate() {
+                tile[c][j] = q as i8;
+            }
+        }
+    }))
+}
+
+/// One 32 × 32 tile of a Q8_0 weight for [`transpose_blocks`]: `load(b, ob, tile, scales)` fills `tile[c][j]`
+/// with the int8 weight of row `32·ob + j`, column `32·b + c`, and `scales[j]` with that row's block scale.
+pub(crate) trait TileLoader:
+    Fn(usize, usize, &mut [[i8; QK8_0]; QK8_0], &mut [f32; QK8_0]) + Sync
+{
+}
+impl<F: Fn(usize, usize, &mut [[i8; QK8_0]; QK8_0], &mut [f32; QK8_0]) + Sync> TileLoader for F {}
+
+/// [`transpose_requantized`] of a weight `[n_out, k]` (checked sizes) whose tiles `load` gives, in parallel
+/// over blocks of 32 input columns (the 32 rows of the transpose each writes are contiguous).
+pub(crate) fn transpose_blocks(n_out: usize, k: usize, load: impl TileLoader) -> Vec<u8> {
     let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
     let mut out = vec![0u8; k * out_row_bytes];
     use rayon::prelude::*;
-    // One unit per block of 32 input columns (the 32 rows of the transpose it writes are contiguous), in
-    // 32 × 32 tiles that stay in L1: expanded to f32 transposed, then each tile row quantized as one block.
     out.par_chunks_mut(QK8_0 * out_row_bytes)
         .enumerate()
         .for_each(|(b, dst)| {
             #[cfg(target_arch = "x86_64")]
             if x86::usable() {
-                // SAFETY: the CPU has AVX2 and FMA; sizes were checked above.
-                unsafe { x86::transpose_columns(w, n_out, row_bytes, b, dst) };
+                // SAFETY: the CPU has AVX2 and FMA.
+                unsafe { x86::transpose_columns(n_out, b, dst, &load) };
                 return;
             }
-            transpose_columns(w, n_out, row_bytes, b, dst);
+            transpose_columns(n_out, b, dst, &load);
         });
-    Ok(out)
+    out
 }
 
 /// Rows `32·b .. 32·b + 32` of [`transpose_requantized`]'s output (`dst`), from input column block `b`, in
-/// 32 × 32 tiles that stay in L1: expanded to f32 transposed, then each tile row quantized as one block.
-/// Compiled twice, like [`quantize_row_generic`] (the portable build calls libm's `truncf` per value).
+/// 32 × 32 tiles: the tile's int8 values transposed as bytes (`load`), then each tile row scaled by the 32
+/// input rows' scales and quantized as one block, in contiguous lanes so that the loops vectorize. Compiled
+/// twice, like [`quantize_row_generic`] (the portable build calls libm's `truncf` per value).
 #[inline(always)]
-fn transpose_columns(w: &[u8], n_out: usize, row_bytes: usize, b: usize, dst: &mut [u8]) {
+fn transpose_columns(n_out: usize, b: usize, dst: &mut [u8], load: &impl TileLoader) {
     let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
-    let mut tile = [[0f32; QK8_0]; QK8_0];
+    let mut tile = [[0i8; QK8_0]; QK8_0];
+    let mut scales = [0f32; QK8_0];
     for ob in 0..n_out / QK8_0 {
-        for j in 0..QK8_0 {
-            let blk = &w[(ob * QK8_0 + j) * row_bytes + b * BLOCK_BYTES..][..BLOCK_BYTES];
-            let d = block_scale(blk);
-            for (c, &q) in blk[2..].iter().enumerate() {
-                tile[c][j] = d * q as i8 as f32;
+        load(b, ob, &mut tile, &mut scales);
+        for (c, qs) in tile.iter().enumerate() {
+            let mut vals = [0f32; QK8_0];
+            for ((v, &q), &d) in vals.iter_mut().zip(qs).zip(&scales) {
+                *v = d * q as f32;
             }
-        }
-        for (c, vals) in tile.iter().enumerate() {
-            // As `quantize_row_into`: d = max |v| / 127, values rounded at 1/d, d stored as f16.
-            let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
+            // As `quantize_row_into`: d = max |v| / 127, values rounded at 1/d, d stored as f16. The max is
+            // taken over the bits, as in `quantize_row_generic`, so that it vectorizes.
+            let amax = f32::from_bits(
+                vals.iter()
+                    .map(|v| match v.to_bits() & 0x7fff_ffff {
+                        b if b > 0x7f80_0000 => 0,
+                        b => b,
+                    })
+                    .max()
+                    .unwrap_or(0),
+            );
             let d = amax / 127.0;
             let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut q = [0i32; QK8_0];
+            for (q, v) in q.iter_mut().zip(&vals) {
+                *q = round_half_away(v * inv) as i32;
+            }
             let blk = &mut dst[c * out_row_bytes + ob * BLOCK_BYTES..][..BLOCK_BYTES];
             blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
-            for (q, v) in blk[2..].iter_mut().zip(vals) {
-                *q = round_half_away(v * inv) as i8 as u8;
+            for (o, &q) in blk[2..].iter_mut().zip(&q) {
+                *o = q as i8 as u8;
             }
         }
     }

@@ -118,6 +118,41 @@ impl PanelWeights {
         out
     }
 
+    /// [`super::transpose_requantized`] of this weight, its tiles read from the panels themselves rather than
+    /// from a GGUF-layout copy; `n_out` must be a multiple of 32.
+    pub fn transpose_requantized(&self) -> Result<Vec<u8>, Q8Error> {
+        const { assert!(QK8_0 == 2 * PANEL_ROWS) };
+        if !self.n_out.is_multiple_of(QK8_0) {
+            return Err(Q8Error(format!(
+                "q8_0 transpose: {} rows are no multiple of 32",
+                self.n_out
+            )));
+        }
+        Ok(super::transpose_blocks(
+            self.n_out,
+            self.k,
+            |b, ob, tile, scales| {
+                // Rows 32·ob .. 32·ob + 32 are two panels; in each, weights 4g .. 4g + 4 of its rows fill line g.
+                for half in 0..2 {
+                    let panel = self.panel(2 * ob + half);
+                    let sc = &panel[scale_offset(b)..][..BLOCK_SCALE_BYTES];
+                    let qs = &panel[quant_offset(b)..][..BLOCK_QUANT_BYTES];
+                    for l in 0..PANEL_ROWS {
+                        let j = half * PANEL_ROWS + l;
+                        scales[j] =
+                            half::f16::from_bits(u16::from_le_bytes([sc[2 * l], sc[2 * l + 1]]))
+                                .to_f32();
+                        for (g, line) in qs.chunks_exact(GROUP_BYTES).enumerate() {
+                            for r in 0..4 {
+                                tile[4 * g + r][j] = (line[4 * l + r] ^ 0x80) as i8;
+                            }
+                        }
+                    }
+                }
+            },
+        ))
+    }
+
     /// Row `o` as f32 into `out` (`k` values): an embedding lookup.
     pub fn dequantize_row(&self, o: usize, out: &mut [f32]) -> Result<(), Q8Error> {
         if o >= self.n_out || out.len() != self.k {
@@ -532,6 +567,20 @@ mod tests {
             assert_eq!(p.dequantize(), dense, "{n}x{k}");
         }
         assert!(PanelWeights::from_q8_0(&[0; 33], 1, 32).is_err());
+    }
+
+    /// The transpose read from the panels is the GGUF layout's, byte for byte, with an odd block count; rows
+    /// that are no multiple of 32 are refused.
+    #[test]
+    fn panels_transpose_as_the_gguf_bytes_do() {
+        for (n, k) in [(32, 96), (64, 64), (96, 32)] {
+            let gguf = weights(n, k);
+            let p = PanelWeights::from_q8_0(&gguf, n, k).unwrap();
+            let want = super::super::transpose_requantized(&gguf, n, k).unwrap();
+            assert_eq!(p.transpose_requantized().unwrap(), want, "{n}x{k}");
+        }
+        let p = PanelWeights::from_q8_0(&weights(19, 32), 19, 32).unwrap();
+        assert!(p.transpose_requantized().is_err());
     }
 
     /// Every path over panels (one row, tiles of two to eight rows and their remainders, the threaded split)

@@ -81,13 +81,12 @@ pub unsafe fn quantize_row_into(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_
 /// AVX2 and FMA are available.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn transpose_columns(
-    w: &[u8],
     n_out: usize,
-    row_bytes: usize,
     b: usize,
     dst: &mut [u8],
+    load: &impl super::TileLoader,
 ) {
-    super::transpose_columns(w, n_out, row_bytes, b, dst)
+    super::transpose_columns(n_out, b, dst, load)
 }
 
 pub fn usable() -> bool {

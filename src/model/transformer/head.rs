@@ -127,7 +127,7 @@ impl HeadLogps {
 
 enum BackwardWeight<'a> {
     /// Q8_0 `[hidden, vocab]`.
-    Transposed(&'a [u8]),
+    Transposed(std::borrow::Cow<'a, [u8]>),
     /// f32 `[vocab, hidden]`.
     Dense(Tensor),
 }

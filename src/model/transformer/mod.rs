@@ -42,7 +42,10 @@ pub(crate) use lora_rows::DecodeFactors;
 pub use qlinear::QLinear;
 pub use rope::MAX_POSITIONS;
 use rope::Rope;
-pub use weight::Weight;
+pub use weight::{
+    DEFAULT_TRANSPOSE_LIMIT, Weight, set_transpose_cache_limit, transpose_cache_bytes,
+    transpose_cache_limit,
+};
 
 /// Runs `f` on the contiguous f32 CPU data of `t`, or returns `None` when `t` is not such a tensor.
 fn with_f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
@@ -433,6 +436,16 @@ impl Transformer {
             })
             .sum();
         per_block + bytes(&self.head)
+    }
+
+    /// Bytes of weight transposes this model keeps for training's backward passes (see
+    /// [`set_transpose_cache_limit`]).
+    pub fn transposed_bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .flat_map(|b| LoraTarget::ALL.map(|t| b.linear(t).transposed.kept()))
+            .sum::<usize>()
+            + self.head.transposed.kept()
     }
 
     pub fn blocks(&self) -> &[Block] {

@@ -2,7 +2,9 @@
 //! with a backward pass (int8 for Q8_0 and the types of [`kquant`], through a cached transpose), and a dense
 //! one that skips the weight's gradient.
 
+use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
@@ -155,15 +157,6 @@ pub(super) enum QuantWeight {
 }
 
 impl QuantWeight {
-    /// The Q8_0 weight's GGUF bytes, `[n_out, k]`; `None` for other types.
-    fn q8_0_bytes(&self) -> candle_core::Result<Option<std::borrow::Cow<'_, [u8]>>> {
-        Ok(match self {
-            QuantWeight::Gguf(q) if q.dtype() == GgmlDType::Q8_0 => Some(q.data()?),
-            QuantWeight::Gguf(_) => None,
-            QuantWeight::Panels(p) => Some(std::borrow::Cow::Owned(p.to_q8_0())),
-        })
-    }
-
     pub(super) fn dims(&self) -> candle_core::Result<(usize, usize)> {
         match self {
             QuantWeight::Gguf(q) => q.shape().dims2(),
@@ -208,37 +201,97 @@ impl QuantWeight {
 }
 
 /// [`q8::transpose_requantized`] of a layer's weight (a type of [`kquant`]: [`q8::transpose_quantized`] of
-/// its dequantized values), kept for the layer's lifetime once training has needed it: +1 byte per weight, a
-/// quarter of what a dequantized f32 copy would cost, where rebuilding it every backward pass is a large
-/// share of the product's time. Serving never builds it.
+/// its dequantized values), kept for the layer's lifetime once training has needed it, while all kept
+/// transposes of the process fit in [`transpose_cache_limit`]; past it, each backward pass builds its own and
+/// drops it. Kept: +1 byte per weight, a quarter of what a dequantized f32 copy would cost, where rebuilding it
+/// every backward pass is a large share of the product's time. Serving never builds it.
 #[derive(Default)]
 pub(super) struct TransposeCache(std::sync::OnceLock<Vec<u8>>);
 
+/// Bytes all kept transposes may take, and what they take now ([`TransposeCache`]).
+static TRANSPOSE_LIMIT: AtomicUsize = AtomicUsize::new(DEFAULT_TRANSPOSE_LIMIT);
+static TRANSPOSE_KEPT: AtomicUsize = AtomicUsize::new(0);
+
+/// [`set_transpose_cache_limit`]'s value until something sets another.
+pub const DEFAULT_TRANSPOSE_LIMIT: usize = 256 << 20;
+
+/// Bounds the bytes of weight transposes that training keeps across backward passes, for the whole process
+/// (one base serves every trainer in it). Transposes kept already stay; later ones are kept only while the
+/// total stays within `bytes`.
+pub fn set_transpose_cache_limit(bytes: usize) {
+    TRANSPOSE_LIMIT.store(bytes, Ordering::Relaxed);
+}
+
+/// The current limit ([`set_transpose_cache_limit`]).
+pub fn transpose_cache_limit() -> usize {
+    TRANSPOSE_LIMIT.load(Ordering::Relaxed)
+}
+
+/// Bytes of weight transposes kept now, by every model of the process.
+pub fn transpose_cache_bytes() -> usize {
+    TRANSPOSE_KEPT.load(Ordering::Relaxed)
+}
+
+/// Takes `bytes` of the limit, or nothing when they do not fit.
+fn reserve_transpose(bytes: usize) -> bool {
+    TRANSPOSE_KEPT
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |kept| {
+            kept.checked_add(bytes)
+                .filter(|&total| total <= TRANSPOSE_LIMIT.load(Ordering::Relaxed))
+        })
+        .is_ok()
+}
+
 impl std::fmt::Debug for TransposeCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let bytes = self.0.get().map_or(0, Vec::len);
-        write!(f, "TransposeCache({bytes} bytes)")
+        write!(f, "TransposeCache({} bytes)", self.kept())
+    }
+}
+
+impl Drop for TransposeCache {
+    fn drop(&mut self) {
+        TRANSPOSE_KEPT.fetch_sub(self.kept(), Ordering::AcqRel);
     }
 }
 
 impl TransposeCache {
-    /// The Q8_0 transpose of int8 weight `w` (`[n_out, k]`), built on first use.
-    pub(super) fn get(&self, w: &QuantWeight) -> candle_core::Result<&[u8]> {
+    /// Bytes this cache keeps.
+    pub(super) fn kept(&self) -> usize {
+        self.0.get().map_or(0, Vec::len)
+    }
+
+    /// The Q8_0 transpose of int8 weight `w` (`[n_out, k]`): the kept one, or one built now (and kept when
+    /// the limit allows).
+    pub(super) fn get(&self, w: &QuantWeight) -> candle_core::Result<Cow<'_, [u8]>> {
         if let Some(t) = self.0.get() {
-            return Ok(t);
+            return Ok(Cow::Borrowed(t));
         }
         let (n_out, k) = w.dims()?;
-        let t = match (w.q8_0_bytes()?, w) {
-            (Some(bytes), _) => q8::transpose_requantized(&bytes, n_out, k),
-            (None, QuantWeight::Gguf(q)) if w.is_int8() => {
+        let t = match w {
+            QuantWeight::Panels(p) => p.transpose_requantized(),
+            QuantWeight::Gguf(q) if q.dtype() == GgmlDType::Q8_0 => {
+                q8::transpose_requantized(&q.data()?, n_out, k)
+            }
+            QuantWeight::Gguf(q) if w.is_int8() => {
                 let dense: Vec<f32> = dequantize(q)?.flatten_all()?.to_vec1()?;
                 q8::transpose_quantized(&dense, n_out, k)
             }
-            _ => candle_core::bail!("qmatmul-grad: only an int8 weight has an int8 transpose"),
+            QuantWeight::Gguf(_) => {
+                candle_core::bail!("qmatmul-grad: only an int8 weight has an int8 transpose")
+            }
         }
         .map_err(candle_core::Error::wrap)?;
-        // Two threads may build it at once; both results are the same bytes.
-        Ok(self.0.get_or_init(|| t))
+        if !reserve_transpose(t.len()) {
+            return Ok(Cow::Owned(t));
+        }
+        let len = t.len();
+        // Two threads may build it at once; both results are the same bytes, and the loser's share goes back.
+        let mut mine = Some(t);
+        let kept = self.0.get_or_init(|| mine.take().unwrap_or_default());
+        if mine.is_some() {
+            TRANSPOSE_KEPT.fetch_sub(len, Ordering::AcqRel);
+        }
+        Ok(Cow::Borrowed(kept))
     }
 }
 
@@ -326,7 +379,7 @@ pub(super) fn int8_input_grad_into(
 ) -> candle_core::Result<()> {
     let (n_out, k) = w.dims()?;
     let wt = transposed.get(w)?;
-    q8::matmul(wt, k, n_out, dy, m, dx).map_err(candle_core::Error::wrap)
+    q8::matmul(&wt, k, n_out, dy, m, dx).map_err(candle_core::Error::wrap)
 }
 
 /// The weight as dense f32 `[out, in]`: Q8_0 through [`q8::dequantize`] (parallel, where candle's loop is
