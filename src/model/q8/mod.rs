@@ -70,17 +70,7 @@ fn quantize_row_into(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_fix: &mut [
 fn quantize_row_generic(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_fix: &mut [i32]) {
     let blocks = x.chunks_exact(QK8_0).zip(qs.chunks_exact_mut(QK8_0));
     for (((xb, qb), d), fix) in blocks.zip(d.iter_mut()).zip(offset_fix.iter_mut()) {
-        // max |v| over the bits (ordered like the values for non-negative floats) so the loop vectorizes, which
-        // `f32::max` does not; a NaN counts as 0, as `f32::max` skips it.
-        let amax = f32::from_bits(
-            xb.iter()
-                .map(|v| match v.to_bits() & 0x7fff_ffff {
-                    b if b > 0x7f80_0000 => 0,
-                    b => b,
-                })
-                .max()
-                .unwrap_or(0),
-        );
+        let amax = abs_max(xb);
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         for (q, v) in qb.iter_mut().zip(xb) {
@@ -90,6 +80,21 @@ fn quantize_row_generic(x: &[f32], d: &mut [f32], qs: &mut [i8], offset_fix: &mu
         // The scale is stored as f16 in a Q8_0 block; round it the same way so sums match candle's.
         *d = half::f16::from_f32(scale).to_f32();
     }
+}
+
+/// max |v| over the bits (ordered like the values for non-negative floats) so that the loop vectorizes, which
+/// `f32::max` does not; a NaN counts as 0, as `f32::max` skips it.
+#[inline(always)]
+fn abs_max(x: &[f32]) -> f32 {
+    f32::from_bits(
+        x.iter()
+            .map(|v| match v.to_bits() & 0x7fff_ffff {
+                b if b > 0x7f80_0000 => 0,
+                b => b,
+            })
+            .max()
+            .unwrap_or(0),
+    )
 }
 
 /// `f32::round` (halves away from zero) from `trunc`, which compiles to one vector instruction where `round`
@@ -312,18 +317,8 @@ fn transpose_columns(n_out: usize, b: usize, dst: &mut [u8], load: &impl TileLoa
             for ((v, &q), &d) in vals.iter_mut().zip(qs).zip(&scales) {
                 *v = d * q as f32;
             }
-            // As `quantize_row_into`: d = max |v| / 127, values rounded at 1/d, d stored as f16. The max is
-            // taken over the bits, as in `quantize_row_generic`, so that it vectorizes.
-            let amax = f32::from_bits(
-                vals.iter()
-                    .map(|v| match v.to_bits() & 0x7fff_ffff {
-                        b if b > 0x7f80_0000 => 0,
-                        b => b,
-                    })
-                    .max()
-                    .unwrap_or(0),
-            );
-            let d = amax / 127.0;
+            // As `quantize_row_into`: d = max |v| / 127, values rounded at 1/d, d stored as f16.
+            let d = abs_max(&vals) / 127.0;
             let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
             let mut q = [0i32; QK8_0];
             for (q, v) in q.iter_mut().zip(&vals) {

@@ -115,16 +115,7 @@ unsafe fn quantize_block_avx2(x: &[f32], d: &mut f32, qs: &mut [i8], sums: &mut 
 /// 0 in the maximum; halves round away from zero).
 #[inline(always)]
 fn quantize_block_generic(x: &[f32], d: &mut f32, qs: &mut [i8], sums: &mut [i16]) {
-    let amax = f32::from_bits(
-        x.iter()
-            .map(|v| match v.to_bits() & 0x7fff_ffff {
-                b if b > 0x7f80_0000 => 0,
-                b => b,
-            })
-            .max()
-            .unwrap_or(0),
-    );
-    let scale = amax / 127.0;
+    let scale = super::abs_max(x) / 127.0;
     let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
     for (q, v) in qs.iter_mut().zip(x) {
         *q = super::round_half_away(v * inv) as i8;
