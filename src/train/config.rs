@@ -114,8 +114,10 @@ pub struct TrainConfig {
     /// Sleep after every optimizer step, so training yields the CPU to serving.
     pub step_sleep_ms: u64,
     /// MiB of saved activations a micro-batch's graphs may hold, as estimated from the model's shape and the
-    /// sequences' lengths ([`super::activation_bytes`]); past it, each sequence's forward runs again for its
-    /// backward, one sequence at a time: the same update, for one more forward pass and less memory.
+    /// sequences' lengths ([`super::loss::activation_bytes`]); past it, each sequence's forward runs again for its
+    /// backward, one sequence at a time: the same update, for one more forward pass and less memory. The
+    /// default is what is left of 1.5 GB over the base once `transpose_cache_mib` and ~0.45 GB for serving,
+    /// the optimizer and the allocator's slack are taken.
     pub activation_budget_mib: usize,
     /// MiB of weight transposes kept across backward passes, for the whole process
     /// ([`crate::model::transformer::set_transpose_cache_limit`], set when a trainer is built); past it, each
@@ -168,7 +170,7 @@ impl Default for TrainConfig {
             max_self_generated_share: 0.5,
             checkpoint_every: 0,
             step_sleep_ms: 0,
-            activation_budget_mib: 1024,
+            activation_budget_mib: 768,
             transpose_cache_mib: 256,
         }
     }

@@ -204,15 +204,14 @@ impl SequenceLogps<'_> {
 }
 
 /// Saved activations, in bytes, that a training forward over sequences of `lengths` tokens keeps for its
-/// backward on a model shaped like `cfg`: per token and layer, f32 copies of about ten hidden-size vectors
-/// (norms, projections, residual sums), five intermediate-size ones (gate, up, their product and the
-/// activation's parts) and two rows of attention scores per head.
+/// backward on a model shaped like `cfg`: per token and layer, f32 copies of about six hidden-size vectors
+/// (norms, projections, residual sums), four intermediate-size ones (gate, up, their product, the activation)
+/// and two rows of attention scores per head.
 pub fn activation_bytes(cfg: &ModelConfig, lengths: impl IntoIterator<Item = usize>) -> usize {
     lengths
         .into_iter()
         .map(|l| {
-            let per_token =
-                10 * cfg.hidden_size + 5 * cfg.intermediate_size + 2 * cfg.num_heads * l;
+            let per_token = 6 * cfg.hidden_size + 4 * cfg.intermediate_size + 2 * cfg.num_heads * l;
             l * cfg.num_layers * per_token * 4
         })
         .sum()
