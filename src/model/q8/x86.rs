@@ -100,17 +100,18 @@ const AVX2: u8 = 0;
 const AVX_VNNI: u8 = 1;
 const AVX512_VNNI: u8 = 2;
 
-/// The best path this CPU has. `HEARTH_Q8_KERNEL=avx2` forces the AVX2 one, so a benchmark can compare the
-/// two in one build.
+/// The best path this CPU has: AVX-512 VNNI first, since the Q8_0 panels and their gemm need it (a CPU with
+/// both encodings, such as Zen 5, would otherwise never use them), then AVX-VNNI, then AVX2.
+/// `HEARTH_Q8_KERNEL=avx2` forces the AVX2 one, so a benchmark can compare the two in one build.
 fn isa() -> u8 {
     static ISA: OnceLock<u8> = OnceLock::new();
     *ISA.get_or_init(|| {
         if std::env::var("HEARTH_Q8_KERNEL").is_ok_and(|v| v == "avx2") {
             AVX2
-        } else if is_x86_feature_detected!("avxvnni") {
-            AVX_VNNI
         } else if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
             AVX512_VNNI
+        } else if is_x86_feature_detected!("avxvnni") {
+            AVX_VNNI
         } else {
             AVX2
         }
