@@ -302,32 +302,30 @@ pub(crate) fn transpose_blocks(n_out: usize, k: usize, load: impl TileLoader) ->
 }
 
 /// Rows `32·b .. 32·b + 32` of [`transpose_requantized`]'s output (`dst`), from input column block `b`, in
-/// 32 × 32 tiles: the tile's int8 values transposed as bytes (`load`), then each tile row scaled by the 32
-/// input rows' scales and quantized as one block, in contiguous lanes so that the loops vectorize. Compiled
-/// twice, like [`quantize_row_generic`] (the portable build calls libm's `truncf` per value).
+/// 32 × 32 tiles: the tile's int8 values transposed as bytes (`load`), each tile row scaled by the 32 input
+/// rows' scales, and the 32 rows quantized as one row of 32 blocks by [`quantize_row_into`] (whose x86 path
+/// is written out eight lanes wide, where this loop's maximum and rounding stayed scalar).
 #[inline(always)]
 fn transpose_columns(n_out: usize, b: usize, dst: &mut [u8], load: &impl TileLoader) {
     let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
     let mut tile = [[0i8; QK8_0]; QK8_0];
     let mut scales = [0f32; QK8_0];
+    let mut vals = [0f32; QK8_0 * QK8_0];
+    let (mut d, mut qs, mut fix) = ([0f32; QK8_0], [0i8; QK8_0 * QK8_0], [0i32; QK8_0]);
     for ob in 0..n_out / QK8_0 {
         load(b, ob, &mut tile, &mut scales);
-        for (c, qs) in tile.iter().enumerate() {
-            let mut vals = [0f32; QK8_0];
-            for ((v, &q), &d) in vals.iter_mut().zip(qs).zip(&scales) {
+        for (row, qs) in vals.chunks_exact_mut(QK8_0).zip(&tile) {
+            for ((v, &q), &d) in row.iter_mut().zip(qs).zip(&scales) {
                 *v = d * q as f32;
             }
-            // As `quantize_row_into`: d = max |v| / 127, values rounded at 1/d, d stored as f16.
-            let d = abs_max(&vals) / 127.0;
-            let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let mut q = [0i32; QK8_0];
-            for (q, v) in q.iter_mut().zip(&vals) {
-                *q = round_half_away(v * inv) as i32;
-            }
+        }
+        quantize_row_into(&vals, &mut d, &mut qs, &mut fix);
+        for (c, (&d, q)) in d.iter().zip(qs.chunks_exact(QK8_0)).enumerate() {
             let blk = &mut dst[c * out_row_bytes + ob * BLOCK_BYTES..][..BLOCK_BYTES];
+            // `d` is already the f16 scale's value, so this conversion is exact.
             blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
-            for (o, &q) in blk[2..].iter_mut().zip(&q) {
-                *o = q as i8 as u8;
+            for (o, &q) in blk[2..].iter_mut().zip(q) {
+                *o = q as u8;
             }
         }
     }
@@ -835,6 +833,8 @@ mod tests {
         let mut dense = vec![0f32; n * k];
         dequantize(&packed, k, &mut dense).unwrap();
         let t = transpose_requantized(&packed, n, k).unwrap();
+        // The same bytes as the dense transpose's plain loop over the dequantized values.
+        assert_eq!(t, transpose_quantized(&dense, n, k).unwrap());
         let mut back = vec![0f32; k * n];
         dequantize(&t, n, &mut back).unwrap();
         for c in 0..k {
