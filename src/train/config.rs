@@ -171,7 +171,7 @@ impl Default for TrainConfig {
             checkpoint_every: 0,
             step_sleep_ms: 0,
             activation_budget_mib: 768,
-            transpose_cache_mib: 256,
+            transpose_cache_mib: crate::model::transformer::DEFAULT_TRANSPOSE_LIMIT >> 20,
         }
     }
 }

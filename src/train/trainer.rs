@@ -257,7 +257,9 @@ impl<'m> LoraTrainer<'m> {
         parent: Option<&LoraSet>,
     ) -> Result<Self> {
         cfg.validate()?;
-        crate::model::transformer::set_transpose_cache_limit(cfg.transpose_cache_mib << 20);
+        crate::model::transformer::set_transpose_cache_limit(
+            cfg.transpose_cache_mib.saturating_mul(1 << 20),
+        );
         let init = match parent {
             Some(p) => {
                 p.check_compatible(model)?;
@@ -752,7 +754,7 @@ impl<'m> LoraTrainer<'m> {
         let tokens = b.seqs.iter().map(|s| s.ids.len()).sum();
         let refs: Vec<&Seq> = b.seqs.iter().collect();
         let recompute = activation_bytes(self.model.config(), refs.iter().map(|s| s.ids.len()))
-            > self.cfg.activation_budget_mib << 20;
+            > self.cfg.activation_budget_mib.saturating_mul(1 << 20);
         let policy = sequence_logps(self.model, Some(&lora), &refs, self.pad, recompute)?;
         let tl = &policy.logps;
         let needs_ref =
