@@ -133,12 +133,12 @@ impl PanelWeights {
             self.k,
             |b, ob, tile, scales| {
                 // Rows 32·ob .. 32·ob + 32 are two panels; in each, weights 4g .. 4g + 4 of its rows fill line g.
-                for half in 0..2 {
-                    let panel = self.panel(2 * ob + half);
+                for side in 0..2 {
+                    let panel = self.panel(2 * ob + side);
                     let sc = &panel[scale_offset(b)..][..BLOCK_SCALE_BYTES];
                     let qs = &panel[quant_offset(b)..][..BLOCK_QUANT_BYTES];
                     for l in 0..PANEL_ROWS {
-                        let j = half * PANEL_ROWS + l;
+                        let j = side * PANEL_ROWS + l;
                         scales[j] =
                             half::f16::from_bits(u16::from_le_bytes([sc[2 * l], sc[2 * l + 1]]))
                                 .to_f32();
