@@ -44,7 +44,6 @@ pub use rope::MAX_POSITIONS;
 use rope::Rope;
 pub use weight::{
     DEFAULT_TRANSPOSE_LIMIT, Weight, set_transpose_cache_limit, transpose_cache_bytes,
-    transpose_cache_limit,
 };
 
 /// Runs `f` on the contiguous f32 CPU data of `t`, or returns `None` when `t` is not such a tensor.

@@ -202,9 +202,10 @@ impl QuantWeight {
 
 /// [`q8::transpose_requantized`] of a layer's weight (a type of [`kquant`]: [`q8::transpose_quantized`] of
 /// its dequantized values), kept for the layer's lifetime once training has needed it, while all kept
-/// transposes of the process fit in [`transpose_cache_limit`]; past it, each backward pass builds its own and
-/// drops it. Kept: +1 byte per weight, a quarter of what a dequantized f32 copy would cost, where rebuilding it
-/// every backward pass is a large share of the product's time. Serving never builds it.
+/// transposes of the process fit in [`set_transpose_cache_limit`]'s bound; past it, each backward pass
+/// builds its own and drops it. Kept: +1 byte per weight, a quarter of what a dequantized f32 copy would
+/// cost, where rebuilding it every backward pass is a large share of the product's time. Serving never
+/// builds it.
 #[derive(Default)]
 pub(super) struct TransposeCache(std::sync::OnceLock<Vec<u8>>);
 
@@ -220,11 +221,6 @@ pub const DEFAULT_TRANSPOSE_LIMIT: usize = 256 << 20;
 /// total stays within `bytes`.
 pub fn set_transpose_cache_limit(bytes: usize) {
     TRANSPOSE_LIMIT.store(bytes, Ordering::Relaxed);
-}
-
-/// The current limit ([`set_transpose_cache_limit`]).
-pub fn transpose_cache_limit() -> usize {
-    TRANSPOSE_LIMIT.load(Ordering::Relaxed)
 }
 
 /// Bytes of weight transposes kept now, by every model of the process.
