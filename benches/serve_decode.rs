@@ -12,7 +12,7 @@
 
 mod bench_util;
 
-use bench_util::{bench_model, fixed_length_request, random_adapter, timed};
+use bench_util::{bench_model, fixed_length_request, random_adapter, timed, uncached_config};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,14 +52,8 @@ fn run(smoke: bool) -> Res<()> {
     let scratch = std::env::temp_dir().join(format!("hearth-serve-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let path = bench_model(smoke, &scratch)?;
-    // Every request prefills its whole prompt (the repetitions send the same prompt, which the prompt cache
-    // would otherwise serve); the cache's effect is measured on its own below.
-    let config = ServeConfig {
-        model_name: "base".to_owned(),
-        max_tokens_limit: 4096,
-        prompt_cache_bytes: 0,
-        ..ServeConfig::default()
-    };
+    // The prompt cache's effect is measured on its own below.
+    let config = uncached_config();
     let t0 = Instant::now();
     let server = Server::load(&path, config)?;
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into());
@@ -139,11 +133,8 @@ fn run(smoke: bool) -> Res<()> {
     let f16_server = Server::load(
         &path,
         ServeConfig {
-            model_name: "base".to_owned(),
-            max_tokens_limit: 4096,
             kv_cache: KvPrecision::F16,
-            prompt_cache_bytes: 0,
-            ..ServeConfig::default()
+            ..uncached_config()
         },
     )?;
     let (mut best_f32, mut best_f16, mut long_n) = (0f64, 0f64, 0);

@@ -22,14 +22,14 @@
 #[path = "../benches/bench_util/mod.rs"]
 mod bench_util;
 
-use bench_util::{fixed_length_request, lora_cycle, timed};
+use bench_util::{fixed_length_request, lora_cycle, timed, uncached_config};
 
 use std::error::Error;
 use std::path::Path;
 use std::time::Instant;
 
 use hearth::model::{Base, Requantize, Tokenizer};
-use hearth::serve::{ServeConfig, Server};
+use hearth::serve::Server;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -62,13 +62,7 @@ fn prompt_text(tok: &Tokenizer, prefill: usize) -> Res<String> {
 }
 
 fn speed(path: &Path, prefill: usize, decode: usize, requantize: Requantize) -> Res<()> {
-    let config = ServeConfig {
-        model_name: "base".to_owned(),
-        max_tokens_limit: 4096,
-        // Every request prefills its whole prompt.
-        prompt_cache_bytes: 0,
-        ..ServeConfig::default()
-    };
+    let config = uncached_config();
     let t0 = Instant::now();
     let server = Server::from_base(&Base::load_with(path, requantize)?, config)?;
     println!(

@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use hearth::message::{ChatMessage, Origin, Provenance, Role, Sample, SampleContent};
 use hearth::model::{Arch, TinySpec, Tokenizer, Transformer, write_tiny_model};
-use hearth::serve::{Completion, GenerateRequest, PromptInput, Server, StreamEvent, default_model};
+use hearth::serve::{
+    Completion, GenerateRequest, PromptInput, ServeConfig, Server, StreamEvent, default_model,
+};
 use hearth::train::{CycleReport, LoraTrainer, TrainConfig};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -27,6 +29,19 @@ pub fn bench_model(smoke: bool, scratch: &Path) -> Res<PathBuf> {
         concat!(env!("CARGO_MANIFEST_DIR"), "/target/hearth-bench-data").to_owned()
     });
     Ok(default_model::ensure(Path::new(&data))?)
+}
+
+/// Serving as the benches measure it: the model named `base`, answers up to 4096 tokens, and no prompt cache,
+/// so that every request prefills its whole prompt (repetitions send the same prompt, which the cache would
+/// otherwise serve).
+#[allow(dead_code)]
+pub fn uncached_config() -> ServeConfig {
+    ServeConfig {
+        model_name: "base".to_owned(),
+        max_tokens_limit: 4096,
+        prompt_cache_bytes: 0,
+        ..ServeConfig::default()
+    }
 }
 
 /// A greedy request for exactly `max_tokens` tokens (EOS ignored), so every run decodes the same amount.
