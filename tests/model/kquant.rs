@@ -55,6 +55,15 @@ fn forward_rows(lin: &QLinear, rows: usize) -> (Vec<f32>, Vec<f32>) {
     (x, y.to_vec1().unwrap())
 }
 
+/// The GGUF type a weight keeps, packed as in the file or in panels; `None` for dense.
+fn stored_type(w: &Weight) -> Option<GgmlDType> {
+    match w {
+        Weight::Quant(q) => Some(q.dtype()),
+        Weight::Panels(p) => Some(p.dtype()),
+        Weight::Dense(_) => None,
+    }
+}
+
 fn first_q(m: &Transformer) -> &Weight {
     m.blocks()[0].linear(LoraTarget::Q).weight()
 }
@@ -67,7 +76,7 @@ fn kquant_models_match_their_dequantized_weights() {
     let dir = tempfile::tempdir().unwrap();
     for dtype in TYPES {
         let m = load(&write(dir.path(), dtype), Requantize::Off);
-        assert!(matches!(first_q(&m), Weight::Quant(q) if q.dtype() == dtype));
+        assert_eq!(stored_type(first_q(&m)), Some(dtype));
         let dense = m.merged(None).unwrap();
         for (step, (a, b)) in prefill_and_decode(&m)
             .iter()
@@ -75,7 +84,8 @@ fn kquant_models_match_their_dequantized_weights() {
             .enumerate()
         {
             let d = rel_diff(a, b);
-            // Q4_0 goes through candle's path, the K-quants through `q8k` (activations rounded per 256).
+            // Q4_0 goes through candle's path, Q4_K through panels where the CPU has them (activations rounded
+            // per 32), the other K-quants through `q8k` (activations rounded per 256).
             assert!(d < 0.05, "{dtype:?} step {step}: relative difference {d}");
         }
     }
@@ -89,14 +99,10 @@ fn requantize_at_load_re_encodes_as_q8_0() {
     for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
         let path = write(dir.path(), dtype);
         let (native, re) = (load(&path, Requantize::Off), load(&path, Requantize::Q8_0));
-        assert!(matches!(first_q(&native), Weight::Quant(q) if q.dtype() == dtype));
+        assert_eq!(stored_type(first_q(&native)), Some(dtype));
         for m in re.blocks() {
             for t in LoraTarget::ALL {
-                let q8 = match m.linear(t).weight() {
-                    Weight::Panels(_) => true,
-                    Weight::Quant(q) => q.dtype() == GgmlDType::Q8_0,
-                    Weight::Dense(_) => false,
-                };
+                let q8 = stored_type(m.linear(t).weight()) == Some(GgmlDType::Q8_0);
                 assert!(q8, "{dtype:?} {t:?} not Q8_0 after requantize");
             }
         }
@@ -141,25 +147,34 @@ fn kquant_backward_matches_the_f32_route() {
 }
 
 /// Q4_K, Q5_K and Q6_K layers multiply through `q8k`'s kernel on Q8_K activations, in prefill (many rows) and
-/// decode (one row): a layer's output is that kernel's, bit for bit.
+/// decode (one row), except Q4_K where the CPU has the panels' kernel (on Q8_0 activations): a layer's
+/// output is that kernel's, bit for bit.
 #[test]
-fn kquant_layers_take_the_q8_k_kernel() {
+fn kquant_layers_take_their_int8_kernel() {
     use hearth::model::q8::kquant::KQuant;
-    use hearth::model::q8::q8k;
+    use hearth::model::q8::{QuantizedRows, matmul_panels, panels_usable, q8k};
     let dir = tempfile::tempdir().unwrap();
     for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
         let m = load(&write(dir.path(), dtype), Requantize::Off);
         let lin = m.blocks()[0].linear(LoraTarget::Up);
-        let Weight::Quant(q) = lin.weight() else {
-            panic!("{dtype:?}: not kept packed");
-        };
         let (n_out, k) = (lin.out_features(), lin.in_features());
         for rows in [1, 20] {
             let (x, got) = forward_rows(lin, rows);
             let mut want = vec![0f32; rows * n_out];
-            let xq = q8k::KRows::new(&x, k).unwrap();
-            let kind = KQuant::of(dtype).unwrap();
-            q8k::matmul(kind, &q.data().unwrap(), n_out, &xq, &mut want).unwrap();
+            match lin.weight() {
+                Weight::Quant(q) => {
+                    assert!(dtype != GgmlDType::Q4K || !panels_usable());
+                    let xq = q8k::KRows::new(&x, k).unwrap();
+                    let kind = KQuant::of(dtype).unwrap();
+                    q8k::matmul(kind, &q.data().unwrap(), n_out, &xq, &mut want).unwrap();
+                }
+                Weight::Panels(p) => {
+                    assert!(dtype == GgmlDType::Q4K && panels_usable());
+                    let xq = QuantizedRows::new(&x, k).unwrap();
+                    matmul_panels(p, &xq, &mut want).unwrap();
+                }
+                Weight::Dense(_) => panic!("{dtype:?}: not kept packed"),
+            }
             let same = got
                 .iter()
                 .zip(&want)
@@ -216,16 +231,16 @@ fn kquant_forward_switch_leaves_the_kquants_to_candle() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let m = load(&write(dir.path(), GgmlDType::Q4K), Requantize::Off);
+    let m = load(&write(dir.path(), GgmlDType::Q6K), Requantize::Off);
     let lin = m.blocks()[0].linear(LoraTarget::Up);
     let Weight::Quant(q) = lin.weight() else {
-        panic!("Q4_K: not kept packed");
+        panic!("Q6_K: not kept packed");
     };
     let (rows, n_out, k) = (20, lin.out_features(), lin.in_features());
     let (x, got) = forward_rows(lin, rows);
     let mut kernel = vec![0f32; rows * n_out];
     let xq = q8k::KRows::new(&x, k).unwrap();
-    q8k::matmul(KQuant::Q4K, &q.data().unwrap(), n_out, &xq, &mut kernel).unwrap();
+    q8k::matmul(KQuant::Q6K, &q.data().unwrap(), n_out, &xq, &mut kernel).unwrap();
     let same = got
         .iter()
         .zip(&kernel)

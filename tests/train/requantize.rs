@@ -31,7 +31,7 @@ fn weight_types(base: &Base) -> Vec<GgmlDType> {
         .flat_map(|b| {
             LoraTarget::ALL.map(|t| match b.linear(t).weight() {
                 Weight::Quant(q) => q.dtype(),
-                Weight::Panels(_) => GgmlDType::Q8_0,
+                Weight::Panels(p) => p.dtype(),
                 Weight::Dense(_) => GgmlDType::F32,
             })
         })

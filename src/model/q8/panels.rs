@@ -11,11 +11,18 @@
 //! each `vpdpbusd` gives 16 rows' partial sums in its lanes (no reduction across lanes), and one conversion
 //! gives 16 scales (no table lookup). No software prefetching: the hardware prefetchers follow this layout on
 //! their own, and prefetching on top of it only slows the walk. Same bytes per weight as GGUF (1 + 1/16),
-//! except a padding block for an odd block count; the GGUF bytes are not kept ([`PanelWeights::to_q8_0`]
+//! except a padding block for an odd block count; the GGUF bytes are not kept ([`PanelWeights::to_gguf`]
 //! rebuilds them exactly for what needs them, such as training's transposes).
+//!
+//! Q4_K weights get panels of the same shape, their own layout inside ([`q4k`]), and the same activations:
+//! one quantized input serves both kinds of weight.
 //!
 //! The kernels need AVX-512 F, BW and VNNI ([`panels_usable`]); other CPUs keep the GGUF layout and its
 //! kernels. A portable loop computes the same sums everywhere, for tests.
+
+mod q4k;
+
+use candle_core::quantized::GgmlDType;
 
 use super::{PARALLEL_MIN_WEIGHTS, Q8Error, QK8_0, QuantRow, QuantizedRows, block_scale};
 use crate::model::spin_pool::SharedSlice;
@@ -43,12 +50,13 @@ fn scale_offset(b: usize) -> usize {
     b / 2 * PAIR_BYTES + 2 * BLOCK_QUANT_BYTES + b % 2 * BLOCK_SCALE_BYTES
 }
 
-/// A Q8_0 weight `[n_out, k]` in panels of [`PANEL_ROWS`] rows (see the module doc). A last partial panel is
-/// padded with zero weights.
+/// A Q8_0 or Q4_K weight `[n_out, k]` in panels of [`PANEL_ROWS`] rows (see the module doc). A last partial
+/// panel is padded with zero weights.
 pub struct PanelWeights {
     lines: Vec<CacheLine>,
     n_out: usize,
     k: usize,
+    dtype: GgmlDType,
 }
 
 /// What the panels are stored in: 64-byte aligned, so every quant load is an aligned line.
@@ -58,11 +66,67 @@ struct CacheLine([u8; 64]);
 
 impl std::fmt::Debug for PanelWeights {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PanelWeights({}x{})", self.n_out, self.k)
+        write!(
+            f,
+            "PanelWeights({:?} {}x{})",
+            self.dtype, self.n_out, self.k
+        )
     }
 }
 
 impl PanelWeights {
+    /// Whether weights of `dtype` have panels (Q8_0 and Q4_K).
+    pub fn supports(dtype: GgmlDType) -> bool {
+        matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4K)
+    }
+
+    /// Repacks a row-major weight `[n_out, k]` of a type [`Self::supports`] given as its raw GGUF bytes.
+    pub fn from_gguf(dtype: GgmlDType, w: &[u8], n_out: usize, k: usize) -> Result<Self, Q8Error> {
+        match dtype {
+            GgmlDType::Q8_0 => Self::from_q8_0(w, n_out, k),
+            GgmlDType::Q4K => Self::from_q4_k(w, n_out, k),
+            _ => Err(Q8Error(format!("panels: no layout for {dtype:?}"))),
+        }
+    }
+
+    /// Repacks a row-major Q4_K weight `[n_out, k]` given as its raw GGUF bytes.
+    pub fn from_q4_k(w: &[u8], n_out: usize, k: usize) -> Result<Self, Q8Error> {
+        let row_bytes = k / q4k::QK_K * q4k::BLOCK_BYTES;
+        if k == 0 || !k.is_multiple_of(q4k::QK_K) || n_out == 0 || w.len() != n_out * row_bytes {
+            return Err(Q8Error(format!(
+                "q4_k panels: {} bytes are not {n_out} rows of {k} weights",
+                w.len()
+            )));
+        }
+        // Padding rows stay all zero: zero scales, zero values.
+        let mut panels = Self {
+            lines: vec![
+                CacheLine([0; 64]);
+                n_out.div_ceil(PANEL_ROWS) * k / q4k::QK_K * q4k::UNIT_BYTES / 64
+            ],
+            n_out,
+            k,
+            dtype: GgmlDType::Q4K,
+        };
+        let panel_bytes = panels.panel_bytes();
+        use rayon::prelude::*;
+        panels
+            .lines
+            .par_chunks_mut(panel_bytes / 64)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let panel = as_bytes_mut(panel);
+                for l in 0..PANEL_ROWS.min(n_out - p * PANEL_ROWS) {
+                    q4k::pack_row(
+                        panel,
+                        l,
+                        &w[(p * PANEL_ROWS + l) * row_bytes..][..row_bytes],
+                    );
+                }
+            });
+        Ok(panels)
+    }
+
     /// Repacks a row-major Q8_0 weight `[n_out, k]` given as its raw GGUF bytes.
     pub fn from_q8_0(w: &[u8], n_out: usize, k: usize) -> Result<Self, Q8Error> {
         let row_bytes = k / QK8_0 * super::BLOCK_BYTES;
@@ -72,7 +136,7 @@ impl PanelWeights {
                 w.len()
             )));
         }
-        let panel_bytes = Self::panel_bytes_for(k);
+        let panel_bytes = (k / QK8_0).div_ceil(2) * PAIR_BYTES;
         let panels = n_out.div_ceil(PANEL_ROWS);
         // 0x80 is a zero weight (offset by 128); the scales are all written below, padding rows' as zero.
         let mut lines = vec![CacheLine([0x80; 64]); panels * panel_bytes / 64];
@@ -95,19 +159,34 @@ impl PanelWeights {
                     }
                 }
             });
-        Ok(Self { lines, n_out, k })
+        Ok(Self {
+            lines,
+            n_out,
+            k,
+            dtype: GgmlDType::Q8_0,
+        })
+    }
+
+    /// The GGUF type of the weights.
+    pub fn dtype(&self) -> GgmlDType {
+        self.dtype
     }
 
     /// The GGUF bytes this was made from, exactly.
-    pub fn to_q8_0(&self) -> Vec<u8> {
-        let blocks = self.k / QK8_0;
-        let row_bytes = blocks * super::BLOCK_BYTES;
+    pub fn to_gguf(&self) -> Vec<u8> {
+        let row_bytes = match self.dtype {
+            GgmlDType::Q4K => self.k / q4k::QK_K * q4k::BLOCK_BYTES,
+            _ => self.k / QK8_0 * super::BLOCK_BYTES,
+        };
         let mut out = vec![0u8; self.n_out * row_bytes];
         use rayon::prelude::*;
         out.par_chunks_mut(row_bytes)
             .enumerate()
             .for_each(|(o, row)| {
                 let (panel, l) = (self.panel(o / PANEL_ROWS), o % PANEL_ROWS);
+                if self.dtype == GgmlDType::Q4K {
+                    return q4k::unpack_row(panel, l, row);
+                }
                 for (b, blk) in row.chunks_exact_mut(super::BLOCK_BYTES).enumerate() {
                     blk[..2].copy_from_slice(&panel[scale_offset(b) + 2 * l..][..2]);
                     for (i, q) in blk[2..].iter_mut().enumerate() {
@@ -127,6 +206,9 @@ impl PanelWeights {
                 "q8_0 transpose: {} rows are no multiple of 32",
                 self.n_out
             )));
+        }
+        if self.dtype == GgmlDType::Q4K {
+            return super::transpose_quantized(&self.dequantize(), self.n_out, self.k);
         }
         Ok(super::transpose_blocks(
             self.n_out,
@@ -164,6 +246,10 @@ impl PanelWeights {
             )));
         }
         let (panel, l) = (self.panel(o / PANEL_ROWS), o % PANEL_ROWS);
+        if self.dtype == GgmlDType::Q4K {
+            q4k::dequantize_row(panel, l, out);
+            return Ok(());
+        }
         for (b, vals) in out.chunks_exact_mut(QK8_0).enumerate() {
             let d = block_scale(&panel[scale_offset(b) + 2 * l..]);
             for (i, v) in vals.iter_mut().enumerate() {
@@ -197,13 +283,17 @@ impl PanelWeights {
         as_bytes(&self.lines)
     }
 
-    fn panel_bytes_for(k: usize) -> usize {
-        (k / QK8_0).div_ceil(2) * PAIR_BYTES
+    /// Bytes per panel.
+    fn panel_bytes(&self) -> usize {
+        match self.dtype {
+            GgmlDType::Q4K => self.k / q4k::QK_K * q4k::UNIT_BYTES,
+            _ => (self.k / QK8_0).div_ceil(2) * PAIR_BYTES,
+        }
     }
 
     /// Panel `p`'s bytes.
     fn panel(&self, p: usize) -> &[u8] {
-        let n = Self::panel_bytes_for(self.k);
+        let n = self.panel_bytes();
         &self.bytes()[p * n..(p + 1) * n]
     }
 }
@@ -292,8 +382,8 @@ pub fn matvec_panels_many(
 /// Panels `panels` of `w` times one input row, into `out` (their rows).
 fn panels_one_row(w: &PanelWeights, panels: std::ops::Range<usize>, x: &QuantRow, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if super::x86::gemm_usable() {
-        let bytes = PanelWeights::panel_bytes_for(w.k);
+    if super::x86::gemm_usable() && w.dtype == GgmlDType::Q8_0 {
+        let bytes = w.panel_bytes();
         // SAFETY: `gemm_usable` found AVX-512 F/BW/VNNI; the panels exist in `w`, whose rows have the `k`
         // values `x` has (checked by the caller), and `out` has a slot for each of their rows.
         unsafe { x86::panels_one_row(w.bytes()[panels.start * bytes..].as_ptr(), bytes, x, out) };
@@ -301,6 +391,7 @@ fn panels_one_row(w: &PanelWeights, panels: std::ops::Range<usize>, x: &QuantRow
     }
     for (p, out) in panels.zip(out.chunks_mut(PANEL_ROWS)) {
         panel_rows(
+            w.dtype,
             w.panel(p),
             std::slice::from_ref(x),
             out.as_mut_ptr(),
@@ -337,7 +428,7 @@ pub fn matmul_panels(w: &PanelWeights, x: &QuantizedRows, y: &mut [f32]) -> Resu
                 let at = y
                     .as_ptr()
                     .wrapping_add(t * TILE_ROWS * n_out + p * PANEL_ROWS);
-                panel_rows(w.panel(p), tile, at, n_out, cols);
+                panel_rows(w.dtype, w.panel(p), tile, at, n_out, cols);
             }
         }
     });
@@ -358,9 +449,26 @@ fn check(w: &PanelWeights, x: &QuantizedRows, n_out: usize) -> Result<(), Q8Erro
 /// `vpdpbusd` chains.
 const TILE_ROWS: usize = 8;
 
-/// One panel times up to [`TILE_ROWS`] input rows: row `r`'s `cols` results at `out + r · stride`.
-fn panel_rows(panel: &[u8], rows: &[QuantRow], out: *mut f32, stride: usize, cols: usize) {
+/// One panel of `dtype` weights times up to [`TILE_ROWS`] input rows: row `r`'s `cols` results at
+/// `out + r · stride`.
+fn panel_rows(
+    dtype: GgmlDType,
+    panel: &[u8],
+    rows: &[QuantRow],
+    out: *mut f32,
+    stride: usize,
+    cols: usize,
+) {
     debug_assert!(rows.len() <= TILE_ROWS && cols <= PANEL_ROWS);
+    if dtype == GgmlDType::Q4K {
+        #[cfg(target_arch = "x86_64")]
+        if super::x86::gemm_usable() {
+            // SAFETY: as below, for a Q4_K panel.
+            unsafe { q4k::x86::panel_rows(panel.as_ptr(), rows, out, stride, cols) };
+            return;
+        }
+        return q4k::panel_rows(panel, rows, out, stride, cols);
+    }
     #[cfg(target_arch = "x86_64")]
     if super::x86::gemm_usable() {
         // SAFETY: `gemm_usable` found AVX-512 F/BW/VNNI; `panel` is a whole panel for rows of `k` values,
@@ -561,7 +669,7 @@ mod tests {
         for (n, k) in [(19, 96), (32, 64), (5, 32)] {
             let gguf = weights(n, k);
             let p = PanelWeights::from_q8_0(&gguf, n, k).unwrap();
-            assert_eq!(p.to_q8_0(), gguf, "{n}x{k}");
+            assert_eq!(p.to_gguf(), gguf, "{n}x{k}");
             let mut dense = vec![0f32; n * k];
             super::super::dequantize(&gguf, k, &mut dense).unwrap();
             assert_eq!(p.dequantize(), dense, "{n}x{k}");
@@ -625,5 +733,124 @@ mod tests {
             .unwrap();
         assert_eq!((&a, &b), (&alone, &alone));
         assert!(matvec_panels_many(&xq, &mut [(&p, &mut vec![0f32; n - 1][..])]).is_err());
+    }
+
+    /// Q4_K GGUF bytes for `n` rows of `k`: every byte pseudo-random (so every bit of the packed 6-bit scales
+    /// is exercised), then `d` and `dmin` set to finite f16 values of either sign.
+    fn q4k_bytes(n: usize, k: usize) -> Vec<u8> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut out: Vec<u8> = (0..n * k / q4k::QK_K * q4k::BLOCK_BYTES)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 56) as u8
+            })
+            .collect();
+        for (i, blk) in out.chunks_exact_mut(q4k::BLOCK_BYTES).enumerate() {
+            let d = half::f16::from_f32(0.001 * (1.0 + (i % 5) as f32));
+            let dmin = half::f16::from_f32(0.002 * ((i % 3) as f32 - 1.0));
+            blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+            blk[2..4].copy_from_slice(&dmin.to_bits().to_le_bytes());
+        }
+        out
+    }
+
+    /// candle's dequantization of Q4_K GGUF bytes.
+    fn q4k_dense(bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
+        let storage = candle_core::quantized::QStorage::from_data(
+            std::borrow::Cow::Borrowed(bytes),
+            &candle_core::Device::Cpu,
+            GgmlDType::Q4K,
+        )
+        .unwrap();
+        let q = candle_core::quantized::QTensor::new(storage, (n, k)).unwrap();
+        q.dequantize(&candle_core::Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    /// Q4_K panels give back the GGUF bytes exactly and dequantize as candle does, for a partial panel.
+    #[test]
+    fn q4k_panels_round_trip_to_the_gguf_bytes() {
+        for (n, k) in [(19, 512), (32, 256), (5, 256)] {
+            let gguf = q4k_bytes(n, k);
+            let p = PanelWeights::from_q4_k(&gguf, n, k).unwrap();
+            assert_eq!(p.to_gguf(), gguf, "{n}x{k}");
+            assert_eq!(p.dequantize(), q4k_dense(&gguf, n, k), "{n}x{k}");
+        }
+        assert!(PanelWeights::from_q4_k(&[0; 144], 1, 128).is_err());
+        assert!(PanelWeights::from_gguf(GgmlDType::Q5K, &[0; 176], 1, 256).is_err());
+    }
+
+    /// Every Q4_K panel path (one row, tiles and their remainders, the threaded split; SIMD where the CPU has
+    /// it, the portable loop) is the f32 product of the dequantized weights within the activations' int8
+    /// rounding, and the transpose is that of the dequantized weights.
+    #[test]
+    fn q4k_panel_products_match_the_dequantized_weights() {
+        use super::super::kquant::error_bound;
+        for (n, k) in [(19, 512), (48, 256), (64, 512)] {
+            let gguf = q4k_bytes(n, k);
+            let dense = q4k_dense(&gguf, n, k);
+            let p = PanelWeights::from_q4_k(&gguf, n, k).unwrap();
+            for m in [1, 2, 3, 8, 9, 20] {
+                let x = inputs(m, k);
+                let xq = QuantizedRows::new(&x, k).unwrap();
+                let mut got = vec![f32::NAN; m * n];
+                matmul_panels(&p, &xq, &mut got).unwrap();
+                let mut portable = vec![f32::NAN; m * n];
+                for (r, row) in xq.rows().iter().enumerate() {
+                    for pi in 0..n.div_ceil(PANEL_ROWS) {
+                        let cols = PANEL_ROWS.min(n - pi * PANEL_ROWS);
+                        let at = portable[r * n + pi * PANEL_ROWS..].as_mut_ptr();
+                        q4k::panel_rows(p.panel(pi), std::slice::from_ref(row), at, 0, cols);
+                    }
+                }
+                for r in 0..m {
+                    let xr = &x[r * k..(r + 1) * k];
+                    for o in 0..n {
+                        let wr = &dense[o * k..(o + 1) * k];
+                        let want: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+                        let norm: f32 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum();
+                        let bound = error_bound(xr, wr) + 1e-5 * norm;
+                        for (what, y) in [("kernel", &got), ("portable", &portable)] {
+                            let v = y[r * n + o];
+                            assert!(
+                                (v - want).abs() <= bound,
+                                "{what} {n}x{k}, {m} rows, [{r}][{o}]: {v} vs {want}, bound {bound}"
+                            );
+                        }
+                        let (a, b) = (got[r * n + o], portable[r * n + o]);
+                        assert!(
+                            (a - b).abs() <= 1e-5 * norm,
+                            "{n}x{k} [{r}][{o}]: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+            let n32 = n / 32 * 32;
+            if n32 == 0 {
+                continue;
+            }
+            let p32 = PanelWeights::from_q4_k(&gguf[..n32 * k / 256 * 144], n32, k).unwrap();
+            let want = super::super::transpose_quantized(&dense[..n32 * k], n32, k).unwrap();
+            assert_eq!(p32.transpose_requantized().unwrap(), want, "{n32}x{k}");
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let (n, k) = (1024, 256);
+        let p = PanelWeights::from_q4_k(&q4k_bytes(n, k), n, k).unwrap();
+        let xq = QuantizedRows::new(&inputs(1, k), k).unwrap();
+        let mut alone = vec![0f32; n];
+        matvec_panels_many(&xq, &mut [(&p, &mut alone)]).unwrap();
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        pool.install(|| matvec_panels_many(&xq, &mut [(&p, &mut a), (&p, &mut b)]))
+            .unwrap();
+        assert_eq!((&a, &b), (&alone, &alone));
     }
 }

@@ -473,7 +473,7 @@ impl Transformer {
         let re = |w: &Weight| -> Result<Weight> {
             let (from, cols) = match w {
                 Weight::Quant(q) => (q.dtype(), q.shape().dims().last().copied().unwrap_or(0)),
-                Weight::Panels(p) => (GgmlDType::Q8_0, p.k()),
+                Weight::Panels(p) => (p.dtype(), p.k()),
                 Weight::Dense(_) => return Ok(w.clone()),
             };
             if from == dtype || !cols.is_multiple_of(dtype.block_size()) {

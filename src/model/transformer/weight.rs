@@ -24,16 +24,17 @@ pub enum Weight {
 }
 
 impl Weight {
-    /// A block-quantized GGUF tensor as the model keeps it: Q8_0 repacked into panels when
+    /// A block-quantized GGUF tensor as the model keeps it: Q8_0 and Q4_K repacked into panels when
     /// [`q8::panels_usable`] (and `HEARTH_Q8_LAYOUT` is not `gguf`, which keeps the file's layout so
     /// that a benchmark can compare the two in one build), anything else as it is.
     pub(super) fn packed(q: Arc<QTensor>) -> Result<Self> {
-        if q.dtype() == GgmlDType::Q8_0
+        if PanelWeights::supports(q.dtype())
             && q8::panels_usable()
             && std::env::var("HEARTH_Q8_LAYOUT").as_deref() != Ok("gguf")
             && let Ok((n_out, k)) = q.shape().dims2()
         {
-            let panels = PanelWeights::from_q8_0(&q.data()?, n_out, k).map_err(ModelError::from)?;
+            let panels = PanelWeights::from_gguf(q.dtype(), &q.data()?, n_out, k)
+                .map_err(ModelError::from)?;
             return Ok(Weight::Panels(Arc::new(panels)));
         }
         Ok(Weight::Quant(q))
