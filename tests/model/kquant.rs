@@ -84,8 +84,8 @@ fn kquant_models_match_their_dequantized_weights() {
             .enumerate()
         {
             let d = rel_diff(a, b);
-            // Q4_0 goes through candle's path, Q4_K through panels where the CPU has them (activations rounded
-            // per 32), the other K-quants through `q8k` (activations rounded per 256).
+            // Q4_0 and Q4_K go through panels where the CPU has them (activations rounded per 32; elsewhere
+            // Q4_0 through candle's path), the other K-quants through `q8k` (activations rounded per 256).
             assert!(d < 0.05, "{dtype:?} step {step}: relative difference {d}");
         }
     }

@@ -14,12 +14,16 @@
 //! except a padding block for an odd block count; the GGUF bytes are not kept ([`PanelWeights::to_gguf`]
 //! rebuilds them exactly for what needs them, such as training's transposes).
 //!
-//! Q4_K weights get panels of the same shape, their own layout inside ([`q4k`]), and the same activations:
-//! one quantized input serves both kinds of weight.
+//! Q4_K and Q4_0 weights get panels of the same shape, each its own layout inside ([`q4k`], [`q4_0`]), and
+//! the same activations: one quantized input serves every kind of weight. (Q6_K panels were tried: prefill
+//! gained a fifth, decode lost a quarter against [`super::q8k`]'s kernel, whose integer sums run over whole
+//! super-blocks on Q8_K activations; on a CPU that runs 512-bit integer work at half rate, unpacking six-bit
+//! values for 16 rows costs as much as for one row at 256 bits.)
 //!
 //! The kernels need AVX-512 F, BW and VNNI ([`panels_usable`]); other CPUs keep the GGUF layout and its
 //! kernels. A portable loop computes the same sums everywhere, for tests.
 
+mod q4_0;
 mod q4k;
 
 use candle_core::quantized::GgmlDType;
@@ -50,7 +54,7 @@ fn scale_offset(b: usize) -> usize {
     b / 2 * PAIR_BYTES + 2 * BLOCK_QUANT_BYTES + b % 2 * BLOCK_SCALE_BYTES
 }
 
-/// A Q8_0 or Q4_K weight `[n_out, k]` in panels of [`PANEL_ROWS`] rows (see the module doc). A last partial
+/// A Q8_0, Q4_K or Q4_0 weight `[n_out, k]` in panels of [`PANEL_ROWS`] rows (see the module doc). A last partial
 /// panel is padded with zero weights.
 pub struct PanelWeights {
     lines: Vec<CacheLine>,
@@ -75,38 +79,41 @@ impl std::fmt::Debug for PanelWeights {
 }
 
 impl PanelWeights {
-    /// Whether weights of `dtype` have panels (Q8_0 and Q4_K).
+    /// Whether weights of `dtype` have panels (Q8_0, Q4_K and Q4_0).
     pub fn supports(dtype: GgmlDType) -> bool {
-        matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4K)
+        matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4K | GgmlDType::Q4_0)
     }
 
     /// Repacks a row-major weight `[n_out, k]` of a type [`Self::supports`] given as its raw GGUF bytes.
     pub fn from_gguf(dtype: GgmlDType, w: &[u8], n_out: usize, k: usize) -> Result<Self, Q8Error> {
         match dtype {
             GgmlDType::Q8_0 => Self::from_q8_0(w, n_out, k),
-            GgmlDType::Q4K => Self::from_q4_k(w, n_out, k),
+            GgmlDType::Q4K | GgmlDType::Q4_0 => Self::from_four_bit(dtype, w, n_out, k),
             _ => Err(Q8Error(format!("panels: no layout for {dtype:?}"))),
         }
     }
 
-    /// Repacks a row-major Q4_K weight `[n_out, k]` given as its raw GGUF bytes.
-    pub fn from_q4_k(w: &[u8], n_out: usize, k: usize) -> Result<Self, Q8Error> {
-        let row_bytes = k / q4k::QK_K * q4k::BLOCK_BYTES;
-        if k == 0 || !k.is_multiple_of(q4k::QK_K) || n_out == 0 || w.len() != n_out * row_bytes {
+    /// Repacks a row-major Q4_K or Q4_0 weight `[n_out, k]` given as its raw GGUF bytes.
+    fn from_four_bit(dtype: GgmlDType, w: &[u8], n_out: usize, k: usize) -> Result<Self, Q8Error> {
+        let sizes = FourBit::of(dtype);
+        let row_bytes = k / sizes.block_weights * sizes.block_bytes;
+        if k == 0
+            || !k.is_multiple_of(sizes.block_weights)
+            || n_out == 0
+            || w.len() != n_out * row_bytes
+        {
             return Err(Q8Error(format!(
-                "q4_k panels: {} bytes are not {n_out} rows of {k} weights",
+                "{dtype:?} panels: {} bytes are not {n_out} rows of {k} weights",
                 w.len()
             )));
         }
-        // Padding rows stay all zero: zero scales, zero values.
+        // Padding rows and blocks stay all zero: zero scales, zero values.
+        let lines = n_out.div_ceil(PANEL_ROWS) * sizes.panel_bytes(k) / 64;
         let mut panels = Self {
-            lines: vec![
-                CacheLine([0; 64]);
-                n_out.div_ceil(PANEL_ROWS) * k / q4k::QK_K * q4k::UNIT_BYTES / 64
-            ],
+            lines: vec![CacheLine([0; 64]); lines],
             n_out,
             k,
-            dtype: GgmlDType::Q4K,
+            dtype,
         };
         let panel_bytes = panels.panel_bytes();
         use rayon::prelude::*;
@@ -117,11 +124,11 @@ impl PanelWeights {
             .for_each(|(p, panel)| {
                 let panel = as_bytes_mut(panel);
                 for l in 0..PANEL_ROWS.min(n_out - p * PANEL_ROWS) {
-                    q4k::pack_row(
-                        panel,
-                        l,
-                        &w[(p * PANEL_ROWS + l) * row_bytes..][..row_bytes],
-                    );
+                    let row = &w[(p * PANEL_ROWS + l) * row_bytes..][..row_bytes];
+                    match dtype {
+                        GgmlDType::Q4K => q4k::pack_row(panel, l, row),
+                        _ => q4_0::pack_row(panel, l, row),
+                    }
                 }
             });
         Ok(panels)
@@ -175,8 +182,11 @@ impl PanelWeights {
     /// The GGUF bytes this was made from, exactly.
     pub fn to_gguf(&self) -> Vec<u8> {
         let row_bytes = match self.dtype {
-            GgmlDType::Q4K => self.k / q4k::QK_K * q4k::BLOCK_BYTES,
-            _ => self.k / QK8_0 * super::BLOCK_BYTES,
+            GgmlDType::Q8_0 => self.k / QK8_0 * super::BLOCK_BYTES,
+            t => {
+                let sizes = FourBit::of(t);
+                self.k / sizes.block_weights * sizes.block_bytes
+            }
         };
         let mut out = vec![0u8; self.n_out * row_bytes];
         use rayon::prelude::*;
@@ -184,8 +194,10 @@ impl PanelWeights {
             .enumerate()
             .for_each(|(o, row)| {
                 let (panel, l) = (self.panel(o / PANEL_ROWS), o % PANEL_ROWS);
-                if self.dtype == GgmlDType::Q4K {
-                    return q4k::unpack_row(panel, l, row);
+                match self.dtype {
+                    GgmlDType::Q4K => return q4k::unpack_row(panel, l, row),
+                    GgmlDType::Q4_0 => return q4_0::unpack_row(panel, l, row),
+                    _ => {}
                 }
                 for (b, blk) in row.chunks_exact_mut(super::BLOCK_BYTES).enumerate() {
                     blk[..2].copy_from_slice(&panel[scale_offset(b) + 2 * l..][..2]);
@@ -207,7 +219,7 @@ impl PanelWeights {
                 self.n_out
             )));
         }
-        if self.dtype == GgmlDType::Q4K {
+        if self.dtype != GgmlDType::Q8_0 {
             return super::transpose_quantized(&self.dequantize(), self.n_out, self.k);
         }
         Ok(super::transpose_blocks(
@@ -246,14 +258,16 @@ impl PanelWeights {
             )));
         }
         let (panel, l) = (self.panel(o / PANEL_ROWS), o % PANEL_ROWS);
-        if self.dtype == GgmlDType::Q4K {
-            q4k::dequantize_row(panel, l, out);
-            return Ok(());
-        }
-        for (b, vals) in out.chunks_exact_mut(QK8_0).enumerate() {
-            let d = block_scale(&panel[scale_offset(b) + 2 * l..]);
-            for (i, v) in vals.iter_mut().enumerate() {
-                *v = d * (panel[quant_at(b, l, i)] ^ 0x80) as i8 as f32;
+        match self.dtype {
+            GgmlDType::Q4K => q4k::dequantize_row(panel, l, out),
+            GgmlDType::Q4_0 => q4_0::dequantize_row(panel, l, out),
+            _ => {
+                for (b, vals) in out.chunks_exact_mut(QK8_0).enumerate() {
+                    let d = block_scale(&panel[scale_offset(b) + 2 * l..]);
+                    for (i, v) in vals.iter_mut().enumerate() {
+                        *v = d * (panel[quant_at(b, l, i)] ^ 0x80) as i8 as f32;
+                    }
+                }
             }
         }
         Ok(())
@@ -286,8 +300,8 @@ impl PanelWeights {
     /// Bytes per panel.
     fn panel_bytes(&self) -> usize {
         match self.dtype {
-            GgmlDType::Q4K => self.k / q4k::QK_K * q4k::UNIT_BYTES,
-            _ => (self.k / QK8_0).div_ceil(2) * PAIR_BYTES,
+            GgmlDType::Q8_0 => (self.k / QK8_0).div_ceil(2) * PAIR_BYTES,
+            t => FourBit::of(t).panel_bytes(self.k),
         }
     }
 
@@ -295,6 +309,39 @@ impl PanelWeights {
     fn panel(&self, p: usize) -> &[u8] {
         let n = self.panel_bytes();
         &self.bytes()[p * n..(p + 1) * n]
+    }
+}
+
+/// The sizes of a four-bit type's GGUF blocks and of its panels' units.
+struct FourBit {
+    block_weights: usize,
+    block_bytes: usize,
+    unit_weights: usize,
+    unit_bytes: usize,
+}
+
+impl FourBit {
+    /// Q4_K's sizes, or (for any other type) Q4_0's.
+    fn of(dtype: GgmlDType) -> Self {
+        match dtype {
+            GgmlDType::Q4K => FourBit {
+                block_weights: q4k::QK_K,
+                block_bytes: q4k::BLOCK_BYTES,
+                unit_weights: q4k::QK_K,
+                unit_bytes: q4k::UNIT_BYTES,
+            },
+            _ => FourBit {
+                block_weights: QK8_0,
+                block_bytes: q4_0::BLOCK_BYTES,
+                unit_weights: 2 * QK8_0,
+                unit_bytes: q4_0::UNIT_BYTES,
+            },
+        }
+    }
+
+    /// Bytes of one panel of rows of `k` weights.
+    fn panel_bytes(&self, k: usize) -> usize {
+        k.div_ceil(self.unit_weights) * self.unit_bytes
     }
 }
 
@@ -460,14 +507,26 @@ fn panel_rows(
     cols: usize,
 ) {
     debug_assert!(rows.len() <= TILE_ROWS && cols <= PANEL_ROWS);
-    if dtype == GgmlDType::Q4K {
-        #[cfg(target_arch = "x86_64")]
-        if super::x86::gemm_usable() {
-            // SAFETY: as below, for a Q4_K panel.
-            unsafe { q4k::x86::panel_rows(panel.as_ptr(), rows, out, stride, cols) };
-            return;
+    match dtype {
+        GgmlDType::Q4K => {
+            #[cfg(target_arch = "x86_64")]
+            if super::x86::gemm_usable() {
+                // SAFETY: as below, for a Q4_K panel.
+                unsafe { q4k::x86::panel_rows(panel.as_ptr(), rows, out, stride, cols) };
+                return;
+            }
+            return q4k::panel_rows(panel, rows, out, stride, cols);
         }
-        return q4k::panel_rows(panel, rows, out, stride, cols);
+        GgmlDType::Q4_0 => {
+            #[cfg(target_arch = "x86_64")]
+            if super::x86::gemm_usable() {
+                // SAFETY: as below, for a Q4_0 panel.
+                unsafe { q4_0::x86::panel_rows(panel.as_ptr(), rows, out, stride, cols) };
+                return;
+            }
+            return q4_0::panel_rows(panel, rows, out, stride, cols);
+        }
+        _ => {}
     }
     #[cfg(target_arch = "x86_64")]
     if super::x86::gemm_usable() {
@@ -735,11 +794,13 @@ mod tests {
         assert!(matvec_panels_many(&xq, &mut [(&p, &mut vec![0f32; n - 1][..])]).is_err());
     }
 
-    /// Q4_K GGUF bytes for `n` rows of `k`: every byte pseudo-random (so every bit of the packed 6-bit scales
-    /// is exercised), then `d` and `dmin` set to finite f16 values of either sign.
-    fn q4k_bytes(n: usize, k: usize) -> Vec<u8> {
+    /// `dtype` (Q4_K or Q4_0) GGUF bytes for `n` rows of `k`: every byte pseudo-random (so every bit of the
+    /// packed values and scales is exercised), then the f16 scales set to finite values of either sign.
+    fn four_bit_bytes(dtype: GgmlDType, n: usize, k: usize) -> Vec<u8> {
+        let sizes = FourBit::of(dtype);
+        let block = sizes.block_bytes;
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut out: Vec<u8> = (0..n * k / q4k::QK_K * q4k::BLOCK_BYTES)
+        let mut out: Vec<u8> = (0..n * k / sizes.block_weights * block)
             .map(|_| {
                 state = state
                     .wrapping_mul(6364136223846793005)
@@ -747,21 +808,26 @@ mod tests {
                 (state >> 56) as u8
             })
             .collect();
-        for (i, blk) in out.chunks_exact_mut(q4k::BLOCK_BYTES).enumerate() {
+        for (i, blk) in out.chunks_exact_mut(block).enumerate() {
             let d = half::f16::from_f32(0.001 * (1.0 + (i % 5) as f32));
             let dmin = half::f16::from_f32(0.002 * ((i % 3) as f32 - 1.0));
-            blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
-            blk[2..4].copy_from_slice(&dmin.to_bits().to_le_bytes());
+            match dtype {
+                GgmlDType::Q4K => {
+                    blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+                    blk[2..4].copy_from_slice(&dmin.to_bits().to_le_bytes());
+                }
+                _ => blk[..2].copy_from_slice(&d.to_bits().to_le_bytes()),
+            }
         }
         out
     }
 
-    /// candle's dequantization of Q4_K GGUF bytes.
-    fn q4k_dense(bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
+    /// candle's dequantization of `dtype` GGUF bytes.
+    fn four_bit_dense(dtype: GgmlDType, bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
         let storage = candle_core::quantized::QStorage::from_data(
             std::borrow::Cow::Borrowed(bytes),
             &candle_core::Device::Cpu,
-            GgmlDType::Q4K,
+            dtype,
         )
         .unwrap();
         let q = candle_core::quantized::QTensor::new(storage, (n, k)).unwrap();
@@ -773,84 +839,109 @@ mod tests {
             .unwrap()
     }
 
-    /// Q4_K panels give back the GGUF bytes exactly and dequantize as candle does, for a partial panel.
+    const FOUR_BIT: [GgmlDType; 2] = [GgmlDType::Q4K, GgmlDType::Q4_0];
+
+    /// Four-bit panels give back the GGUF bytes exactly and dequantize as candle does, for a partial panel.
     #[test]
-    fn q4k_panels_round_trip_to_the_gguf_bytes() {
-        for (n, k) in [(19, 512), (32, 256), (5, 256)] {
-            let gguf = q4k_bytes(n, k);
-            let p = PanelWeights::from_q4_k(&gguf, n, k).unwrap();
-            assert_eq!(p.to_gguf(), gguf, "{n}x{k}");
-            assert_eq!(p.dequantize(), q4k_dense(&gguf, n, k), "{n}x{k}");
+    fn four_bit_panels_round_trip_to_the_gguf_bytes() {
+        for dtype in FOUR_BIT {
+            for (n, k) in [(19, 512), (32, 256), (5, 256), (3, 96usize)] {
+                if !k.is_multiple_of(FourBit::of(dtype).block_weights) {
+                    continue;
+                }
+                let gguf = four_bit_bytes(dtype, n, k);
+                let p = PanelWeights::from_gguf(dtype, &gguf, n, k).unwrap();
+                assert_eq!(p.to_gguf(), gguf, "{dtype:?} {n}x{k}");
+                let dense = four_bit_dense(dtype, &gguf, n, k);
+                assert_eq!(p.dequantize(), dense, "{dtype:?} {n}x{k}");
+            }
+            let block = FourBit::of(dtype).block_bytes;
+            assert!(PanelWeights::from_gguf(dtype, &vec![0; block], 1, 16).is_err());
         }
-        assert!(PanelWeights::from_q4_k(&[0; 144], 1, 128).is_err());
         assert!(PanelWeights::from_gguf(GgmlDType::Q5K, &[0; 176], 1, 256).is_err());
     }
 
-    /// Every Q4_K panel path (one row, tiles and their remainders, the threaded split; SIMD where the CPU has
-    /// it, the portable loop) is the f32 product of the dequantized weights within the activations' int8
+    /// Every four-bit panel path (one row, tiles and their remainders, the threaded split; SIMD where the CPU
+    /// has it, the portable loop) is the f32 product of the dequantized weights within the activations' int8
     /// rounding, and the transpose is that of the dequantized weights.
     #[test]
-    fn q4k_panel_products_match_the_dequantized_weights() {
+    fn four_bit_panel_products_match_the_dequantized_weights() {
         use super::super::kquant::error_bound;
-        for (n, k) in [(19, 512), (48, 256), (64, 512)] {
-            let gguf = q4k_bytes(n, k);
-            let dense = q4k_dense(&gguf, n, k);
-            let p = PanelWeights::from_q4_k(&gguf, n, k).unwrap();
-            for m in [1, 2, 3, 8, 9, 20] {
-                let x = inputs(m, k);
-                let xq = QuantizedRows::new(&x, k).unwrap();
-                let mut got = vec![f32::NAN; m * n];
-                matmul_panels(&p, &xq, &mut got).unwrap();
-                let mut portable = vec![f32::NAN; m * n];
-                for (r, row) in xq.rows().iter().enumerate() {
-                    for pi in 0..n.div_ceil(PANEL_ROWS) {
-                        let cols = PANEL_ROWS.min(n - pi * PANEL_ROWS);
-                        let at = portable[r * n + pi * PANEL_ROWS..].as_mut_ptr();
-                        q4k::panel_rows(p.panel(pi), std::slice::from_ref(row), at, 0, cols);
-                    }
+        for dtype in FOUR_BIT {
+            for (n, k) in [(19, 512), (48, 256), (64, 512), (32, 96usize)] {
+                if !k.is_multiple_of(FourBit::of(dtype).block_weights) {
+                    continue;
                 }
-                for r in 0..m {
-                    let xr = &x[r * k..(r + 1) * k];
-                    for o in 0..n {
-                        let wr = &dense[o * k..(o + 1) * k];
-                        let want: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
-                        let norm: f32 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum();
-                        let bound = error_bound(xr, wr) + 1e-5 * norm;
-                        for (what, y) in [("kernel", &got), ("portable", &portable)] {
-                            let v = y[r * n + o];
+                let gguf = four_bit_bytes(dtype, n, k);
+                let dense = four_bit_dense(dtype, &gguf, n, k);
+                let p = PanelWeights::from_gguf(dtype, &gguf, n, k).unwrap();
+                for m in [1, 2, 3, 5, 8, 9, 20] {
+                    let x = inputs(m, k);
+                    let xq = QuantizedRows::new(&x, k).unwrap();
+                    let mut got = vec![f32::NAN; m * n];
+                    matmul_panels(&p, &xq, &mut got).unwrap();
+                    let mut portable = vec![f32::NAN; m * n];
+                    for (r, row) in xq.rows().iter().enumerate() {
+                        for pi in 0..n.div_ceil(PANEL_ROWS) {
+                            let cols = PANEL_ROWS.min(n - pi * PANEL_ROWS);
+                            let at = portable[r * n + pi * PANEL_ROWS..].as_mut_ptr();
+                            let row = std::slice::from_ref(row);
+                            match dtype {
+                                GgmlDType::Q4K => q4k::panel_rows(p.panel(pi), row, at, 0, cols),
+                                _ => q4_0::panel_rows(p.panel(pi), row, at, 0, cols),
+                            }
+                        }
+                    }
+                    for r in 0..m {
+                        let xr = &x[r * k..(r + 1) * k];
+                        for o in 0..n {
+                            let wr = &dense[o * k..(o + 1) * k];
+                            let want: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+                            let norm: f32 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum();
+                            let bound = error_bound(xr, wr) + 1e-5 * norm;
+                            for (what, y) in [("kernel", &got), ("portable", &portable)] {
+                                let v = y[r * n + o];
+                                assert!(
+                                    (v - want).abs() <= bound,
+                                    "{dtype:?} {what} {n}x{k}, {m} rows, [{r}][{o}]: {v} vs {want}, \
+                                     bound {bound}"
+                                );
+                            }
+                            let (a, b) = (got[r * n + o], portable[r * n + o]);
                             assert!(
-                                (v - want).abs() <= bound,
-                                "{what} {n}x{k}, {m} rows, [{r}][{o}]: {v} vs {want}, bound {bound}"
+                                (a - b).abs() <= 1e-5 * norm,
+                                "{dtype:?} {n}x{k} [{r}][{o}]: {a} vs {b}"
                             );
                         }
-                        let (a, b) = (got[r * n + o], portable[r * n + o]);
-                        assert!(
-                            (a - b).abs() <= 1e-5 * norm,
-                            "{n}x{k} [{r}][{o}]: {a} vs {b}"
-                        );
                     }
                 }
+                let n32 = n / 32 * 32;
+                if n32 == 0 {
+                    continue;
+                }
+                let sizes = FourBit::of(dtype);
+                let rows32 = &gguf[..n32 * k / sizes.block_weights * sizes.block_bytes];
+                let p32 = PanelWeights::from_gguf(dtype, rows32, n32, k).unwrap();
+                let want = super::super::transpose_quantized(&dense[..n32 * k], n32, k).unwrap();
+                assert_eq!(
+                    p32.transpose_requantized().unwrap(),
+                    want,
+                    "{dtype:?} {n32}x{k}"
+                );
             }
-            let n32 = n / 32 * 32;
-            if n32 == 0 {
-                continue;
-            }
-            let p32 = PanelWeights::from_q4_k(&gguf[..n32 * k / 256 * 144], n32, k).unwrap();
-            let want = super::super::transpose_quantized(&dense[..n32 * k], n32, k).unwrap();
-            assert_eq!(p32.transpose_requantized().unwrap(), want, "{n32}x{k}");
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(3)
+                .build()
+                .unwrap();
+            let (n, k) = (1024, 256);
+            let p = PanelWeights::from_gguf(dtype, &four_bit_bytes(dtype, n, k), n, k).unwrap();
+            let xq = QuantizedRows::new(&inputs(1, k), k).unwrap();
+            let mut alone = vec![0f32; n];
+            matvec_panels_many(&xq, &mut [(&p, &mut alone)]).unwrap();
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            pool.install(|| matvec_panels_many(&xq, &mut [(&p, &mut a), (&p, &mut b)]))
+                .unwrap();
+            assert_eq!((&a, &b), (&alone, &alone), "{dtype:?}");
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
-        let (n, k) = (1024, 256);
-        let p = PanelWeights::from_q4_k(&q4k_bytes(n, k), n, k).unwrap();
-        let xq = QuantizedRows::new(&inputs(1, k), k).unwrap();
-        let mut alone = vec![0f32; n];
-        matvec_panels_many(&xq, &mut [(&p, &mut alone)]).unwrap();
-        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-        pool.install(|| matvec_panels_many(&xq, &mut [(&p, &mut a), (&p, &mut b)]))
-            .unwrap();
-        assert_eq!((&a, &b), (&alone, &alone));
     }
 }

@@ -24,7 +24,7 @@ pub enum Weight {
 }
 
 impl Weight {
-    /// A block-quantized GGUF tensor as the model keeps it: Q8_0 and Q4_K repacked into panels when
+    /// A block-quantized GGUF tensor as the model keeps it: Q8_0, Q4_K and Q4_0 repacked into panels when
     /// [`q8::panels_usable`] (and `HEARTH_Q8_LAYOUT` is not `gguf`, which keeps the file's layout so
     /// that a benchmark can compare the two in one build), anything else as it is.
     pub(super) fn packed(q: Arc<QTensor>) -> Result<Self> {
@@ -96,10 +96,11 @@ pub(super) fn has_int8_kernel(dtype: GgmlDType) -> bool {
     dtype == GgmlDType::Q8_0 || KQuant::of(dtype).is_some()
 }
 
-/// Whether forward products with this type take the int8 kernels: Q8_0, and the K-quants [`q8k`]
-/// multiplies (Q4_K, Q5_K, Q6_K). Q4_0's kernel ([`kquant`]) is slower than candle's path (its quantized
-/// matvec for a few rows, the weight dequantized into one f32 gemm for more); Q4_0 takes the int8 kernels in
-/// the backward's transpose only (see [`TransposeCache`]). `HEARTH_KQUANT_FORWARD=candle` leaves the K-quants'
+/// Whether forward products with this type, kept in the GGUF layout, take the int8 kernels: Q8_0, and the
+/// K-quants [`q8k`] multiplies (Q4_K, Q5_K, Q6_K). Q4_0's GGUF-layout kernel ([`kquant`]) is slower than
+/// candle's path (its quantized matvec for a few rows, the weight dequantized into one f32 gemm for more), so
+/// there Q4_0 takes the int8 kernels in the backward's transpose only (see [`TransposeCache`]); in panels
+/// (see [`Weight::packed`]) it takes them everywhere. `HEARTH_KQUANT_FORWARD=candle` leaves the K-quants'
 /// forward to candle as before, so that a benchmark can compare the two in one build.
 pub(super) fn forward_in_int8(dtype: GgmlDType) -> bool {
     static CANDLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
