@@ -355,15 +355,77 @@ pub fn transpose_quantized(w: &[f32], n_out: usize, k: usize) -> Result<Vec<u8>,
                 for (j, v) in vals.iter_mut().enumerate() {
                     *v = w[(ob * QK8_0 + j) * k + c];
                 }
-                let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = amax / 127.0;
-                let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-                blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
-                for (q, v) in blk[2..].iter_mut().zip(&vals) {
-                    *q = round_half_away(v * inv) as i8 as u8;
-                }
+                quantize_column_block(&vals, blk);
             }
         });
+    Ok(out)
+}
+
+/// 32 values of one input column as one Q8_0 block of the transpose, as activations are quantized.
+#[inline(always)]
+fn quantize_column_block(vals: &[f32; QK8_0], blk: &mut [u8]) {
+    let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+    blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+    for (q, v) in blk[2..].iter_mut().zip(vals) {
+        *q = round_half_away(v * inv) as i8 as u8;
+    }
+}
+
+/// [`transpose_quantized`] of a weight `[n_out, k]` (`n_out` a multiple of 32) whose rows `load(o, rows)`
+/// writes as f32, 32 from row `o` at a time, byte for byte: for weights kept in a form other than Q8_0,
+/// without a dense f32 copy of the whole weight (a 128k-token head of 2048 would take 1 GB). Parallel over
+/// groups of 32 rows, each writing its block of every row of the transpose.
+pub fn transpose_quantized_rows(
+    n_out: usize,
+    k: usize,
+    load: impl Fn(usize, &mut [f32]) -> Result<(), Q8Error> + Sync,
+) -> Result<Vec<u8>, Q8Error> {
+    if k == 0 || n_out == 0 || !n_out.is_multiple_of(QK8_0) {
+        return Err(Q8Error(format!(
+            "q8_0 transpose: {n_out} rows of {k} are none, or {n_out} rows are no multiple of 32"
+        )));
+    }
+    let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
+    let mut out = vec![0u8; k * out_row_bytes];
+    let shared = SharedSlice::new(&mut out);
+    use rayon::prelude::*;
+    // Per group: the rows, their columns as consecutive blocks of 32, and those quantized as one row of `k`
+    // blocks by `quantize_row_into` (eight lanes wide; the same arithmetic as `quantize_column_block`).
+    let scratch = || {
+        let (rows, cols) = (vec![0f32; QK8_0 * k], vec![0f32; QK8_0 * k]);
+        (
+            rows,
+            cols,
+            vec![0f32; k],
+            vec![0i8; QK8_0 * k],
+            vec![0i32; k],
+        )
+    };
+    (0..n_out / QK8_0).into_par_iter().try_for_each_init(
+        scratch,
+        |(rows, cols, d, qs, fix), ob| {
+            load(ob * QK8_0, rows)?;
+            for (j, row) in rows.chunks_exact(k).enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    cols[c * QK8_0 + j] = v;
+                }
+            }
+            quantize_row_into(cols, d, qs, fix);
+            for (c, (&d, q)) in d.iter().zip(qs.chunks_exact(QK8_0)).enumerate() {
+                let at = c * out_row_bytes + ob * BLOCK_BYTES;
+                // SAFETY: block `ob` of each row of the transpose is written by this group of rows alone.
+                let blk = unsafe { shared.part(at..at + BLOCK_BYTES) };
+                // `d` is already the f16 scale's value, so this conversion is exact.
+                blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                for (o, &q) in blk[2..].iter_mut().zip(q) {
+                    *o = q as u8;
+                }
+            }
+            Ok(())
+        },
+    )?;
     Ok(out)
 }
 
@@ -895,6 +957,15 @@ mod tests {
         }
         assert!(transpose_quantized(&w[..k * 48], 48, k).is_err());
         assert!(transpose_quantized(&w[1..], n, k).is_err());
+        // Rows loaded 32 at a time give the same bytes, and a loader's error comes back.
+        let rows = |o: usize, out: &mut [f32]| {
+            out.copy_from_slice(&w[o * k..o * k + out.len()]);
+            Ok(())
+        };
+        assert_eq!(transpose_quantized_rows(n, k, rows).unwrap(), t);
+        assert!(transpose_quantized_rows(48, k, rows).is_err());
+        let failing = |_: usize, _: &mut [f32]| Err(Q8Error("no rows".into()));
+        assert!(transpose_quantized_rows(n, k, failing).is_err());
     }
 
     /// The parallel expansion gives candle's dequantized values bit for bit.

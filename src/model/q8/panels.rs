@@ -220,7 +220,12 @@ impl PanelWeights {
             )));
         }
         if self.dtype != GgmlDType::Q8_0 {
-            return super::transpose_quantized(&self.dequantize(), self.n_out, self.k);
+            return super::transpose_quantized_rows(self.n_out, self.k, |o, rows| {
+                for (i, row) in rows.chunks_exact_mut(self.k).enumerate() {
+                    self.dequantize_row(o + i, row)?;
+                }
+                Ok(())
+            });
         }
         Ok(super::transpose_blocks(
             self.n_out,

@@ -271,8 +271,13 @@ impl TransposeCache {
                 q8::transpose_requantized(&q.data()?, n_out, k)
             }
             QuantWeight::Gguf(q) if w.is_int8() => {
-                let dense: Vec<f32> = dequantize(q)?.flatten_all()?.to_vec1()?;
-                q8::transpose_quantized(&dense, n_out, k)
+                let bytes = q.data()?;
+                let row_bytes = bytes.len() / n_out;
+                q8::transpose_quantized_rows(n_out, k, |o, rows| {
+                    let m = rows.len() / k;
+                    dequantize_rows(q.dtype(), &bytes[o * row_bytes..][..m * row_bytes], k, rows)
+                        .map_err(|e| Q8Error(format!("{:?} transpose: {e}", q.dtype())))
+                })
             }
             QuantWeight::Gguf(_) => {
                 candle_core::bail!("qmatmul-grad: only an int8 weight has an int8 transpose")
@@ -392,6 +397,20 @@ fn dequantize(w: &QTensor) -> candle_core::Result<Tensor> {
         return Tensor::from_vec(out, (n_out, k), &Device::Cpu);
     }
     w.dequantize(&Device::Cpu)
+}
+
+/// GGUF rows of `dtype` (as many as `out` holds) dequantized by candle into `out`.
+fn dequantize_rows(
+    dtype: GgmlDType,
+    bytes: &[u8],
+    k: usize,
+    out: &mut [f32],
+) -> candle_core::Result<()> {
+    let storage =
+        candle_core::quantized::QStorage::from_data(Cow::Borrowed(bytes), &Device::Cpu, dtype)?;
+    let rows = QTensor::new(storage, (out.len() / k, k))?.dequantize(&Device::Cpu)?;
+    out.copy_from_slice(&rows.flatten_all()?.to_vec1::<f32>()?);
+    Ok(())
 }
 
 /// Q8_0 panels as dense f32 `[out, in]` (rows split across the current rayon pool).

@@ -96,14 +96,22 @@ pub(super) fn dequantize_row(panel: &[u8], l: usize, out: &mut [f32]) {
     for (s, vals) in out.chunks_exact_mut(QK_K).enumerate() {
         let d = f16_at(panel, d_at(s) + 2 * l);
         let dmin = f16_at(panel, dmin_at(s) + 2 * l);
-        for (j, sub) in vals.chunks_exact_mut(QK8_0).enumerate() {
-            let (c, high) = (j / 2, j % 2 == 1);
-            let scale = d * panel[sc_at(s, j) + l] as f32;
-            let min = dmin * panel[m_at(s, j) + l] as f32;
-            for (t, v) in sub.iter_mut().enumerate() {
-                let byte = panel[line_at(s, c, t / 4) + 4 * l + t % 4];
-                let q = if high { byte >> 4 } else { byte & 0xF };
-                *v = scale * q as f32 - min;
+        for (c, pair) in vals.chunks_exact_mut(2 * QK8_0).enumerate() {
+            let (lo, hi) = pair.split_at_mut(QK8_0);
+            let (s_lo, m_lo) = (
+                d * panel[sc_at(s, 2 * c) + l] as f32,
+                dmin * panel[m_at(s, 2 * c) + l] as f32,
+            );
+            let (s_hi, m_hi) = (
+                d * panel[sc_at(s, 2 * c + 1) + l] as f32,
+                dmin * panel[m_at(s, 2 * c + 1) + l] as f32,
+            );
+            for g in 0..8 {
+                let bytes = &panel[line_at(s, c, g) + 4 * l..][..4];
+                for (t, &byte) in bytes.iter().enumerate() {
+                    lo[4 * g + t] = s_lo * (byte & 0xF) as f32 - m_lo;
+                    hi[4 * g + t] = s_hi * (byte >> 4) as f32 - m_hi;
+                }
             }
         }
     }
