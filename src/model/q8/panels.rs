@@ -209,31 +209,44 @@ impl PanelWeights {
         out
     }
 
-    /// [`super::transpose_requantized`] of this weight, its tiles read from the panels themselves rather than
+    /// [`super::transpose_requantized`] of this weight (for Q8_0; [`super::transpose_quantized`] of the
+    /// dequantized weight for the four-bit types), its tiles read from the panels themselves rather than
     /// from a GGUF-layout copy; `n_out` must be a multiple of 32.
     pub fn transpose_requantized(&self) -> Result<Vec<u8>, Q8Error> {
+        self.transpose_rows(0, self.n_out)
+    }
+
+    /// [`Self::transpose_requantized`] of output rows `o0 .. o0 + rows` alone (both multiples of 32): the
+    /// transpose `[k, rows]`, the same bytes as that part of the whole one.
+    pub fn transpose_rows(&self, o0: usize, rows: usize) -> Result<Vec<u8>, Q8Error> {
         const { assert!(QK8_0 == 2 * PANEL_ROWS) };
-        if !self.n_out.is_multiple_of(QK8_0) {
+        if !o0.is_multiple_of(QK8_0)
+            || !rows.is_multiple_of(QK8_0)
+            || rows == 0
+            || o0 + rows > self.n_out
+        {
             return Err(Q8Error(format!(
-                "q8_0 transpose: {} rows are no multiple of 32",
+                "q8_0 transpose: rows {o0}..{} of {} are no range of whole 32-row blocks",
+                o0 + rows,
                 self.n_out
             )));
         }
         if self.dtype != GgmlDType::Q8_0 {
-            return super::transpose_quantized_rows(self.n_out, self.k, |o, rows| {
-                for (i, row) in rows.chunks_exact_mut(self.k).enumerate() {
-                    self.dequantize_row(o + i, row)?;
+            return super::transpose_quantized_rows(rows, self.k, |o, out| {
+                for (i, row) in out.chunks_exact_mut(self.k).enumerate() {
+                    self.dequantize_row(o0 + o + i, row)?;
                 }
                 Ok(())
             });
         }
+        let ob0 = o0 / QK8_0;
         Ok(super::transpose_blocks(
-            self.n_out,
+            rows,
             self.k,
             |b, ob, tile, scales| {
                 // Rows 32·ob .. 32·ob + 32 are two panels; in each, weights 4g .. 4g + 4 of its rows fill line g.
                 for side in 0..2 {
-                    let panel = self.panel(2 * ob + side);
+                    let panel = self.panel(2 * (ob0 + ob) + side);
                     let sc = &panel[scale_offset(b)..][..BLOCK_SCALE_BYTES];
                     let qs = &panel[quant_offset(b)..][..BLOCK_QUANT_BYTES];
                     for l in 0..PANEL_ROWS {

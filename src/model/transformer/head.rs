@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::weight::TransposeCache;
+use super::weight::{QuantWeight, TransposeCache};
 use super::{QLinear, Weight};
 use crate::model::{ModelError, Result};
 
@@ -106,13 +106,13 @@ impl HeadLogps {
         x.matmul(&self.dense()?.t()?)?.flatten_all()?.to_vec1()
     }
 
-    /// What the backward pass multiplies by: an int8 head's transpose requantized for the int8 kernel (see
-    /// `int8_input_grad` in the `weight` module), when the vocabulary is a multiple of 32; else the dense head.
-    fn backward_weight(&self) -> candle_core::Result<BackwardWeight<'_>> {
+    /// What the backward pass multiplies by: an int8 head through its transpose requantized for the int8
+    /// kernel ([`TransposeCache::input_grads`]), when the vocabulary is a multiple of 32; else the dense head.
+    fn backward_weight(&self) -> candle_core::Result<BackwardWeight> {
         if let Some(w) = self.head.int8()
             && self.vocab.is_multiple_of(crate::model::q8::QK8_0)
         {
-            return Ok(BackwardWeight::Transposed(self.transposed.get(&w)?));
+            return Ok(BackwardWeight::Int8(w));
         }
         Ok(BackwardWeight::Dense(self.dense()?))
     }
@@ -125,9 +125,9 @@ impl HeadLogps {
     }
 }
 
-enum BackwardWeight<'a> {
-    /// Q8_0 `[hidden, vocab]`.
-    Transposed(std::borrow::Cow<'a, [u8]>),
+enum BackwardWeight {
+    /// An int8 head, multiplied through its transpose.
+    Int8(QuantWeight),
     /// f32 `[vocab, hidden]`.
     Dense(Tensor),
 }
@@ -203,39 +203,48 @@ impl CustomOp1 for HeadLogps {
     ) -> candle_core::Result<Option<Tensor>> {
         let (n, d) = arg.dims2()?;
         let g: Vec<f32> = grad_res.to_dtype(DType::F32)?.to_vec1()?;
-        let guard = self.probs.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(probs) = guard.as_ref() else {
+        // The forward's probabilities become the logits' gradient in place: one backward per forward.
+        let taken = self.probs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(mut dls) = taken else {
             candle_core::bail!("head-logps: backward without the forward's probabilities");
         };
-        let w = self.backward_weight()?;
-        let mut grad = vec![0f32; n * d];
         let v = self.vocab;
-        let per_chunk = self.rows_per_chunk;
-        for ((rows, targets), chunk) in self
+        let chunks: Vec<(&[usize], &[usize])> = self
             .rows
-            .chunks(per_chunk)
-            .zip(self.targets.chunks(per_chunk))
-            .zip(probs)
-        {
+            .chunks(self.rows_per_chunk)
+            .zip(self.targets.chunks(self.rows_per_chunk))
+            .collect();
+        for (&(rows, targets), dl) in chunks.iter().zip(dls.iter_mut()) {
             // d lp / d logits = onehot(target) − p, times the incoming gradient of that position.
-            let mut dl = chunk.clone();
             dl.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
                 let gi = g[rows[i]];
                 row.iter_mut().for_each(|p| *p *= -gi);
                 row[targets[i]] += gi;
             });
-            let dx: Vec<f32> = match &w {
-                BackwardWeight::Transposed(wt) => {
-                    let mut dx = vec![0f32; rows.len() * d];
-                    crate::model::q8::matmul(wt, d, v, &dl, rows.len(), &mut dx)
-                        .map_err(candle_core::Error::wrap)?;
-                    dx
+        }
+        let mut dxs: Vec<Vec<f32>> = chunks
+            .iter()
+            .map(|(rows, _)| vec![0f32; rows.len() * d])
+            .collect();
+        match self.backward_weight()? {
+            BackwardWeight::Int8(w) => {
+                let mut products: Vec<(&[f32], usize, &mut [f32])> = dls
+                    .iter()
+                    .zip(dxs.iter_mut())
+                    .map(|(dl, dx)| (&dl[..], dl.len() / v, &mut dx[..]))
+                    .collect();
+                self.transposed.input_grads(&w, &mut products)?;
+            }
+            BackwardWeight::Dense(w) => {
+                for (dl, dx) in dls.into_iter().zip(dxs.iter_mut()) {
+                    let m = dl.len() / v;
+                    let dl = Tensor::from_vec(dl, (m, v), &Device::Cpu)?;
+                    *dx = dl.matmul(&w)?.flatten_all()?.to_vec1()?;
                 }
-                BackwardWeight::Dense(w) => {
-                    let dl = Tensor::from_vec(dl, (rows.len(), v), &Device::Cpu)?;
-                    dl.matmul(w)?.flatten_all()?.to_vec1()?
-                }
-            };
+            }
+        }
+        let mut grad = vec![0f32; n * d];
+        for ((rows, _), dx) in chunks.iter().zip(&dxs) {
             for (i, &r) in rows.iter().enumerate() {
                 grad[r * d..(r + 1) * d].copy_from_slice(&dx[i * d..(i + 1) * d]);
             }

@@ -174,6 +174,35 @@ impl QuantWeight {
         }
     }
 
+    /// The Q8_0 transpose `[k, rows]` of output rows `o0 .. o0 + rows` (multiples of 32) of an int8 weight:
+    /// Q8_0 requantized along the output axis ([`q8::transpose_requantized`]), other types quantized from
+    /// their dequantized values ([`q8::transpose_quantized_rows`]), 32 rows at a time.
+    fn transpose_rows(&self, o0: usize, rows: usize) -> candle_core::Result<Vec<u8>> {
+        let (n_out, k) = self.dims()?;
+        let t = match self {
+            QuantWeight::Panels(p) => p.transpose_rows(o0, rows),
+            QuantWeight::Gguf(q) if self.is_int8() && o0 + rows <= n_out => {
+                let bytes = q.data()?;
+                let row_bytes = bytes.len() / n_out;
+                let part = &bytes[o0 * row_bytes..(o0 + rows) * row_bytes];
+                if q.dtype() == GgmlDType::Q8_0 {
+                    q8::transpose_requantized(part, rows, k)
+                } else {
+                    q8::transpose_quantized_rows(rows, k, |o, out| {
+                        let m = out.len() / k;
+                        dequantize_rows(q.dtype(), &part[o * row_bytes..][..m * row_bytes], k, out)
+                            .map_err(|e| Q8Error(format!("{:?} transpose: {e}", q.dtype())))
+                    })
+                }
+            }
+            QuantWeight::Gguf(_) => candle_core::bail!(
+                "qmatmul-grad: no int8 transpose of rows {o0}..{} of this weight",
+                o0 + rows
+            ),
+        };
+        t.map_err(candle_core::Error::wrap)
+    }
+
     /// `y = x·Wᵀ` (`[m, n_out]`) through hearth's int8 kernels, for a weight [`Weight::int8`] gives.
     pub(super) fn int8_matmul(&self, x: &Int8Input, y: &mut [f32]) -> candle_core::Result<()> {
         match self {
@@ -203,13 +232,18 @@ impl QuantWeight {
 }
 
 /// [`q8::transpose_requantized`] of a layer's weight (a type of [`kquant`]: [`q8::transpose_quantized`] of
-/// its dequantized values), kept for the layer's lifetime once training has needed it, while all kept
-/// transposes of the process fit in [`set_transpose_cache_limit`]'s bound; past it, each backward pass
-/// builds its own and drops it. Kept: +1 byte per weight, a quarter of what a dequantized f32 copy would
-/// cost, where rebuilding it every backward pass is a large share of the product's time. Serving never
-/// builds it.
+/// its dequantized values), in parts of [`TRANSPOSE_PART_ROWS`] output rows, kept for the layer's lifetime
+/// once training has needed it, while all kept transposes of the process fit in
+/// [`set_transpose_cache_limit`]'s bound; past it, each backward pass builds one part at a time and drops it.
+/// Kept: +1 byte per weight, a quarter of what a dequantized f32 copy would cost, where rebuilding it every
+/// backward pass is a large share of the product's time. Serving never builds it. Kept or not, a product
+/// sums the same parts in the same order, so the result is the same bytes.
 #[derive(Default)]
-pub(super) struct TransposeCache(std::sync::OnceLock<Vec<u8>>);
+pub(super) struct TransposeCache(std::sync::OnceLock<Vec<Vec<u8>>>);
+
+/// Output rows of one part of a [`TransposeCache`]: a vocabulary-sized head (128k rows of 2048, 278 MB as
+/// Q8_0) never exists whole unless kept; a part of it is 8.7 MB.
+pub(super) const TRANSPOSE_PART_ROWS: usize = 4096;
 
 /// Bytes all kept transposes may take, and what they take now ([`TransposeCache`]).
 static TRANSPOSE_LIMIT: AtomicUsize = AtomicUsize::new(DEFAULT_TRANSPOSE_LIMIT);
@@ -252,50 +286,106 @@ impl Drop for TransposeCache {
     }
 }
 
+/// The parts of an `n_out`-row transpose: `(first output row, rows)`.
+fn transpose_parts(n_out: usize) -> Vec<(usize, usize)> {
+    (0..n_out)
+        .step_by(TRANSPOSE_PART_ROWS)
+        .map(|o0| (o0, TRANSPOSE_PART_ROWS.min(n_out - o0)))
+        .collect()
+}
+
 impl TransposeCache {
     /// Bytes this cache keeps.
     pub(super) fn kept(&self) -> usize {
-        self.0.get().map_or(0, Vec::len)
+        self.0
+            .get()
+            .map_or(0, |parts| parts.iter().map(Vec::len).sum())
     }
 
-    /// The Q8_0 transpose of int8 weight `w` (`[n_out, k]`): the kept one, or one built now (and kept when
-    /// the limit allows).
-    pub(super) fn get(&self, w: &QuantWeight) -> candle_core::Result<Cow<'_, [u8]>> {
+    /// The kept parts of int8 weight `w`'s transpose, or those built now and kept when the limit allows;
+    /// `None` when they do not fit.
+    fn kept_or_keep(&self, w: &QuantWeight) -> candle_core::Result<Option<&[Vec<u8>]>> {
         if let Some(t) = self.0.get() {
-            return Ok(Cow::Borrowed(t));
+            return Ok(Some(t));
         }
         let (n_out, k) = w.dims()?;
-        let t = match w {
-            QuantWeight::Panels(p) => p.transpose_requantized(),
-            QuantWeight::Gguf(q) if q.dtype() == GgmlDType::Q8_0 => {
-                q8::transpose_requantized(&q.data()?, n_out, k)
-            }
-            QuantWeight::Gguf(q) if w.is_int8() => {
-                let bytes = q.data()?;
-                let row_bytes = bytes.len() / n_out;
-                q8::transpose_quantized_rows(n_out, k, |o, rows| {
-                    let m = rows.len() / k;
-                    dequantize_rows(q.dtype(), &bytes[o * row_bytes..][..m * row_bytes], k, rows)
-                        .map_err(|e| Q8Error(format!("{:?} transpose: {e}", q.dtype())))
-                })
-            }
-            QuantWeight::Gguf(_) => {
-                candle_core::bail!("qmatmul-grad: only an int8 weight has an int8 transpose")
-            }
+        let bytes = k * n_out.div_ceil(q8::QK8_0) * q8::BLOCK_BYTES;
+        if !reserve_transpose(bytes) {
+            return Ok(None);
         }
-        .map_err(candle_core::Error::wrap)?;
-        if !reserve_transpose(t.len()) {
-            return Ok(Cow::Owned(t));
-        }
-        let len = t.len();
+        let built: candle_core::Result<Vec<Vec<u8>>> = transpose_parts(n_out)
+            .into_iter()
+            .map(|(o0, rows)| w.transpose_rows(o0, rows))
+            .collect();
+        let mut mine = match built {
+            Ok(parts) => Some(parts),
+            Err(e) => {
+                TRANSPOSE_KEPT.fetch_sub(bytes, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
         // Two threads may build it at once; both results are the same bytes, and the loser's share goes back.
-        let mut mine = Some(t);
         let kept = self.0.get_or_init(|| mine.take().unwrap_or_default());
         if mine.is_some() {
-            TRANSPOSE_KEPT.fetch_sub(len, Ordering::AcqRel);
+            TRANSPOSE_KEPT.fetch_sub(bytes, Ordering::AcqRel);
         }
-        Ok(Cow::Borrowed(kept))
+        Ok(Some(kept))
     }
+
+    /// `dx = dy · W` for each `(dy, m, dx)` (`dy` `[m, n_out]`, `dx` `[m, k]`) of an int8 weight `w` whose
+    /// `n_out` is a multiple of 32, through the int8 kernel: part by part of the transpose (the kept ones, or
+    /// each built once for all the products and dropped), the first part's product written into `dx` and
+    /// each later one's added.
+    pub(super) fn input_grads(
+        &self,
+        w: &QuantWeight,
+        products: &mut [(&[f32], usize, &mut [f32])],
+    ) -> candle_core::Result<()> {
+        input_grads_by_parts(w, self.kept_or_keep(w)?, products)
+    }
+}
+
+/// [`TransposeCache::input_grads`] by the `kept` parts, or by parts built one at a time when `None`.
+fn input_grads_by_parts(
+    w: &QuantWeight,
+    kept: Option<&[Vec<u8>]>,
+    products: &mut [(&[f32], usize, &mut [f32])],
+) -> candle_core::Result<()> {
+    let (n_out, k) = w.dims()?;
+    let parts = transpose_parts(n_out);
+    let (mut dy_part, mut dx_part) = (Vec::new(), Vec::new());
+    for (i, &(o0, rows)) in parts.iter().enumerate() {
+        let built;
+        let t: &[u8] = match kept {
+            Some(kept) => &kept[i],
+            None => {
+                built = w.transpose_rows(o0, rows)?;
+                &built
+            }
+        };
+        for (dy, m, dx) in products.iter_mut() {
+            let dy_rows: &[f32] = if parts.len() == 1 {
+                dy
+            } else {
+                dy_part.clear();
+                for r in dy.chunks_exact(n_out) {
+                    dy_part.extend_from_slice(&r[o0..o0 + rows]);
+                }
+                &dy_part
+            };
+            let product = if i == 0 {
+                q8::matmul(t, k, rows, dy_rows, *m, dx)
+            } else {
+                dx_part.resize(dx.len(), 0.0);
+                q8::matmul(t, k, rows, dy_rows, *m, &mut dx_part)
+            };
+            product.map_err(candle_core::Error::wrap)?;
+            if i > 0 {
+                dx.iter_mut().zip(&dx_part).for_each(|(a, b)| *a += b);
+            }
+        }
+    }
+    Ok(())
 }
 
 impl CustomOp1 for QMatMulGrad {
@@ -380,9 +470,7 @@ pub(super) fn int8_input_grad_into(
     m: usize,
     dx: &mut [f32],
 ) -> candle_core::Result<()> {
-    let (n_out, k) = w.dims()?;
-    let wt = transposed.get(w)?;
-    q8::matmul(&wt, k, n_out, dy, m, dx).map_err(candle_core::Error::wrap)
+    transposed.input_grads(w, &mut [(dy, m, dx)])
 }
 
 /// The weight as dense f32 `[out, in]`: Q8_0 through [`q8::dequantize`] (parallel, where candle's loop is
@@ -489,4 +577,68 @@ pub(super) fn frozen_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         w: w.clone(),
     };
     Ok(x.apply_op1(op)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A weight of more output rows than one part of its transpose: each part is those rows of the whole
+    /// transpose, byte for byte; products through kept parts and through parts built one at a time are the
+    /// same bytes, and within int8 rounding of the f32 product. For the GGUF layout and Q8_0 panels.
+    #[test]
+    fn transpose_parts_give_the_same_products() {
+        let (n, k, m) = (TRANSPOSE_PART_ROWS + 96, 64, 3);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 509) as f32 - 254.0) / 97.0)
+            .collect();
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        let q = Arc::new(QTensor::quantize(&t, GgmlDType::Q8_0).unwrap());
+        let bytes = q.data().unwrap().to_vec();
+        let dense: Vec<f32> = dequantize(&q).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let whole = q8::transpose_requantized(&bytes, n, k).unwrap();
+        let dy: Vec<f32> = (0..m * n).map(|i| ((i * 31 % 17) as f32 - 8.0) / 9.0).collect();
+        let mut weights = vec![QuantWeight::Gguf(q)];
+        if q8::panels_usable() {
+            let p = PanelWeights::from_q8_0(&bytes, n, k).unwrap();
+            weights.push(QuantWeight::Panels(Arc::new(p)));
+        }
+        for w in weights {
+            let parts: Vec<Vec<u8>> = transpose_parts(n)
+                .iter()
+                .map(|&(o0, rows)| w.transpose_rows(o0, rows).unwrap())
+                .collect();
+            assert_eq!(parts.len(), 2);
+            let whole_row = n / q8::QK8_0 * q8::BLOCK_BYTES;
+            for (part, &(o0, rows)) in parts.iter().zip(&transpose_parts(n)) {
+                let row = rows / q8::QK8_0 * q8::BLOCK_BYTES;
+                for c in 0..k {
+                    let from = c * whole_row + o0 / q8::QK8_0 * q8::BLOCK_BYTES;
+                    assert_eq!(part[c * row..][..row], whole[from..][..row], "column {c}");
+                }
+            }
+            let run = |kept: Option<&[Vec<u8>]>| {
+                let mut dx = vec![f32::NAN; m * k];
+                input_grads_by_parts(&w, kept, &mut [(&dy, m, &mut dx)]).unwrap();
+                dx
+            };
+            let (kept, built) = (run(Some(&parts)), run(None));
+            assert!(kept.iter().zip(&built).all(|(a, b)| a.to_bits() == b.to_bits()));
+            // Against the whole transpose's product: the parts only add in another order.
+            let mut one = vec![0f32; m * k];
+            q8::matmul(&whole, k, n, &dy, m, &mut one).unwrap();
+            let scale = one.iter().fold(0f32, |a, v| a.max(v.abs()));
+            for (i, (a, b)) in kept.iter().zip(&one).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * scale, "value {i}: {a} vs {b}");
+            }
+            // And the whole one against the f32 product, within the int8 roundings of `dy` and the transpose.
+            for r in 0..m {
+                for c in 0..k {
+                    let want: f32 = (0..n).map(|o| dy[r * n + o] * dense[o * k + c]).sum();
+                    let got = one[r * k + c];
+                    assert!((got - want).abs() <= 0.1 * scale, "[{r}][{c}] {got} vs {want}");
+                }
+            }
+        }
+    }
 }
