@@ -134,7 +134,7 @@ pub fn isa_name() -> &'static str {
 /// f32 for every f16 bit pattern (256 KiB, of which a model's scales touch a few KB). A scale then costs a
 /// 16-bit load and a broadcast load, where F16C's convert is two more uops on the vector ports that the
 /// int8 dot needs.
-fn f16_table() -> &'static [f32] {
+pub(super) fn f16_table() -> &'static [f32] {
     static TABLE: OnceLock<Box<[f32]>> = OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)
