@@ -595,9 +595,16 @@ mod tests {
         let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
         let q = Arc::new(QTensor::quantize(&t, GgmlDType::Q8_0).unwrap());
         let bytes = q.data().unwrap().to_vec();
-        let dense: Vec<f32> = dequantize(&q).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let dense: Vec<f32> = dequantize(&q)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let whole = q8::transpose_requantized(&bytes, n, k).unwrap();
-        let dy: Vec<f32> = (0..m * n).map(|i| ((i * 31 % 17) as f32 - 8.0) / 9.0).collect();
+        let dy: Vec<f32> = (0..m * n)
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) / 9.0)
+            .collect();
         let mut weights = vec![QuantWeight::Gguf(q)];
         if q8::panels_usable() {
             let p = PanelWeights::from_q8_0(&bytes, n, k).unwrap();
@@ -623,7 +630,11 @@ mod tests {
                 dx
             };
             let (kept, built) = (run(Some(&parts)), run(None));
-            assert!(kept.iter().zip(&built).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(
+                kept.iter()
+                    .zip(&built)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
             // Against the whole transpose's product: the parts only add in another order.
             let mut one = vec![0f32; m * k];
             q8::matmul(&whole, k, n, &dy, m, &mut one).unwrap();
@@ -636,7 +647,10 @@ mod tests {
                 for c in 0..k {
                     let want: f32 = (0..n).map(|o| dy[r * n + o] * dense[o * k + c]).sum();
                     let got = one[r * k + c];
-                    assert!((got - want).abs() <= 0.1 * scale, "[{r}][{c}] {got} vs {want}");
+                    assert!(
+                        (got - want).abs() <= 0.1 * scale,
+                        "[{r}][{c}] {got} vs {want}"
+                    );
                 }
             }
         }
