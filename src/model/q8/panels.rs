@@ -23,6 +23,25 @@
 //! The kernels need AVX-512 F, BW and VNNI ([`panels_usable`]); other CPUs keep the GGUF layout and its
 //! kernels. A portable loop computes the same sums everywhere, for tests.
 
+/// `$tile::<R>(args)` for `R`, the number of rows of `$rows` (1 to [`TILE_ROWS`]): a four-bit panel kernel's
+/// entry, with a loop compiled for each row count.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_for_rows {
+    ($tile:ident, $rows:expr, $($arg:expr),*) => {
+        match $rows.len() {
+            1 => $tile::<1>($($arg),*),
+            2 => $tile::<2>($($arg),*),
+            3 => $tile::<3>($($arg),*),
+            4 => $tile::<4>($($arg),*),
+            5 => $tile::<5>($($arg),*),
+            6 => $tile::<6>($($arg),*),
+            7 => $tile::<7>($($arg),*),
+            8 => $tile::<8>($($arg),*),
+            n => debug_assert!(n == 0),
+        }
+    };
+}
+
 mod q4_0;
 mod q4k;
 
@@ -572,7 +591,7 @@ fn panel_rows(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::{PANEL_ROWS, QuantRow, TILE_ROWS, quant_offset, scale_offset};
@@ -611,6 +630,18 @@ mod x86 {
             0xffff
         } else {
             (1u16 << cols) - 1
+        }
+    }
+
+    /// Each tile row's 16 results to `out + r · stride`, the first `cols` of them.
+    ///
+    /// # Safety
+    /// AVX-512 F is available; `out` has `acc.len()` rows of `cols` slots `stride` apart.
+    #[inline(always)]
+    pub(super) unsafe fn store_rows(acc: &[__m512], out: *mut f32, stride: usize, cols: usize) {
+        for (r, a) in acc.iter().enumerate() {
+            // SAFETY: the caller's guarantees.
+            unsafe { _mm512_mask_storeu_ps(out.add(r * stride), mask(cols), *a) };
         }
     }
 
@@ -702,9 +733,7 @@ mod x86 {
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), scale, acc[r]);
                 }
             }
-            for (r, a) in acc.iter().enumerate() {
-                _mm512_mask_storeu_ps(out.add(r * stride), mask(cols), *a);
-            }
+            store_rows(&acc, out, stride, cols);
         }
     }
 }

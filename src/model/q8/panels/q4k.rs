@@ -178,19 +178,7 @@ pub(super) mod x86 {
         cols: usize,
     ) {
         // SAFETY: the caller's guarantees.
-        unsafe {
-            match rows.len() {
-                1 => tile::<1>(panel, rows, out, stride, cols),
-                2 => tile::<2>(panel, rows, out, stride, cols),
-                3 => tile::<3>(panel, rows, out, stride, cols),
-                4 => tile::<4>(panel, rows, out, stride, cols),
-                5 => tile::<5>(panel, rows, out, stride, cols),
-                6 => tile::<6>(panel, rows, out, stride, cols),
-                7 => tile::<7>(panel, rows, out, stride, cols),
-                8 => tile::<8>(panel, rows, out, stride, cols),
-                n => debug_assert!(n == 0),
-            }
-        }
+        unsafe { tile_for_rows!(tile, rows, panel, rows, out, stride, cols) }
     }
 
     /// 16 rows' bytes at `p` as f32 lanes.
@@ -250,14 +238,7 @@ pub(super) mod x86 {
                     }
                 }
             }
-            let mask: __mmask16 = if cols >= 16 {
-                0xffff
-            } else {
-                (1u16 << cols) - 1
-            };
-            for (r, a) in acc.iter().enumerate() {
-                _mm512_mask_storeu_ps(out.add(r * stride), mask, *a);
-            }
+            super::super::x86::store_rows(&acc, out, stride, cols);
         }
     }
 }
