@@ -15,10 +15,8 @@
 //! rebuilds them exactly for what needs them, such as training's transposes).
 //!
 //! Q4_K and Q4_0 weights get panels of the same shape, each its own layout inside ([`q4k`], [`q4_0`]), and
-//! the same activations: one quantized input serves every kind of weight. (Q6_K panels were tried: prefill
-//! gained a fifth, decode lost a quarter against [`super::q8k`]'s kernel, whose integer sums run over whole
-//! super-blocks on Q8_K activations; on a CPU that runs 512-bit integer work at half rate, unpacking six-bit
-//! values for 16 rows costs as much as for one row at 256 bits.)
+//! the same activations: one quantized input serves every kind of weight. Q6_K has none: unpacking its six-bit
+//! values for 16 rows costs decode more than [`super::q8k`]'s kernel spends on them (`docs/kernels.md`).
 //!
 //! The kernels need AVX-512 F, BW and VNNI ([`panels_usable`]); other CPUs keep the GGUF layout and its
 //! kernels. A portable loop computes the same sums everywhere, for tests.
