@@ -370,8 +370,8 @@ mod fused {
         }
     }
 
-    /// The f16 at `at`, through the x86 kernels' table: `half`'s conversion is a call per scale here (its
-    /// F16C path is compiled apart from this function's features), 3.6% of a Q6_K-heavy decode step.
+    /// The f16 at `at`, through the x86 kernels' table: `half`'s conversion would be a call per scale here
+    /// (its F16C path is compiled apart from this function's features).
     #[inline(always)]
     fn f16(b: &[u8], at: usize) -> f32 {
         crate::model::q8::x86::f16_table()[u16::from_le_bytes([b[at], b[at + 1]]) as usize]
