@@ -321,12 +321,11 @@ fn transpose_columns(n_out: usize, b: usize, dst: &mut [u8], load: &impl TileLoa
         }
         quantize_row_into(&vals, &mut d, &mut qs, &mut fix);
         for (c, (&d, q)) in d.iter().zip(qs.chunks_exact(QK8_0)).enumerate() {
-            let blk = &mut dst[c * out_row_bytes + ob * BLOCK_BYTES..][..BLOCK_BYTES];
-            // `d` is already the f16 scale's value, so this conversion is exact.
-            blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
-            for (o, &q) in blk[2..].iter_mut().zip(q) {
-                *o = q as u8;
-            }
+            write_block(
+                &mut dst[c * out_row_bytes + ob * BLOCK_BYTES..][..BLOCK_BYTES],
+                d,
+                q,
+            );
         }
     }
 }
@@ -341,35 +340,18 @@ pub fn transpose_quantized(w: &[f32], n_out: usize, k: usize) -> Result<Vec<u8>,
             w.len()
         )));
     }
-    let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
-    let mut out = vec![0u8; k * out_row_bytes];
-    use rayon::prelude::*;
-    // One unit per input column (one row of the transpose); its reads stride by k but share cache lines with
-    // the neighbouring columns that the same thread tends to take next.
-    out.par_chunks_mut(out_row_bytes)
-        .with_min_len(16)
-        .enumerate()
-        .for_each(|(c, dst)| {
-            let mut vals = [0f32; QK8_0];
-            for (ob, blk) in dst.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-                for (j, v) in vals.iter_mut().enumerate() {
-                    *v = w[(ob * QK8_0 + j) * k + c];
-                }
-                quantize_column_block(&vals, blk);
-            }
-        });
-    Ok(out)
+    transpose_quantized_rows(n_out, k, |o, rows| {
+        rows.copy_from_slice(&w[o * k..o * k + rows.len()]);
+        Ok(())
+    })
 }
 
-/// 32 values of one input column as one Q8_0 block of the transpose, as activations are quantized.
+/// Writes one Q8_0 block: scale `d` (already an f16 value, so the conversion is exact) and values `q`.
 #[inline(always)]
-fn quantize_column_block(vals: &[f32; QK8_0], blk: &mut [u8]) {
-    let amax = vals.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let d = amax / 127.0;
-    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+fn write_block(blk: &mut [u8], d: f32, q: &[i8]) {
     blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
-    for (q, v) in blk[2..].iter_mut().zip(vals) {
-        *q = round_half_away(v * inv) as i8 as u8;
+    for (o, &q) in blk[2..].iter_mut().zip(q) {
+        *o = q as u8;
     }
 }
 
@@ -392,7 +374,7 @@ pub fn transpose_quantized_rows(
     let shared = SharedSlice::new(&mut out);
     use rayon::prelude::*;
     // Per group: the rows, their columns as consecutive blocks of 32, and those quantized as one row of `k`
-    // blocks by `quantize_row_into` (eight lanes wide; the same arithmetic as `quantize_column_block`).
+    // blocks by `quantize_row_into` (eight lanes wide).
     let scratch = || {
         let (rows, cols) = (vec![0f32; QK8_0 * k], vec![0f32; QK8_0 * k]);
         (
@@ -416,12 +398,7 @@ pub fn transpose_quantized_rows(
             for (c, (&d, q)) in d.iter().zip(qs.chunks_exact(QK8_0)).enumerate() {
                 let at = c * out_row_bytes + ob * BLOCK_BYTES;
                 // SAFETY: block `ob` of each row of the transpose is written by this group of rows alone.
-                let blk = unsafe { shared.part(at..at + BLOCK_BYTES) };
-                // `d` is already the f16 scale's value, so this conversion is exact.
-                blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
-                for (o, &q) in blk[2..].iter_mut().zip(q) {
-                    *o = q as u8;
-                }
+                write_block(unsafe { shared.part(at..at + BLOCK_BYTES) }, d, q);
             }
             Ok(())
         },
@@ -895,7 +872,8 @@ mod tests {
         let mut dense = vec![0f32; n * k];
         dequantize(&packed, k, &mut dense).unwrap();
         let t = transpose_requantized(&packed, n, k).unwrap();
-        // The same bytes as the dense transpose's plain loop over the dequantized values.
+        // The same bytes as a plain loop over the dequantized values, column by column.
+        assert_eq!(t, transpose_by_columns(&dense, n, k));
         assert_eq!(t, transpose_quantized(&dense, n, k).unwrap());
         let mut back = vec![0f32; k * n];
         dequantize(&t, n, &mut back).unwrap();
@@ -955,17 +933,31 @@ mod tests {
                 );
             }
         }
+        assert_eq!(t, transpose_by_columns(&w, n, k));
         assert!(transpose_quantized(&w[..k * 48], 48, k).is_err());
         assert!(transpose_quantized(&w[1..], n, k).is_err());
-        // Rows loaded 32 at a time give the same bytes, and a loader's error comes back.
-        let rows = |o: usize, out: &mut [f32]| {
-            out.copy_from_slice(&w[o * k..o * k + out.len()]);
-            Ok(())
-        };
-        assert_eq!(transpose_quantized_rows(n, k, rows).unwrap(), t);
-        assert!(transpose_quantized_rows(48, k, rows).is_err());
+        // A loader's error comes back.
         let failing = |_: usize, _: &mut [f32]| Err(Q8Error("no rows".into()));
         assert!(transpose_quantized_rows(n, k, failing).is_err());
+    }
+
+    /// The transpose the kernels' paths must equal, byte for byte: each input column's 32-value blocks
+    /// quantized one at a time by a plain scalar loop (d = max |v| / 127, values rounded at 1/d, d as f16).
+    fn transpose_by_columns(w: &[f32], n_out: usize, k: usize) -> Vec<u8> {
+        let out_row_bytes = n_out / QK8_0 * BLOCK_BYTES;
+        let mut out = vec![0u8; k * out_row_bytes];
+        for (c, dst) in out.chunks_exact_mut(out_row_bytes).enumerate() {
+            for (ob, blk) in dst.chunks_exact_mut(BLOCK_BYTES).enumerate() {
+                let vals: Vec<f32> = (0..QK8_0).map(|j| w[(ob * QK8_0 + j) * k + c]).collect();
+                let d = vals.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+                blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                for (q, v) in blk[2..].iter_mut().zip(&vals) {
+                    *q = round_half_away(v * inv) as i8 as u8;
+                }
+            }
+        }
+        out
     }
 
     /// The parallel expansion gives candle's dequantized values bit for bit.

@@ -226,15 +226,10 @@ impl PanelWeights {
         out
     }
 
-    /// [`super::transpose_requantized`] of this weight (for Q8_0; [`super::transpose_quantized`] of the
-    /// dequantized weight for the four-bit types), its tiles read from the panels themselves rather than
-    /// from a GGUF-layout copy; `n_out` must be a multiple of 32.
-    pub fn transpose_requantized(&self) -> Result<Vec<u8>, Q8Error> {
-        self.transpose_rows(0, self.n_out)
-    }
-
-    /// [`Self::transpose_requantized`] of output rows `o0 .. o0 + rows` alone (both multiples of 32): the
-    /// transpose `[k, rows]`, the same bytes as that part of the whole one.
+    /// The Q8_0 transpose `[k, rows]` of output rows `o0 .. o0 + rows` (both multiples of 32), the same bytes
+    /// as those rows of the whole one: [`super::transpose_requantized`] for Q8_0, its tiles read from the panels
+    /// themselves rather than from a GGUF-layout copy; [`super::transpose_quantized_rows`] of the dequantized
+    /// rows for the four-bit types.
     pub fn transpose_rows(&self, o0: usize, rows: usize) -> Result<Vec<u8>, Q8Error> {
         const { assert!(QK8_0 == 2 * PANEL_ROWS) };
         if !o0.is_multiple_of(QK8_0)
@@ -782,17 +777,19 @@ mod tests {
     }
 
     /// The transpose read from the panels is the GGUF layout's, byte for byte, with an odd block count; rows
-    /// that are no multiple of 32 are refused.
+    /// that are no whole range of 32-row blocks are refused.
     #[test]
     fn panels_transpose_as_the_gguf_bytes_do() {
         for (n, k) in [(32, 96), (64, 64), (96, 32)] {
             let gguf = weights(n, k);
             let p = PanelWeights::from_q8_0(&gguf, n, k).unwrap();
             let want = super::super::transpose_requantized(&gguf, n, k).unwrap();
-            assert_eq!(p.transpose_requantized().unwrap(), want, "{n}x{k}");
+            assert_eq!(p.transpose_rows(0, n).unwrap(), want, "{n}x{k}");
         }
         let p = PanelWeights::from_q8_0(&weights(19, 32), 19, 32).unwrap();
-        assert!(p.transpose_requantized().is_err());
+        assert!(p.transpose_rows(0, 19).is_err());
+        let p = PanelWeights::from_q8_0(&weights(64, 32), 64, 32).unwrap();
+        assert!(p.transpose_rows(32, 64).is_err() && p.transpose_rows(16, 32).is_err());
     }
 
     /// Every path over panels (one row, tiles of two to eight rows and their remainders, the threaded split)
@@ -954,7 +951,7 @@ mod tests {
                 let p32 = PanelWeights::from_gguf(dtype, rows32, n32, k).unwrap();
                 let want = super::super::transpose_quantized(&dense[..n32 * k], n32, k).unwrap();
                 assert_eq!(
-                    p32.transpose_requantized().unwrap(),
+                    p32.transpose_rows(0, n32).unwrap(),
                     want,
                     "{dtype:?} {n32}x{k}"
                 );
