@@ -7,6 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(cargo test --test curate -- --nocapture --test-threads 1 \
-  guard::builtin_on_dev_prompts guard::builtin_on_hand_written_held_out_prompts guard::builtin_on_second_held_out_prompts \
+  guard::builtin_on_dev_prompts guard::builtin_on_hand_written_held_out_prompts guard::builtin_on_second_held_out_prompts guard::builtin_on_personal_held_out_turns \
   guard::builtin_held_out_report 2>&1) || true
-echo "$out" | grep -oE '(dev|held-out|held-out-2) \(.*|overall unsafe-vs-safe.*|builtin guard, held-out n=.*|test result.*'
+echo "$out" | grep -oE '(dev|held-out|held-out-2|held-out-personal) \(.*|overall unsafe-vs-safe.*|builtin guard, held-out n=.*|test result.*'

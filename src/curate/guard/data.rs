@@ -71,6 +71,15 @@ enum Side2 {
     Response,
 }
 
+impl From<Side2> for Side {
+    fn from(s: Side2) -> Self {
+        match s {
+            Side2::Prompt => Side::Prompt,
+            Side2::Response => Side::Response,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FillerList {
@@ -84,6 +93,12 @@ struct Composed {
     kind: String,
     labels: Vec<Category>,
     text: String,
+    #[serde(default = "prompt_side")]
+    side: Side2,
+}
+
+fn prompt_side() -> Side2 {
+    Side2::Prompt
 }
 
 /// Reads `compose_train.jsonl` (a first line holding only `_comment` is skipped).
@@ -105,7 +120,7 @@ fn composed() -> Result<Vec<LabelledSample>, GuardError> {
         }
         out.push(LabelledSample {
             text: c.text,
-            side: Side::Prompt,
+            side: c.side.into(),
             labels: c.labels,
             refusal: None,
             template: COMPOSED_BASE + i,
@@ -153,10 +168,7 @@ pub fn dataset(split: Split) -> Result<Vec<LabelledSample>, GuardError> {
             }
             continue;
         }
-        let side = match t.side {
-            Side2::Prompt => Side::Prompt,
-            Side2::Response => Side::Response,
-        };
+        let side = Side::from(t.side);
         let mut seen = HashSet::new();
         for _ in 0..PER_TEMPLATE {
             // 0: all sentinels (benign), 1: all raw, 2: one raw value among sentinels.
