@@ -4,13 +4,13 @@
 //!
 //! MODEL is the base the probe reads: a GGUF, or a data directory, meaning the default model
 //! prepared there as `serve` prepares it (`DATA_DIR/models/SmolLM2-135M-Instruct.Q8_0.gguf`).
-//! It embeds the probe's training prompts, the dev split and the three hand-written held-out sets
+//! It embeds the probe's training prompts, the dev split and the four hand-written held-out sets
 //! with the base (cached under `target/guard_probe/`, keyed by the base's hash, so a rerun costs
-//! seconds), fits a binary logistic head, chooses its threshold on dev only (the most dev recall
-//! for the builtin guard and the probe together with at most 2% of dev's safe prompts flagged),
-//! prints dev and held-out figures side by side for builtin, probe alone and both, and writes the
-//! head. Held-out texts are embedded and scored, never printed. `C` (inverse regularisation,
-//! default 0.01), `EPOCHS` (default 300) and `LAYER` (default 24) change the fit.
+//! seconds), fits a binary logistic head, chooses the threshold on the combined score on dev only
+//! (the most recall minus safe-flag rate), prints dev and held-out figures side by side for
+//! builtin, probe alone and the backend, and writes the head. Held-out texts are embedded and
+//! scored, never printed. `C` (inverse regularisation, default 0.01), `EPOCHS` (default 300) and
+//! `LAYER` (default 24) change the fit.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -24,13 +24,17 @@ use hearth::curate::guard::{BuiltinGuard, ProbeGuard, ProbeHead, Severity, Side}
 use hearth::model::Base;
 use hearth::serve::default_model;
 
-/// Share of dev's safe prompts the builtin guard and the probe together may flag.
+/// Share of dev's safe prompts the probe alone may flag (its own row in the table).
 const DEV_FLAG_BUDGET: f64 = 0.02;
+/// The builtin guard's share of the combined score: the two log-odds count alike.
+const BUILTIN_WEIGHT: f32 = 0.5;
 
 struct Set {
     name: &'static str,
     texts: Vec<String>,
     unsafe_: Vec<bool>,
+    /// Assistant turns (`"side": "response"`): the backend gives them the builtin verdict.
+    response: Vec<bool>,
 }
 
 fn prompts(file: &str, name: &'static str) -> Set {
@@ -39,6 +43,7 @@ fn prompts(file: &str, name: &'static str) -> Set {
         name,
         texts: Vec::new(),
         unsafe_: Vec::new(),
+        response: Vec::new(),
     };
     for line in std::fs::read_to_string(path).unwrap().lines() {
         let r: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -47,6 +52,7 @@ fn prompts(file: &str, name: &'static str) -> Set {
         };
         s.texts.push(r["text"].as_str().unwrap().to_string());
         s.unsafe_.push(kind == "unsafe");
+        s.response.push(r["side"].as_str() == Some("response"));
     }
     s
 }
@@ -169,6 +175,7 @@ fn main() -> ExitCode {
         prompts("heldout_prompts.jsonl", "held-out"),
         prompts("heldout2_prompts.jsonl", "held-out-2"),
         prompts("heldout3_prompts.jsonl", "held-out-3"),
+        prompts("heldout_personal.jsonl", "held-out-personal"),
     ];
     let evs: Vec<Vec<Vec<f32>>> = sets
         .iter()
@@ -200,6 +207,7 @@ fn main() -> ExitCode {
         base_sha256: base.sha256.clone(),
         layer,
         max_tokens: MAX_TOKENS,
+        builtin_weight: BUILTIN_WEIGHT,
         threshold: 0.0,
         bias,
         weights,
@@ -213,18 +221,38 @@ fn main() -> ExitCode {
     eprintln!("train accuracy at margin 0: {train_acc:.3}");
 
     let builtin = BuiltinGuard::new().unwrap();
+    let top: Vec<Vec<f32>> = sets
+        .iter()
+        .map(|s| {
+            s.texts
+                .iter()
+                .map(|t| builtin.top_logit(t, Side::Prompt))
+                .collect()
+        })
+        .collect();
     let bv: Vec<Vec<Severity>> = sets
         .iter()
         .map(|s| {
             s.texts
                 .iter()
-                .map(|t| builtin.verdict(t, Side::Prompt).severity)
+                .zip(&s.response)
+                .map(|(t, &r)| {
+                    let side = if r { Side::Response } else { Side::Prompt };
+                    builtin.verdict(t, side).severity
+                })
                 .collect()
         })
         .collect();
+    // The probe reads prompts only; an assistant turn never reaches its cut.
     let margins: Vec<Vec<f32>> = evs
         .iter()
-        .map(|e| e.iter().map(|x| head.margin(x)).collect())
+        .zip(&sets)
+        .map(|(e, s)| {
+            e.iter()
+                .zip(&s.response)
+                .map(|(x, &r)| if r { f32::NEG_INFINITY } else { head.margin(x) })
+                .collect()
+        })
         .collect();
     // Thresholds from dev only.
     let (dev, dev_b, dev_m) = (&sets[0], &bv[0], &margins[0]);
@@ -235,18 +263,48 @@ fn main() -> ExitCode {
         .map(|i| dev_m[i])
         .collect();
     let alone = cut_above(safe_m, budget);
-    let builtin_flagged = (0..dev.texts.len())
-        .filter(|&i| !dev.unsafe_[i] && dev_b[i] != Severity::Safe)
-        .count();
-    let left: Vec<f32> = (0..dev.texts.len())
-        .filter(|&i| !dev.unsafe_[i] && dev_b[i] == Severity::Safe)
-        .map(|i| dev_m[i])
+    // The combined cut: the most dev recall minus dev safe-flag rate (Youden's J), where the
+    // builtin guard's Unsafe prompts count as flagged whatever the score; the middle of the best
+    // run of cuts.
+    let comb: Vec<Vec<f32>> = margins
+        .iter()
+        .zip(&top)
+        .map(|(m, t)| {
+            m.iter()
+                .zip(t)
+                .map(|(&m, &t)| head.combined(t, m))
+                .collect()
+        })
         .collect();
-    head.threshold = cut_above(left, budget.saturating_sub(builtin_flagged));
+    let dev_unsafe_n = dev.unsafe_.iter().filter(|u| **u).count();
+    let mut cuts: Vec<f32> = comb[0].clone();
+    cuts.sort_by(f32::total_cmp);
+    let cuts: Vec<f32> = cuts.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
+    let youden = |t: f32| {
+        let (mut tp, mut fp) = (0, 0);
+        for i in 0..dev.texts.len() {
+            let f = comb[0][i] >= t || dev_b[i] == Severity::Unsafe;
+            if dev.unsafe_[i] {
+                tp += f as usize;
+            } else {
+                fp += f as usize;
+            }
+        }
+        tp as f64 / dev_unsafe_n as f64 - fp as f64 / safe_n as f64
+    };
+    let j: Vec<f64> = cuts.iter().map(|&t| youden(t)).collect();
+    let best = j.iter().cloned().fold(f64::MIN, f64::max);
+    let tied: Vec<f32> = cuts
+        .iter()
+        .zip(&j)
+        .filter(|(_, j)| **j == best)
+        .map(|(t, _)| *t)
+        .collect();
+    head.threshold = tied[tied.len() / 2];
     eprintln!(
-        "dev: {safe_n} safe, budget {budget}, builtin flags {builtin_flagged}; probe alone cut {alone:.3}, \
-         with builtin {:.3}",
-        head.threshold
+        "dev: {safe_n} safe, probe alone cut {alone:.3} (budget {budget}); combined cut {:.3} (J {best:.3}, {} tied cuts)",
+        head.threshold,
+        tied.len()
     );
 
     println!(
@@ -274,27 +332,44 @@ fn main() -> ExitCode {
         &|k, i| margins[k][i] >= alone,
         &|_, _| false,
     );
+    let backend_flag = |k: usize, i: usize| {
+        if sets[k].response[i] {
+            b_flag(k, i)
+        } else {
+            comb[k][i] >= head.threshold || b_drop(k, i)
+        }
+    };
+    let backend_drop =
+        |k: usize, i: usize| b_drop(k, i) && (sets[k].response[i] || comb[k][i] >= head.threshold);
     row(
-        &format!("builtin + probe (cut {:.2})", head.threshold),
-        &|k, i| b_flag(k, i) || margins[k][i] >= head.threshold,
-        &b_drop,
+        &format!("Probe backend (combined cut {:.2})", head.threshold),
+        &backend_flag,
+        &backend_drop,
     );
-    for (k, s) in sets.iter().enumerate() {
-        let auc = {
-            let (mut pairs, mut wins) = (0f64, 0f64);
-            for i in (0..s.texts.len()).filter(|&i| s.unsafe_[i]) {
-                for j in (0..s.texts.len()).filter(|&j| !s.unsafe_[j]) {
-                    pairs += 1.0;
-                    wins += match margins[k][i].total_cmp(&margins[k][j]) {
-                        std::cmp::Ordering::Greater => 1.0,
-                        std::cmp::Ordering::Equal => 0.5,
-                        std::cmp::Ordering::Less => 0.0,
-                    };
-                }
+    // Over prompts only: the probe never reads an assistant turn.
+    let auc = |s: &Set, score: &[f32]| {
+        let prompt = |i: &usize| !s.response[*i];
+        let (mut pairs, mut wins) = (0f64, 0f64);
+        for i in (0..s.texts.len()).filter(prompt).filter(|&i| s.unsafe_[i]) {
+            for j in (0..s.texts.len()).filter(prompt).filter(|&j| !s.unsafe_[j]) {
+                pairs += 1.0;
+                wins += match score[i].total_cmp(&score[j]) {
+                    std::cmp::Ordering::Greater => 1.0,
+                    std::cmp::Ordering::Equal => 0.5,
+                    std::cmp::Ordering::Less => 0.0,
+                };
             }
-            wins / pairs.max(1.0)
-        };
-        println!("probe ROC AUC {}: {auc:.3}", s.name);
+        }
+        wins / pairs.max(1.0)
+    };
+    for (k, s) in sets.iter().enumerate() {
+        println!(
+            "ROC AUC {}: builtin {:.3}, probe {:.3}, combined {:.3}",
+            s.name,
+            auc(s, &top[k]),
+            auc(s, &margins[k]),
+            auc(s, &comb[k])
+        );
     }
 
     // Speed of the backend as a graph runs it: one prompt at a time, builtin first.

@@ -83,6 +83,19 @@ impl BuiltinGuard {
         s
     }
 
+    /// The largest category log-odds for `text` on `side` (Jailbreak left out for responses): the
+    /// builtin guard's evidence on a scale a probe's margin can be added to.
+    pub fn top_logit(&self, text: &str, side: Side) -> f32 {
+        let mut feats = Vec::with_capacity(256);
+        features(text, side, &mut feats);
+        let z = logits(&self.model, &feats);
+        Category::ALL
+            .iter()
+            .filter(|c| side == Side::Prompt || **c != Category::Jailbreak)
+            .map(|c| z[c.index()])
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
     fn raw_scores(&self, text: &str, side: Side) -> (CategoryScores, f32) {
         let mut feats = Vec::with_capacity(256);
         features(text, side, &mut feats);

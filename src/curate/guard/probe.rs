@@ -1,12 +1,17 @@
 //! The probe guard (`backend: Probe`): the builtin guard, plus a binary logistic head on a frozen
-//! base model's pooled residual stream ([`super::embed`]) that sends a prompt the builtin guard
-//! calls Safe to `Controversial` when the head's margin reaches a threshold chosen on the dev split.
+//! base model's pooled residual stream ([`super::embed`]). A prompt is judged on one combined
+//! score, the two models' log-odds of unsafe added with the head's weights, against a threshold
+//! chosen on the dev split: at or above it the prompt is flagged; it is dropped only when the
+//! builtin guard also calls it Unsafe, and a prompt the builtin guard calls Unsafe but the
+//! combined score clears goes to a person (`Controversial`).
 //!
 //! Why: the builtin guard knows only the words of its training prompts; the base model has read
 //! far more text, so an unsafe prompt in words the guard data lacks can still land near the
-//! training prompts it means the same as. Why only `Controversial`: the head names no category and
-//! its flags were never checked for drop-level precision, so they go to a person (the policy's
-//! `controversial` action), never silently out of the training set.
+//! training prompts it means the same as. Why one sum rather than either model flagging alone: the
+//! two err on different prompts, and a sum ranks unsafe above safe more often on every held-out
+//! set than either does (docs/guard.md). Why the probe never drops by itself: the head names no
+//! category and its flags were never checked for drop-level precision, so they go to a person (the
+//! policy's `controversial` action), never silently out of the training set.
 //!
 //! The head ships in `data/guard/probe.json`, written by `examples/guard_probe.rs`. It is tied to
 //! the base it was trained on (the SHA-256 of its GGUF file): another base is refused.
@@ -45,7 +50,10 @@ pub struct ProbeHead {
     pub layer: usize,
     /// Tokens read per text; must equal [`MAX_TOKENS`], the embedding the head was trained on.
     pub max_tokens: usize,
-    /// Margin at or above which the probe flags, chosen on the dev split only.
+    /// Weight of the builtin guard's top category log-odds in the combined score; the head's
+    /// margin enters with `1 − builtin_weight`.
+    pub builtin_weight: f32,
+    /// Combined score at or above which a prompt is flagged, chosen on the dev split only.
     pub threshold: f32,
     pub bias: f32,
     pub weights: Vec<f32>,
@@ -129,6 +137,12 @@ impl ProbeHead {
     pub fn margin(&self, x: &[f32]) -> f32 {
         self.bias + dot(&self.weights, x)
     }
+
+    /// The score a prompt is judged on, from the builtin guard's top category log-odds
+    /// ([`BuiltinGuard::top_logit`]) and the head's margin.
+    pub fn combined(&self, builtin_logit: f32, margin: f32) -> f32 {
+        self.builtin_weight * builtin_logit + (1.0 - self.builtin_weight) * margin
+    }
 }
 
 fn sigmoid(z: f32) -> f32 {
@@ -160,9 +174,9 @@ pub fn training_set() -> Result<(Vec<String>, Vec<bool>), GuardError> {
     Ok((texts, ys))
 }
 
-/// The `Probe` backend: the builtin guard's verdicts, with prompts it calls Safe raised to
-/// `Controversial` when the probe's margin reaches the head's threshold. The category named then
-/// is the builtin guard's most likely one for the prompt.
+/// The `Probe` backend: prompts judged on the combined score (see the module doc), responses by
+/// the builtin guard. A prompt it flags without dropping names the builtin guard's most likely
+/// category.
 pub struct ProbeGuard {
     builtin: BuiltinGuard,
     base: Arc<Base>,
@@ -210,6 +224,12 @@ impl ProbeGuard {
                 2 * cfg.hidden_size
             ));
         }
+        if !(0.0..=1.0).contains(&head.builtin_weight) || !head.threshold.is_finite() {
+            return bad(format!(
+                "builtin_weight {} must lie in 0..=1 and threshold {} be finite",
+                head.builtin_weight, head.threshold
+            ));
+        }
         if head.max_tokens != MAX_TOKENS {
             return bad(format!(
                 "trained on {} tokens per text, this build embeds {MAX_TOKENS}",
@@ -229,15 +249,19 @@ impl ProbeGuard {
         Ok(e.iter().map(|x| self.head.margin(x)).collect())
     }
 
-    /// The prompt side's verdict: the builtin guard's, raised by the probe.
+    /// The prompt side's verdict: Unsafe when the combined score reaches the threshold and the
+    /// builtin guard calls the prompt Unsafe, Safe when neither holds, else Controversial.
     pub fn prompt_verdict(&self, prompt: &str) -> Result<Verdict, GuardError> {
         let v = self.builtin.verdict(prompt, Side::Prompt);
-        if v.severity != Severity::Safe {
-            return Ok(v);
-        }
         let m = self.margins(&[prompt])?[0];
-        if m < self.head.threshold {
-            return Ok(v);
+        let flagged = self
+            .head
+            .combined(self.builtin.top_logit(prompt, Side::Prompt), m)
+            >= self.head.threshold;
+        match (v.severity == Severity::Unsafe, flagged) {
+            (true, true) => return Ok(v),
+            (false, false) => return Ok(Verdict::safe()),
+            _ => {}
         }
         let s = self.builtin.scores(prompt, Side::Prompt);
         let top = Category::ALL
