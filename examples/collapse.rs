@@ -81,10 +81,10 @@ struct RunArgs {
     /// General probes answered per scoring (the first ones of the shipped set); default: all.
     #[arg(long)]
     general_probes: Option<usize>,
-    /// The recipe's learning rate (the default graph's: 5e-4).
+    /// The recipe's learning rate (the default graph's until its recipe runs: 5e-4; now 2.5e-4).
     #[arg(long, default_value_t = 5e-4)]
     learning_rate: f64,
-    /// The recipe's replay share (the default graph's: 0.25).
+    /// The recipe's replay share (the default graph's until its recipe runs: 0.25; now 0.5).
     #[arg(long, default_value_t = 0.25)]
     replay_fraction: f64,
     /// The recipe's LoRA rank (the default graph's: 8; alpha is twice the rank).
