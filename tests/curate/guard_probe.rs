@@ -5,11 +5,9 @@
 //! otherwise they return early with a notice.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use hearth::actors::guard::GuardParams;
-use std::sync::Arc;
-
 use hearth::curate::guard::{
     BuiltinGuard, GuardBackend, GuardError, Judgement, ProbeGuard, ProbeHead, Severity, Side,
     Verdict, judge_sample,
