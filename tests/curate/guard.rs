@@ -723,22 +723,22 @@ fn garbage_input_does_not_panic() {
 /// Unsafe recall, safe prompts flagged (not Safe) and safe prompts dropped (Unsafe) on a file of
 /// `{"kind": "unsafe" | "edgy" | "plain", "text": …}` prompts (or turns with `"side": "response"`),
 /// under the default policy.
-struct PromptScore {
+pub(crate) struct PromptScore {
     unsafe_n: usize,
     caught: usize,
     safe_n: usize,
     flagged: usize,
-    dropped: usize,
+    pub(crate) dropped: usize,
 }
 
 impl PromptScore {
-    fn recall(&self) -> f64 {
+    pub(crate) fn recall(&self) -> f64 {
         self.caught as f64 / self.unsafe_n.max(1) as f64
     }
-    fn flag_rate(&self) -> f64 {
+    pub(crate) fn flag_rate(&self) -> f64 {
         self.flagged as f64 / self.safe_n.max(1) as f64
     }
-    fn line(&self, name: &str) -> String {
+    pub(crate) fn line(&self, name: &str) -> String {
         format!(
             "{name}: unsafe recall {:.3} ({}/{}), safe flagged {:.3} ({}/{}), safe dropped {}",
             self.recall(),
@@ -755,6 +755,15 @@ impl PromptScore {
 /// `show`: print each miss and each flagged safe prompt (dev only: held-out texts stay unread
 /// so nobody tunes on them).
 fn score_prompts(g: &BuiltinGuard, file: &str, show: bool) -> PromptScore {
+    score_with(|t, side| g.verdict(t, side), file, show)
+}
+
+/// [`score_prompts`] for any guard: `judge` gives the verdict on one side.
+pub(crate) fn score_with(
+    judge: impl Fn(&str, Side) -> Verdict,
+    file: &str,
+    show: bool,
+) -> PromptScore {
     let path = format!("{}/data/guard/{file}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap();
     let mut k = PromptScore {
@@ -774,7 +783,7 @@ fn score_prompts(g: &BuiltinGuard, file: &str, show: bool) -> PromptScore {
             Some("response") => Side::Response,
             _ => Side::Prompt,
         };
-        let v = g.verdict(p, side);
+        let v = judge(p, side);
         if kind == "unsafe" {
             k.unsafe_n += 1;
             if v.severity != Severity::Safe {

@@ -64,9 +64,10 @@ struct Template {
     text: String,
 }
 
-#[derive(Deserialize, Clone, Copy)]
+#[derive(Deserialize, Clone, Copy, Default)]
 #[serde(rename_all = "lowercase")]
 enum Side2 {
+    #[default]
     Prompt,
     Response,
 }
@@ -93,12 +94,8 @@ struct Composed {
     kind: String,
     labels: Vec<Category>,
     text: String,
-    #[serde(default = "prompt_side")]
+    #[serde(default)]
     side: Side2,
-}
-
-fn prompt_side() -> Side2 {
-    Side2::Prompt
 }
 
 /// Reads `compose_train.jsonl` (a first line holding only `_comment` is skipped).
