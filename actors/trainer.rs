@@ -2,13 +2,13 @@
 //!
 //! Glue over [`crate::train::Cycles`]: samples are buffered; once `min_samples` new ones wait, no cycle
 //! runs and the schedule allows (`min_interval_secs`, `idle_load`), a cycle starts on its own thread over
-//! the training window (`window`: the last `max_samples`, none older than `max_age_secs`), continuing from
-//! the served delta. The engine thread never trains, so curation keeps flowing, and a cycle runs in its own
-//! pool of `threads` in the idle scheduling class, so serving always gets a core first. At start the trainer
-//! reloads the window from the store; training-set rows outside it are deleted there at most once a minute
-//! (from [`Actor::tick`] too, so an idle trainer still ages them out). Drain waits for a running cycle,
-//! then trains once more on samples that arrived meanwhile if the schedule allows. The model is loaded by
-//! the first cycle, so a graph builds without it.
+//! the training window (`window`: the last `max_samples`, none older than `max_age_secs`), from the served
+//! delta or the base (`start_from`). The engine thread never trains, so curation keeps flowing, and a cycle
+//! runs in its own pool of `threads` in the idle scheduling class, so serving always gets a core first. At
+//! start the trainer reloads the window from the store; training-set rows outside it are deleted there at
+//! most once a minute (from [`Actor::tick`] too, so an idle trainer still ages them out). Drain waits for a
+//! running cycle, then trains once more on samples that arrived meanwhile if the schedule allows. The model
+//! is loaded by the first cycle, so a graph builds without it.
 //!
 //! A failed cycle is reported as background work ([`ActorError::Background`]): it restarts the worker and
 //! counts against the node's restart policy. The rebuilt trainer reloads the training set from the store

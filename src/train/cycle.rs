@@ -1,6 +1,6 @@
 //! Training cycles as a background process: samples are buffered; once enough new ones wait (and, with
 //! `await_verdict`, the gate has judged the last delta, and the schedule allows), a cycle trains on the
-//! training window on its own thread, continuing from the served delta, and publishes a delta. Usable
+//! training window on its own thread, from the served delta or the base (`start_from`), and publishes a delta. Usable
 //! without the engine; the `trainer` actor is glue over [`Cycles`].
 //!
 //! Per-user deltas (`per_user`): each user with at least `per_user.min_samples` samples in the window gets
@@ -47,6 +47,9 @@ pub struct TrainerSettings {
     /// it if it was promoted (rather than racing it from the same parent). Turn off in a graph without a gate.
     #[serde(default = "default_await_verdict")]
     pub await_verdict: bool,
+    /// What a cycle's delta starts from: the served delta, or the base.
+    #[serde(default)]
+    pub start_from: StartFrom,
     /// Where deltas are written; `DATA_DIR/deltas` by default.
     #[serde(default)]
     pub out_dir: Option<PathBuf>,
@@ -66,6 +69,18 @@ pub struct TrainerSettings {
     /// Boxed: the recipe is large next to other kinds' parameters.
     #[serde(default)]
     pub train: Box<TrainConfig>,
+}
+
+/// What a cycle's delta starts from. Either way it trains on the whole window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StartFrom {
+    /// The delta served now (on the user's own chain, with `per_user`): each cycle adds to the last one, so a
+    /// short cycle builds on what earlier ones learned, and its drift from the base adds up as well.
+    #[default]
+    Served,
+    /// The base: each cycle trains a fresh delta on the window, so drift from the base never stacks across
+    /// cycles, and what left the window is forgotten.
+    Base,
 }
 
 /// Per-user deltas: who gets a delta of their own.
@@ -125,6 +140,7 @@ impl TrainerSettings {
             min_samples: self.min_samples,
             threads: self.threads,
             await_verdict: self.await_verdict,
+            start_from: self.start_from,
             window: self.window.clone(),
             min_interval: Duration::from_secs(self.min_interval_secs),
             idle_load: self.idle_load,
@@ -146,6 +162,7 @@ impl Default for TrainerSettings {
             requantize: Requantize::Off,
             min_samples: default_min_samples(),
             await_verdict: default_await_verdict(),
+            start_from: StartFrom::Served,
             threads: default_threads(),
             out_dir: None,
             window: TrainingWindow::default(),
@@ -181,6 +198,8 @@ pub struct CycleSettings {
     pub threads: usize,
     /// Start a cycle only once the gate has judged the last delta.
     pub await_verdict: bool,
+    /// What a cycle's delta starts from.
+    pub start_from: StartFrom,
     /// What a cycle trains on.
     pub window: TrainingWindow,
     /// From one cycle's start to the next.
@@ -576,7 +595,10 @@ fn train_and_save(
     user: Option<&str>,
 ) -> Result<Delta> {
     let recipe = &settings.recipe;
-    let parent = served_parent_for(&settings.data_dir, base, recipe, user)?;
+    let parent = match settings.start_from {
+        StartFrom::Served => served_parent_for(&settings.data_dir, base, recipe, user)?,
+        StartFrom::Base => None,
+    };
     let mut trainer = LoraTrainer::new(
         &base.model,
         &base.tok,

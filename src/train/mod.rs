@@ -20,7 +20,7 @@ pub mod trainer;
 
 pub use artifact::{Provenance, save_delta, sha256_file, sha256_hex};
 pub use config::{RewardKind, TrainConfig};
-pub use cycle::{BaseSource, CycleSettings, Cycles, TrainingWindow};
+pub use cycle::{BaseSource, CycleSettings, Cycles, StartFrom, TrainingWindow};
 pub use data::{Example, Seq, data_digest, encode_sample};
 pub use reward::{Contains, ExactMatch, JsonValid, Reward};
 pub use trainer::{CycleReport, LoraTrainer, StepReport};

@@ -178,3 +178,60 @@ fn a_cycle_with_self_distilled_replay_caches_the_bases_answers() {
         assert_eq!(std::fs::read_dir(data.join("deltas")).unwrap().count(), 1);
     }
 }
+
+/// `start_from`: a cycle continues from the served delta (the default), or trains afresh from the base.
+#[test]
+fn a_cycle_starts_from_the_served_delta_or_from_the_base() {
+    use hearth::train::{Cycles, StartFrom, cycle::TrainerSettings};
+    use std::sync::Arc;
+    for (start_from, continues) in [(StartFrom::Served, true), (StartFrom::Base, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, _, _) = train_util::tiny(dir.path());
+        let data = dir.path().join("data");
+        let mut store = hearth::store::Store::open(&data).unwrap();
+        let mut recipe = train_util::fast_cfg();
+        recipe.steps = 1;
+        let settings = TrainerSettings {
+            min_samples: 2,
+            await_verdict: false,
+            start_from,
+            train: Box::new(recipe),
+            ..TrainerSettings::default()
+        };
+        let base = Arc::new(hearth::model::Base::load(&model).unwrap());
+        let mut cycles = Cycles::new(
+            settings.cycle_settings("t", &data),
+            Arc::new(move || Ok(base.clone())),
+        );
+        let mut cycle = |n: usize| {
+            for i in n..n + 2 {
+                cycles.add(&train_util::sft(&format!("s{i}"), &format!("q{i}"), "a"));
+            }
+            cycles.maybe_start().unwrap();
+            cycles.finished(true).unwrap().expect("a cycle ran")
+        };
+        let first = cycle(0);
+        store
+            .record_verdict(
+                &first.id,
+                &serde_json::json!({"promote": true, "reason": "test"}),
+                &[],
+                true,
+            )
+            .unwrap();
+        store.promote(&first.id, "test").unwrap();
+        let second = cycle(2);
+        let record = store.delta(&second.id).unwrap().unwrap();
+        assert_eq!(
+            record.provenance["num_samples"], 4,
+            "{start_from:?}: the window"
+        );
+        assert_eq!(
+            record.parent.as_deref() == Some(first.id.as_str()),
+            continues,
+            "{start_from:?}: parent {:?}",
+            record.parent
+        );
+        assert_eq!(second.parent.is_some(), continues, "{start_from:?}");
+    }
+}
