@@ -26,11 +26,27 @@ pub struct Turn {
     pub answer: String,
 }
 
-/// Where the answers for `base_sha256` and the first `prompts` prompts are cached.
+/// Where the answers for `base_sha256` and the first `prompts` prompts are cached. The name carries a digest
+/// of those prompts, so a release that rewords or adds prompts generates its answers afresh.
 pub fn cache_path(data_dir: &Path, base_sha256: &str, prompts: usize) -> PathBuf {
+    let digest = super::sha256_hex(
+        builtin_prompts(prompts)
+            .collect::<Vec<_>>()
+            .join("\n")
+            .as_bytes(),
+    );
     data_dir
         .join("replay")
-        .join(format!("{base_sha256}-{prompts}.json"))
+        .join(format!("{base_sha256}-{prompts}-{}.json", &digest[..16]))
+}
+
+/// The first `n` built-in prompts.
+fn builtin_prompts(n: usize) -> impl Iterator<Item = &'static str> {
+    BUILTIN_PROMPTS
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(n)
 }
 
 /// The base's answers to the first `prompts` built-in prompts: from the cache when there, else generated
@@ -57,12 +73,7 @@ pub fn self_distilled(
         ..GenerateConfig::default()
     };
     let mut turns = Vec::new();
-    for prompt in BUILTIN_PROMPTS
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .take(prompts)
-    {
+    for prompt in builtin_prompts(prompts) {
         let ids = encode_chat(tok, &[ChatMessage::new(Role::User, prompt)], true)?.ids;
         let out = generate(model, tok, &ids, None, &greedy, |_| true)?;
         let answer = out.text.trim().to_owned();
