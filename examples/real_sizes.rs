@@ -9,10 +9,11 @@
 //!     `requantize-q8_0` after DECODE loads the weights as `Serve(requantize: Q8_0)` does.
 //! real_sizes prompt-tokens GGUF PREFILL
 //!     the token count of the prompt `speed` sends (PREFILL unless the text cannot be cut there), for llama-bench.
-//! real_sizes logits GGUF N OUT
+//! real_sizes logits GGUF N OUT [TEXT]
 //!     N fixed token ids (OUT.tokens.json) through one full-sequence forward; the logits as little-endian f32,
 //!     N rows of the vocabulary (OUT.f32); and the same through an f32 reference, every product in f32 over the
-//!     file's weights dequantized (OUT.ref.f32).
+//!     file's weights dequantized (OUT.ref.f32). The ids are spread over the vocabulary, or with TEXT (a file)
+//!     its first N tokens: a trained model's predictions on text it can read.
 //! real_sizes train GGUF STEPS RANK
 //!     LoRA SFT steps (forward, backward, AdamW) at sequence 128, batch 4, all seven projections, on the weights
 //!     as the file has them (what the main job trains with `requantize: Off`), after one untimed step.
@@ -38,7 +39,7 @@ const PROSE: &str = "The quick brown fox jumps over the lazy dog. A journey of a
 
 fn usage() -> Res<()> {
     Err(
-        "usage: real_sizes speed GGUF PREFILL DECODE [requantize-q8_0] | prompt-tokens GGUF PREFILL | logits GGUF N OUT | train GGUF STEPS RANK"
+        "usage: real_sizes speed GGUF PREFILL DECODE [requantize-q8_0] | prompt-tokens GGUF PREFILL | logits GGUF N OUT [TEXT] | train GGUF STEPS RANK"
             .into(),
     )
 }
@@ -93,20 +94,33 @@ fn speed(path: &Path, prefill: usize, decode: usize, requantize: Requantize) -> 
     Ok(())
 }
 
-fn logits(path: &Path, n: usize, out: &Path) -> Res<()> {
-    let (model, _tok) = hearth::model::load(path)?;
-    // Fixed ids spread over the source vocabulary's real tokens (the first 49152 of SmolLM2's; the padding
-    // after them is never produced by the tokenizer).
-    let vocab = model.config().vocab_size.min(49152) as u64;
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let ids: Vec<u32> = (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab) as u32
-        })
-        .collect();
+fn logits(path: &Path, n: usize, out: &Path, text: Option<&Path>) -> Res<()> {
+    let (model, tok) = hearth::model::load(path)?;
+    let ids: Vec<u32> = match text {
+        Some(file) => {
+            let ids = tok.encode(&std::fs::read_to_string(file)?, false)?;
+            if ids.len() < n {
+                return Err(
+                    format!("{} holds {} tokens, not {n}", file.display(), ids.len()).into(),
+                );
+            }
+            ids[..n].to_vec()
+        }
+        None => {
+            // Fixed ids spread over the source vocabulary's real tokens (the first 49152 of SmolLM2's; the
+            // padding after them is never produced by the tokenizer).
+            let vocab = model.config().vocab_size.min(49152) as u64;
+            let mut x = 0x2545_f491_4f6c_dd1du64;
+            (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % vocab) as u32
+                })
+                .collect()
+        }
+    };
     let t0 = Instant::now();
     let logits = model.forward_ids(&ids, None, None)?.to_vec2::<f32>()?;
     println!(
@@ -167,10 +181,13 @@ fn main() -> Res<()> {
             num(decode)?,
             Requantize::Q8_0,
         ),
-        ["logits", gguf, n, out] => {
+        ["logits", gguf, n, out, ref text @ ..] if text.len() <= 1 => {
             let n = num(n)?;
+            let text = text.first().map(|t| Path::new(*t));
             let pool = rayon::ThreadPoolBuilder::new().build()?;
-            pool.install(|| logits(Path::new(gguf), n, Path::new(out)).map_err(|e| e.to_string()))?;
+            pool.install(|| {
+                logits(Path::new(gguf), n, Path::new(out), text).map_err(|e| e.to_string())
+            })?;
             Ok(())
         }
         ["prompt-tokens", gguf, prefill] => {
