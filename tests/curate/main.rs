@@ -7,6 +7,7 @@ mod guard_model;
 mod guard_probe;
 mod props;
 mod redact;
+mod redact_cjk;
 mod redact_layout;
 mod redact_tagger;
 mod secrets;

@@ -7,6 +7,7 @@
 
 mod address;
 mod chars;
+mod cjk;
 mod fields;
 mod lexicon;
 mod names;
@@ -594,6 +595,9 @@ impl Redactor {
             if self.on(PiiType::Person) {
                 names::detect(text, toks, &self.known_names, &mut cands);
             }
+        }
+        if self.on(PiiType::Person) {
+            cjk::detect(text, &mut cands);
         }
         if self.on(PiiType::Person) || self.on(PiiType::Address) {
             fields::detect(text, &mut cands);
