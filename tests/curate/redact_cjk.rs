@@ -94,3 +94,26 @@ fn cjk_names_follow_the_person_type() {
     });
     assert!(FINDS.iter().all(|(t, _)| r.find(t).is_empty()));
 }
+
+/// Forms in these scripts write the full-width colon, and their person labels (`担当者`, `담당자`) are labels:
+/// the value is the name, the label is not.
+#[test]
+fn cjk_form_fields_with_either_colon() {
+    let r = Redactor::new(RedactConfig::default());
+    for (text, name) in [
+        ("氏名：佐藤花子", "佐藤花子"),
+        ("姓名：王小明\n电话：138 1234 5678", "王小明"),
+        ("担当：佐藤花子", "佐藤花子"),
+        ("担当者: 佐藤花子", "佐藤花子"),
+        ("담당자: 김민준", "김민준"),
+        ("보내는 사람: 김민준", "김민준"),
+    ] {
+        let spans = r.find(text);
+        let label = text.chars().take_while(|c| *c != ':' && *c != '：').count();
+        assert!(covered(&r, text, name), "{text}: {spans:?}");
+        assert!(
+            spans.iter().all(|s| s.start >= label),
+            "{text}: the label is redacted: {spans:?}"
+        );
+    }
+}

@@ -119,6 +119,24 @@ const PERSON_KEYS: &[&str] = &[
     "联系人",
     "聯絡人",
     "名字",
+    "お名前",
+    "担当",
+    "担当者",
+    "差出人",
+    "受取人",
+    "送信者",
+    "受信者",
+    "성함",
+    "담당자",
+    "보내는사람",
+    "받는사람",
+    "발신자",
+    "수신자",
+    "收件人",
+    "发件人",
+    "负责人",
+    "经办人",
+    "申请人",
 ];
 const ADDRESS_KEYS: &[&str] = &[
     "address",
@@ -772,6 +790,7 @@ pub(crate) fn detect(text: &str, out: &mut Vec<Cand>) {
     if !b
         .iter()
         .any(|&c| matches!(c, b':' | b'=' | b'\n' | b'\t' | b'|' | b';' | b','))
+        && !text.contains('：')
     {
         cjk_addresses(text, out);
         return;
@@ -853,23 +872,28 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
             value(out, ls + p + 6, v, Field::Person, true, "field-kv");
         }
     }
-    let sep = match b[s..]
+    let ascii_sep = b[s..]
         .iter()
         .position(|&c| matches!(c, b':' | b'=' | b'\t'))
-    {
-        Some(p) => s + p,
-        None => return,
+        .map(|p| s + p);
+    // `氏名：佐藤花子`: forms in CJK scripts write the full-width colon
+    let wide_sep = l[s..].find('：').map(|p| s + p);
+    let (sep, sep_len, colon) = match (ascii_sep, wide_sep) {
+        (Some(a), Some(w)) if w < a => (w, '：'.len_utf8(), true),
+        (None, Some(w)) => (w, '：'.len_utf8(), true),
+        (Some(a), _) => (a, 1, b[a] == b':'),
+        (None, None) => return,
     };
     let key = &l[s..sep];
     if key.is_empty() || key.len() > 40 || key.contains('"') || key.split_whitespace().count() > 3 {
         return;
     }
-    let header = s == 0 && b[sep] == b':';
+    let header = s == 0 && colon;
     let nk = NormKey::of(key);
     let f = field_of_norm(&nk, header);
     // The key itself is a label, never a name (`Signed-off-by:`, `DOB:`, `SystemError:`).
     let camel = !key.contains(' ') && key.chars().skip(1).any(char::is_uppercase);
-    if b[sep] == b':' && (f.is_some() || nk.lists() & K_LABEL != 0 || camel) {
+    if colon && (f.is_some() || nk.lists() & K_LABEL != 0 || camel) {
         out.push(Cand::shield(
             ls + s,
             ls + sep,
@@ -879,11 +903,11 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
     }
     let Some(f) = f else {
         if nk.lists() & K_PLACE != 0 && b[sep] != b'\t' {
-            place_value(out, ls + sep + 1, &l[sep + 1..]);
+            place_value(out, ls + sep + sep_len, &l[sep + sep_len..]);
         }
         return;
     };
-    let vs = sep + 1 + usize::from(b[sep] == b':' && b.get(sep + 1) == Some(&b':'));
+    let vs = sep + sep_len + usize::from(b[sep] == b':' && b.get(sep + 1) == Some(&b':'));
     if vs >= b.len() {
         return;
     }
