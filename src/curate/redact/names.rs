@@ -15,6 +15,14 @@ use super::lexicon::{
 use super::{Cand, PiiType, chars, prio};
 use crate::curate::SpanIndex;
 
+/// Weekday and month abbreviations, as folded keys.
+const WEEKDAYS: &[&str] = &[
+    "mon", "tue", "tues", "wed", "thu", "thur", "thurs", "fri", "sat", "sun",
+];
+const MONTHS: &[&str] = &[
+    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+];
+
 /// The word lists that become class bits on tokens: the detector tests a bit where it would
 /// otherwise look a word up in a set or scan a list. An entry no key can equal (`van der`)
 /// gets its bit all the same, so the bit answers exactly as the list did.
@@ -845,6 +853,17 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 score = score.max(2.0);
             }
             if org {
+                score -= 4.0;
+            }
+            // `Sat Jan 27 10:16:41 2007`, `Thu Jul 11`: a date's weekday and month, each also a given name
+            // somewhere (Sat, Thu, Sun; Jan, Jun, Jul), before the day's number
+            if words >= 2
+                && WEEKDAYS.contains(&toks[content[p]].key.as_ref())
+                && MONTHS.contains(&toks[content[p + 1]].key.as_ref())
+                && toks
+                    .get(content[p + 1] + 1)
+                    .is_some_and(|x| x.kind == Kind::Num || x.is_punct(text, '.'))
+            {
                 score -= 4.0;
             }
             // `I work for Wolters Kluwer`, `in Villafranca del Cid`: an employer or a place,
