@@ -230,3 +230,32 @@ fn inline_addresses_with_floors_postcodes_and_towns_first() {
     let t = "I have 2, Abbey Road is my favourite album";
     assert!(found(t).is_empty(), "{t:?}: {:?}", found(t));
 }
+
+/// Keys as people write them: Greek with its accents, Thai with its vowel and tone marks.
+#[test]
+fn accented_and_marked_keys_name_their_fields() {
+    let t = "Όνομα: Σπυράννα\nΔιεύθυνση: Χαράσου 80, Αλεξανδρούπολη\nΤηλ: 2101234567";
+    has(t, "Σπυράννα", PiiType::Person);
+    has(t, "2101234567", PiiType::Phone);
+    let t = "ชื่อ: จันทภา นักสำหรวจ\nที่อยู่: 48 หมู่ 2 ถนนศรีวงค์\nโทร: 081 234 5678";
+    has(t, "จันทภา นักสำหรวจ", PiiType::Person);
+    assert!(
+        !found(t).iter().any(|(v, _)| v.starts_with("ชื่อ")),
+        "{:?}",
+        found(t)
+    );
+}
+
+/// A form's keys are labels, however unknown their words; a transcript repeats its speakers, and a list of
+/// people by role names them, so both keep their names.
+#[test]
+fn form_keys_are_labels_and_speakers_stay_names() {
+    let t = "Explicabo: Pixel 9\nSoluta: reiciendis\nCumque: 1998-08-06\nFiled: vero";
+    assert!(found(t).is_empty(), "{:?}", found(t));
+    let t = "Harding: are you coming tonight?\nOkafor: yes\nHarding: great, see you";
+    has(t, "Harding", PiiType::Person);
+    has(t, "Okafor", PiiType::Person);
+    let t = "Team:\nAnna: design\nBen: backend\nCarl: QA";
+    has(t, "Anna", PiiType::Person);
+    has(t, "Carl", PiiType::Person);
+}

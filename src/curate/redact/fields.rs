@@ -2,7 +2,9 @@
 //! its script. Key-value lines (`Name: …`, `name = …`, YAML, forms), JSON pairs, mail and
 //! commit headers (`From: "…" <…>`, `Author:`, `Signed-off-by:`), table columns (CSV, TSV,
 //! Markdown) under a header naming them, chat speaker labels (`<nick>`, `… - Name:`), and the
-//! name and address lines of a signature block after a closing phrase or at a letter's head.
+//! name and address lines of a signature block after a closing phrase or at a letter's head. A
+//! form's keys ([`form_labels`]) are labels, never speakers. Keys match with either colon (`:`,
+//! `：`) and as written (`Όνομα`, `ชื่อ`).
 //! Addresses in CJK and Hangul scripts are found by their administrative markers.
 
 use std::collections::HashMap;
@@ -137,6 +139,9 @@ const PERSON_KEYS: &[&str] = &[
     "负责人",
     "经办人",
     "申请人",
+    "ชื่อ",
+    "ชื่อ-นามสกุล",
+    "นามสกุล",
 ];
 const ADDRESS_KEYS: &[&str] = &[
     "address",
@@ -168,12 +173,17 @@ const ADDRESS_KEYS: &[&str] = &[
     "адрес",
     "адреса",
     "διευθυνση",
+    "ที่อยู่",
     "주소",
     "住所",
     "地址",
     "所在地",
 ];
 const PHONE_KEYS: &[&str] = &[
+    "τηλ",
+    "โทร",
+    "โทรศัพท์",
+    "เบอร์โทร",
     "phone",
     "tel",
     "telephone",
@@ -286,6 +296,7 @@ impl NormKey {
         let folded: CompactString = fold_key(k)
             .chars()
             .filter(|c| c.is_alphanumeric())
+            .map(greek_unaccented)
             .collect();
         if folded.len() > MAX_KEY {
             key.long = true;
@@ -307,6 +318,20 @@ impl NormKey {
             return 0;
         }
         KEY_LISTS.get(self.as_str()).copied().unwrap_or(0)
+    }
+}
+
+/// A Greek vowel without its tonos or dialytika (`Όνομα` and `ΟΝΟΜΑ` are one key).
+fn greek_unaccented(c: char) -> char {
+    match c {
+        'ά' => 'α',
+        'έ' => 'ε',
+        'ή' => 'η',
+        'ί' | 'ϊ' | 'ΐ' => 'ι',
+        'ό' => 'ο',
+        'ύ' | 'ϋ' | 'ΰ' => 'υ',
+        'ώ' => 'ω',
+        c => c,
     }
 }
 
@@ -418,9 +443,10 @@ const NOT_FIELD_KEYS: &[&str] = &[
 ];
 
 /// Every key list in one map: one hash lookup per key instead of a scan of each list.
-static KEY_LISTS: LazyLock<HashMap<&'static str, u8, BuildHasherDefault<FxHasher>>> =
+/// Keyed as [`NormKey`] normalises, so a list entry is written as people write the key (`ชื่อ`, `Όνομα`).
+static KEY_LISTS: LazyLock<HashMap<CompactString, u8, BuildHasherDefault<FxHasher>>> =
     LazyLock::new(|| {
-        let mut m: HashMap<&'static str, u8, BuildHasherDefault<FxHasher>> = HashMap::default();
+        let mut m: HashMap<CompactString, u8, BuildHasherDefault<FxHasher>> = HashMap::default();
         for (list, bit) in [
             (PERSON_KEYS, K_PERSON),
             (HEADER_PERSON_KEYS, K_HEADER_PERSON),
@@ -432,7 +458,7 @@ static KEY_LISTS: LazyLock<HashMap<&'static str, u8, BuildHasherDefault<FxHasher
             (PLACE_KEYS, K_PLACE),
         ] {
             for k in list {
-                *m.entry(*k).or_default() |= bit;
+                *m.entry(NormKey::of(k).as_str().into()).or_default() |= bit;
             }
         }
         m
@@ -781,6 +807,64 @@ fn value(out: &mut Vec<Cand>, base: usize, v: &str, f: Field, lenient: bool, det
     if ok {
         push(out, base + s, base + e, f, det);
     }
+}
+
+/// The labels of form blocks in `text` (byte ranges): three or more consecutive `Label: value` lines whose labels
+/// all differ and none of whose words is a listed given or family name. A chat transcript repeats its
+/// speakers (`Ann: …`, `Bob: …`, `Ann: …`), and a list of people by role names them; a form's keys are
+/// labels, however unknown their words (`Explicabo: Pixel 9`, `Filed: vero`).
+pub(crate) fn form_labels(text: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    if !text.contains('\n') || !(text.contains(':') || text.contains('：')) {
+        return out;
+    }
+    // per line: its label's range, or None
+    let mut block: Vec<(usize, usize)> = Vec::new();
+    let flush = |block: &mut Vec<(usize, usize)>, out: &mut Vec<(usize, usize)>| {
+        let distinct = block.iter().enumerate().all(|(i, &(s, e))| {
+            block[..i]
+                .iter()
+                .all(|&(s2, e2)| text[s2..e2] != text[s..e])
+        });
+        let unnamed = || {
+            block.iter().all(|&(s, e)| {
+                text[s..e]
+                    .split_whitespace()
+                    .all(|w| LEX.class(&fold_key(w)) & (IN_FIRST | IN_LAST) == 0)
+            })
+        };
+        if block.len() >= 3 && distinct && unnamed() {
+            out.extend(block.iter().copied());
+        }
+        block.clear();
+    };
+    let mut ls = 0;
+    for l in text.split('\n') {
+        let label = line_label(l).map(|(s, e)| (ls + s, ls + e));
+        match label {
+            Some(r) => block.push(r),
+            None => flush(&mut block, &mut out),
+        }
+        ls += l.len() + 1;
+    }
+    flush(&mut block, &mut out);
+    out
+}
+
+/// `Label: value` (or `：`): the label's range in `l`, after leading blanks and list marks; at most three words,
+/// no digits.
+fn line_label(l: &str) -> Option<(usize, usize)> {
+    let s = l.len() - l.trim_start_matches([' ', '\t', '-', '*']).len();
+    let rest = &l[s..];
+    let end = rest.find([':', '：'])?;
+    let label = &rest[..end];
+    let ok = !label.is_empty()
+        && label.split_whitespace().count() <= 3
+        && !label
+            .chars()
+            .any(|c| c.is_ascii_digit() || matches!(c, '"' | '<' | '>' | '[' | '/'))
+        && label.chars().next().is_some_and(char::is_alphabetic);
+    ok.then_some((s, s + end))
 }
 
 /// Entry point: every layout cue over `text` (byte offsets).

@@ -605,6 +605,15 @@ impl Redactor {
         if let Some(toks) = toks.filter(|_| self.config.tagger) {
             self.tag(text, toks, rescan, &mut cands);
         }
+        if self.on(PiiType::Person) {
+            let labels = fields::form_labels(text);
+            if !labels.is_empty() {
+                cands.retain(|c| {
+                    c.ty != Some(PiiType::Person)
+                        || !labels.iter().any(|&(s, e)| s <= c.start && c.end <= e)
+                });
+            }
+        }
         // Drop unwanted types and weak spans before resolving, so that a disabled detector
         // never hides an enabled one.
         cands.retain(|c| match c.ty {
