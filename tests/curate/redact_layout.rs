@@ -259,3 +259,24 @@ fn form_keys_are_labels_and_speakers_stay_names() {
     has(t, "Anna", PiiType::Person);
     has(t, "Carl", PiiType::Person);
 }
+
+/// `Bill to: Name` then the address lines: the block names both; a payment term under it is no address, and
+/// a team signing with common words (`Support`, `The Team`) is no person.
+#[test]
+fn recipient_blocks_and_team_signatures() {
+    let t = "INVOICE #5094\nBill to: Dionýz Kováč\nRepíková 5\n886 86 Liptovské Revúce";
+    has(t, "Dionýz Kováč", PiiType::Person);
+    has(t, "Repíková 5\n886 86 Liptovské Revúce", PiiType::Address);
+    let t = "Ship to: Margit Hansen\nVesterbrogade 12, 1620 København V\n\nThanks!";
+    has(t, "Vesterbrogade 12, 1620 København V", PiiType::Address);
+    let t = "Bill to: ACME Ltd\nNet 30";
+    assert!(
+        !found(t).iter().any(|(_, ty)| *ty == PiiType::Address),
+        "{:?}",
+        found(t)
+    );
+    for t in ["Kind regards,\nSupport", "Best,\nThe Team"] {
+        assert!(found(t).is_empty(), "{t:?}: {:?}", found(t));
+    }
+    has("Kind regards,\nHarding", "Harding", PiiType::Person);
+}

@@ -1296,19 +1296,48 @@ fn contact_line(l: &str) -> bool {
             && t.chars().filter(|c| c.is_alphabetic()).count() <= 4)
 }
 
-/// The name line, then the address lines, of a signature or a letter's head.
+/// Keys of a recipient block (`Bill to: Name`, then the address lines), normalised.
+const RECIPIENT_KEYS: &[&str] = &[
+    "billto",
+    "shipto",
+    "deliverto",
+    "sendto",
+    "soldto",
+    "invoiceto",
+    "attn",
+    "attention",
+    "lieferadresse",
+    "rechnungsadresse",
+    "empfanger",
+    "destinataire",
+    "destinatario",
+    "facturara",
+    "enviara",
+];
+
+/// Where the value of a recipient key's line starts (`Bill to: Dionýz` gives the offset of `Dionýz`).
+fn recipient_value(l: &str) -> Option<usize> {
+    let c = l.find(':')?;
+    RECIPIENT_KEYS
+        .contains(&NormKey::of(&l[..c]).as_str())
+        .then_some(c + 1)
+        .filter(|&v| !l[v..].trim().is_empty())
+}
+
+/// The name line, then the address lines, of a signature, a letter's head or a recipient block.
 fn signatures(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
     let mut k = 0;
     while k < lines.len() {
         let head = k == 0;
         let after_closing = is_valediction(lines[k].1);
+        let recipient = recipient_value(lines[k].1);
         k += 1;
-        if !(head || after_closing) {
+        if !(head || after_closing || recipient.is_some()) {
             continue;
         }
-        // the name: the next line (the line itself at a letter's head)
-        let n = if head && !after_closing {
-            0
+        // the name: the next line (the line itself at a letter's head; its value in a recipient block)
+        let n = if recipient.is_some() || head && !after_closing {
+            k - 1
         } else {
             match (k..lines.len().min(k + 2)).find(|&j| !lines[j].1.trim().is_empty()) {
                 Some(j) => j,
@@ -1316,8 +1345,11 @@ fn signatures(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
             }
         };
         let (ns, nl) = lines[n];
+        let from = recipient.unwrap_or(0);
+        let (ns, nl) = (ns + from, &nl[from..]);
         let (s, e) = trim_value(nl);
-        if !name_like(&nl[s..e], after_closing) || nl[s..e].split_whitespace().count() > 4 {
+        // common words alone sign for a team (`Kind regards,\nSupport`, `Best,\nThe Team`), not a person
+        if !name_like(&nl[s..e], false) || nl[s..e].split_whitespace().count() > 4 {
             continue;
         }
         // the address: the lines after the name, up to a blank or contact line
@@ -1340,8 +1372,15 @@ fn signatures(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
             let (_, e2) = trim_value(zl);
             (a + s1, zs + e2)
         });
-        // at a letter's head the address lines are what make the first line a name
-        if head && !after_closing && addr.is_none() {
+        // A recipient's address is two lines or more, or one of three words or more (`Net 30` is a payment
+        // term).
+        let addr = addr.filter(|&(a, z)| {
+            recipient.is_none()
+                || last.is_some_and(|lj| lj > n + 1)
+                || z - a >= 8 && lines[n + 1].1.split_whitespace().count() >= 3
+        });
+        // at a letter's head and in a recipient block the address lines are what make the line a name
+        if (recipient.is_some() || head && !after_closing) && addr.is_none() {
             continue;
         }
         push(out, ns + s, ns + e, Field::Person, "signature");
