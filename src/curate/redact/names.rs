@@ -15,6 +15,23 @@ use super::lexicon::{
 use super::{Cand, PiiType, chars, prio};
 use crate::curate::SpanIndex;
 
+/// Places of several words (folded keys, space-separated) whose words are names on their own.
+#[rustfmt::skip]
+const PLACE_PHRASES: &[&str] = &[
+    "sierra leone", "saint helena", "saint lucia", "saint kitts", "saint vincent", "saint martin",
+    "saint barthelemy", "san marino", "costa rica", "puerto rico", "el salvador", "sri lanka", "new zealand",
+    "south africa", "south korea", "north korea", "south sudan", "united kingdom", "united states",
+    "saudi arabia", "solomon islands", "marshall islands", "cayman islands", "faroe islands",
+    "falkland islands", "virgin islands", "cook islands", "christmas island", "norfolk island",
+    "isle of man", "new caledonia", "papua new guinea", "equatorial guinea", "cape verde", "ivory coast",
+    "burkina faso", "dominican republic", "czech republic", "central african republic", "hong kong",
+    "vatican city", "timor leste", "east timor", "western sahara", "french polynesia", "french guiana",
+    "new york", "los angeles", "san francisco", "san diego", "san jose", "san antonio", "las vegas",
+    "buenos aires", "rio de janeiro", "sao paulo", "kuala lumpur", "tel aviv", "new delhi", "mexico city",
+    "cape town", "abu dhabi", "santo domingo", "santa cruz", "saint petersburg", "st petersburg",
+    "salt lake city", "new orleans", "st louis", "saint louis", "santa fe", "santa barbara", "santa monica",
+];
+
 /// Weekday and month abbreviations, as folded keys.
 const WEEKDAYS: &[&str] = &[
     "mon", "tue", "tues", "wed", "thu", "thur", "thurs", "fri", "sat", "sun",
@@ -853,6 +870,16 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 score = score.max(2.0);
             }
             if org {
+                score -= 4.0;
+            }
+            // `Sierra Leone`, `Costa Rica`: a place of several words, each of which may be a name
+            if words >= 2 && {
+                let phrase: Vec<&str> = content[p..q]
+                    .iter()
+                    .map(|&k| toks[k].key.as_ref())
+                    .collect();
+                PLACE_PHRASES.contains(&phrase.join(" ").as_str())
+            } {
                 score -= 4.0;
             }
             // `Sat Jan 27 10:16:41 2007`, `Thu Jul 11`: a date's weekday and month, each also a given name
