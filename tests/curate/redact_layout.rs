@@ -278,8 +278,69 @@ fn recipient_blocks_and_team_signatures() {
         "{:?}",
         found(t)
     );
-    for t in ["Kind regards,\nSupport", "Best,\nThe Team"] {
+    for t in [
+        "Kind regards,\nSupport",
+        "Best,\nThe Team",
+        "Viele Grüße,\nKundenservice",
+        "Cordialement,\nÉquipe",
+        "Saludos,\nEquipo",
+    ] {
         assert!(found(t).is_empty(), "{t:?}: {:?}", found(t));
     }
     has("Kind regards,\nHarding", "Harding", PiiType::Person);
+}
+
+/// A form of two fields is no transcript: a key over `n/a`, `—`, one word or a product is a label.
+#[test]
+fn short_forms_are_not_speakers() {
+    for t in [
+        "Sequi: —\nVel: n/a",
+        "Nemo: pariatur\nExercitationem: Steam Deck",
+        "Покинуть: посидеть",
+    ] {
+        assert!(found(t).is_empty(), "{t:?}: {:?}", found(t));
+    }
+    has("Okafor: see you at the station.", "Okafor", PiiType::Person);
+}
+
+/// Names that are not people: towns named after one (`San Lucas`, `St. Kristina`, `Robert Ouest`), countries
+/// in other languages, months beside a day, companies by their legal form, greetings and products. Beside
+/// each, a person the same words would name.
+#[test]
+fn places_dates_firms_and_products_are_not_people() {
+    for t in [
+        "Trains to San Lucas de la Montaña and back.",
+        "Our vendor is Buck LLC in St. Kristina.",
+        "Hiring: Comptroller — Robert Ouest, Sri Lanka",
+        "Flights from Αργοστόλι or Ηνωμένο Βασίλειο?",
+        "Job offer in Mirandela, Nova Zelândia",
+        "Best museums in Кочани or Нов Зеланд?",
+        "06 Jun 2005: FIXME later",
+        "We use Kozmonová Pavelová s.r.o. for that.",
+        "Shipped by Петровска Ѓорѓиевски ДОО in Пробиштип.",
+        "Olá! Looking for a new job.",
+        "Is Amazon S3 slow on a Galaxy S24?",
+    ] {
+        let persons: Vec<_> = found(t)
+            .into_iter()
+            .filter(|(_, ty)| *ty == PiiType::Person)
+            .collect();
+        assert!(persons.is_empty(), "{t:?}: {persons:?}");
+    }
+    has(
+        "Ask Jan Kowalski about the invoice.",
+        "Jan Kowalski",
+        PiiType::Person,
+    );
+    has("Hi, my name is Jordan.", "Jordan", PiiType::Person);
+    has(
+        "My colleague Laura Newman called.",
+        "Laura Newman",
+        PiiType::Person,
+    );
+    has(
+        "Email Sandra Svätá tomorrow.",
+        "Sandra Svätá",
+        PiiType::Person,
+    );
 }

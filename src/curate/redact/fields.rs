@@ -545,6 +545,26 @@ const NOT_NAMES: &[&str] = &[
     "unassigned",
     "nobody",
     "everyone",
+    // a team or a desk signing, in other languages
+    "kundenservice",
+    "kundendienst",
+    "kundeservice",
+    "kundtjanst",
+    "asiakaspalvelu",
+    "equipe",
+    "equipo",
+    "equipa",
+    "squadra",
+    "servizio",
+    "helpdesk",
+    "servicedesk",
+    "команда",
+    "поддержка",
+    "チーム",
+    "サポート",
+    "팀",
+    "团队",
+    "客服",
 ];
 
 /// Whether `v` reads as a person's name: up to five words in any script, each capitalised or
@@ -889,9 +909,11 @@ pub(crate) fn detect(text: &str, out: &mut Vec<Cand>) {
         }
         v
     };
+    let transcript = std::cell::OnceCell::new();
+    let transcript = || *transcript.get_or_init(|| is_transcript(text));
     for &(ls, l) in &lines {
         key_value_line(ls, l, out);
-        speaker(ls, l, out);
+        speaker(ls, l, out, &transcript);
     }
     tables(&lines, out);
     signatures(&lines, out);
@@ -1002,7 +1024,7 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
 
 /// Chat speaker labels: `[10:42] <Name> …`, `12/03/25, 10:42 - Name: …`, `Name: …`,
 /// `> Name wrote:`.
-fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>) {
+fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>, transcript: &dyn Fn() -> bool) {
     let b = l.as_bytes();
     let mut s = 0;
     while s < b.len() && matches!(b[s], b'>' | b' ') {
@@ -1070,7 +1092,7 @@ fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>) {
     if let Some(p) = colon_space {
         let name = &rest[..p];
         if p > 0
-            && (s > 0 || p + 2 < rest.len())
+            && (s > 0 || utterance_like(&rest[p + 1..]) || transcript())
             && name.split(' ').count() <= 3
             && field_of(name, true).is_none()
             && name_like(name, false)
@@ -1078,6 +1100,44 @@ fn speaker(ls: usize, l: &str, out: &mut Vec<Cand>) {
             push(out, ls + s, ls + s + p, Field::Person, "speaker");
         }
     }
+}
+
+/// Whether some line of `text` is `Name: something said`: then its other `Name: yes` lines are speakers too.
+pub(super) fn is_transcript(text: &str) -> bool {
+    text.lines().any(|l| {
+        let l = l.trim_start_matches(['>', ' ']);
+        l.find(": ").is_some_and(|p| {
+            let name = &l[..p];
+            (1..=3).contains(&name.split(' ').count())
+                && name.split(' ').all(|w| {
+                    w.chars()
+                        .next()
+                        .is_some_and(|c| c.is_uppercase() || uncased_letter(c))
+                })
+                && utterance_like(&l[p + 1..])
+        })
+    })
+}
+
+/// Whether what follows a bare `Name:` reads as something said rather than a form value (`n/a`, `—`, a
+/// date, a count, one word, a product name): a sentence's end, a few words one of which is not capitalised,
+/// or a run of letters of a script without case.
+/// A speaker cut short here is still found from another of their lines, or by the name detectors.
+pub(super) fn utterance_like(v: &str) -> bool {
+    let v = v.trim();
+    if v.ends_with(['.', '!', '?', '…', '。', '！', '？']) && v.chars().any(char::is_alphabetic)
+    {
+        return true;
+    }
+    // scripts without case or spaces (`明日行きます`): length alone
+    if v.chars().filter(|&c| uncased_letter(c)).count() >= 4 {
+        return true;
+    }
+    let words: SmallVec<[&str; 8]> = v.split_whitespace().take(8).collect();
+    words.len() >= 2
+        && words
+            .iter()
+            .any(|w| w.chars().next().is_some_and(char::is_lowercase))
 }
 
 /// Splits a delimited line into cell ranges, honouring double quotes.
@@ -1270,7 +1330,7 @@ const VALEDICTIONS: &[&str] = &[
     "드림",
 ];
 
-fn is_valediction(l: &str) -> bool {
+pub(super) fn is_valediction(l: &str) -> bool {
     static SET: LazyLock<StaticSet> = LazyLock::new(|| VALEDICTIONS.iter().copied().collect());
     let t = l
         .trim()

@@ -4,7 +4,7 @@
 //! (`my name is`, `Dear`, `says`). Accepted name words are then found again elsewhere in the
 //! same text (`… early Yefremova`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 
 use super::lexicon::{
@@ -32,6 +32,26 @@ const PLACE_PHRASES: &[&str] = &[
     "salt lake city", "new orleans", "st louis", "saint louis", "santa fe", "santa barbara", "santa monica",
 ];
 
+/// Words that open a place's name (`San Lucas`, `St. Kristina`, `Lac-Édouard`, `New Laura`, `Свети Николе`):
+/// the name after them is of a town, not of a person.
+#[rustfmt::skip]
+const PLACE_HEADS: &[&str] = &[
+    "san", "santa", "santo", "sao", "st", "ste", "saint", "sainte", "sankt", "ville", "mont", "lac", "port",
+    "fort", "new", "north", "south", "east", "west", "vieja", "viejo", "nueva", "nuevo", "villa", "bad",
+    "svaty", "svata", "svate", "sveti", "sveta", "свети", "света", "свята", "святой", "новая", "новый",
+];
+/// Words that close a place's name (`Robert Ouest`, `Geneviève-Nord`).
+const PLACE_TAILS: &[&str] = &["ouest", "est", "nord", "sud", "norte", "oeste", "sur"];
+
+/// Greetings that open a message and are capitalised there (`Olá!`, `Hallo,`), in languages whose
+/// vocabulary the word lists do not hold.
+#[rustfmt::skip]
+const GREETINGS: &[&str] = &[
+    "ola", "hola", "hallo", "bonjour", "salut", "ciao", "buongiorno", "hej", "hei", "moi", "merhaba",
+    "szia", "ahoj", "czesc", "witam", "zdravo", "privet", "привет", "здравствуйте", "здраво", "γεια",
+    "χαιρετε", "bom", "buenos", "buenas", "guten", "servus", "moin", "gruezi", "dobry", "dobar",
+];
+
 /// Weekday and month abbreviations, as folded keys.
 const WEEKDAYS: &[&str] = &[
     "mon", "tue", "tues", "wed", "thu", "thur", "thurs", "fri", "sat", "sun",
@@ -39,6 +59,106 @@ const WEEKDAYS: &[&str] = &[
 const MONTHS: &[&str] = &[
     "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
 ];
+/// Month names in full, as folded keys (several are given names too: June, April, Augusto).
+#[rustfmt::skip]
+const FULL_MONTHS: &[&str] = &[
+    "january", "february", "march", "april", "june", "july", "august", "september", "october", "november",
+    "december", "januar", "februar", "marz", "juni", "juli", "oktober", "dezember", "janvier", "fevrier",
+    "mars", "avril", "mai", "juin", "juillet", "aout", "septembre", "octobre", "novembre", "decembre", "enero",
+    "febrero", "marzo", "abril", "mayo", "junio", "julio", "agosto", "septiembre", "octubre", "noviembre",
+    "diciembre",
+];
+
+/// Country and territory names in 50 languages (`data/countries.txt`, from the Unicode CLDR): each as its
+/// words' keys joined by spaces, as the text's tokens give them.
+struct Countries {
+    names: HashSet<String>,
+    /// The keys that open a name: most words are looked up no further.
+    heads: HashSet<String>,
+    max_words: usize,
+}
+
+static COUNTRIES: LazyLock<Countries> = LazyLock::new(|| {
+    let mut c = Countries {
+        names: HashSet::new(),
+        heads: HashSet::new(),
+        max_words: 0,
+    };
+    for line in include_str!("data/countries.txt").lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let toks = super::lexicon::tokenize(line);
+        let words: Vec<&str> = toks
+            .iter()
+            .filter(|t| t.kind == Kind::Word)
+            .map(|t| t.key.as_ref())
+            .collect();
+        let Some(head) = words.first() else {
+            continue;
+        };
+        c.heads.insert((*head).to_string());
+        c.max_words = c.max_words.max(words.len());
+        c.names.insert(words.join(" "));
+    }
+    c
+});
+
+/// Whether the words `first..=last` lie inside a country's name on one line: the name may start up to six
+/// tokens before (`Demokratická republika Svätého Tomáša`) and run past `last`.
+fn country_around(toks: &[Tok], text: &str, first: usize, last: usize) -> bool {
+    let c = &*COUNTRIES;
+    let mut phrase = String::new();
+    for m in first.saturating_sub(6)..=first {
+        if toks[m].kind != Kind::Word || !c.heads.contains(toks[m].key.as_ref()) {
+            continue;
+        }
+        phrase.clear();
+        let mut words = 0;
+        for (k, t) in toks.iter().enumerate().skip(m) {
+            if words == c.max_words || k > m && t.nl_before {
+                break;
+            }
+            match t.kind {
+                Kind::Word => {
+                    if words > 0 {
+                        phrase.push(' ');
+                    }
+                    phrase.push_str(t.key.as_ref());
+                    words += 1;
+                    if k >= last && c.names.contains(&phrase) {
+                        return true;
+                    }
+                }
+                // `Guinea-Bissau`, `Côte d’Ivoire`: the list's names are split at the same marks
+                Kind::Punct if matches!(t.text(text), "-" | "'" | "’" | "." | "(" | ")") => {}
+                _ => break,
+            }
+        }
+    }
+    false
+}
+
+/// A company's legal form written with dots from token `j` on: `a.s.`, `s.r.o.`, `S.A.`, `d.o.o.`, `e.V.`.
+fn dotted_legal_form(toks: &[Tok], text: &str, j: usize) -> bool {
+    let letters = |k: usize, glued: bool| {
+        toks.get(k).is_some_and(|t| {
+            t.kind == Kind::Word && t.key_chars <= 3 && (glued != t.sp_before) && !t.nl_before
+        })
+    };
+    let dot = |k: usize| {
+        toks.get(k)
+            .is_some_and(|t| t.is_punct(text, '.') && !t.sp_before)
+    };
+    letters(j, false) && dot(j + 1) && letters(j + 2, true) && dot(j + 3)
+}
+
+/// The line around `s..e` (a name never spans lines).
+fn line_of(text: &str, s: usize, e: usize) -> &str {
+    let a = text[..s].rfind('\n').map_or(0, |i| i + 1);
+    let z = text[e..].find('\n').map_or(text.len(), |i| e + i);
+    &text[a..z]
+}
 
 /// The word lists that become class bits on tokens: the detector tests a bit where it would
 /// otherwise look a word up in a set or scan a list. An entry no key can equal (`van der`)
@@ -78,7 +198,10 @@ static ORG: LazyLock<StaticSet> = LazyLock::new(|| {
          technologies solutions labs services partners holdings brothers sons & times post news \
          weekly magazine journal press research plc technologies consulting associates electronics \
          motors industries enterprises media capital ventures networks software logistics pharma \
-         energy foods airlines insurance realty restaurant cafe bar pub shop store inc. corporation",
+         energy foods airlines insurance realty restaurant cafe bar pub shop store inc. corporation \
+         lda ltda sarl srl spa bv nv oy oyj aps asa kft zrt doo pty gruppe groupe gruppo grupo \
+         industrias corporacion compania cia hermanos hnos asociados filhos fils figli hijos sohne holding \
+         ооо оао зао пао ооод оод доо дооел еоод ад ед ип сп нпо տպը սպը փբը բբը հձ գրուպ հոլդինգ",
     )
 });
 /// Words before a run that say a name follows (folded; matched against the last 1-3 words).
@@ -709,7 +832,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
         let org = content.iter().any(|&k| toks[k].is(C_ORG))
             || toks
                 .get(j)
-                .is_some_and(|x| x.kind == Kind::Word && x.is(C_ORG));
+                .is_some_and(|x| x.kind == Kind::Word && x.is(C_ORG))
+            || dotted_legal_form(toks, text, j);
         let mut p = 0;
         while p < content.len() {
             if evs[p].blocker() {
@@ -748,7 +872,14 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                             || x.kind == Kind::Punct && matches!(x.text(text), "\"" | "“"))
                 })
                 && !toks[first_tok].is(C_HEADER)
-                && !evs[p..q].iter().any(|e| e.common || e.place);
+                && !evs[p..q].iter().any(|e| e.common || e.place)
+                // `Filed: 7630`, `Nemo: pariatur`: a form's key with its value, not a speaker with speech
+                // (unless the text is a transcript, where `Okafor: yes` is a speaker's answer)
+                && next.is_some_and(|x| {
+                    let rest = &text[x.e..];
+                    super::fields::utterance_like(&rest[..rest.find('\n').unwrap_or(rest.len())])
+                        || super::fields::is_transcript(text)
+                });
             // `Hi Ann,`, `Hello Ann!`: a greeting addressing someone
             let vocative = before.last().is_some_and(|w| {
                 matches!(
@@ -893,10 +1024,53 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             {
                 score -= 4.0;
             }
+            // `San Lucas`, `St. Kristina`, `Mont- René`, `Robert Ouest`: a town named after a person
+            let head_before = (s_tok.saturating_sub(3)..s_tok).rev().find(|&m| {
+                toks[m].kind == Kind::Word
+                    && (m + 1..s_tok)
+                        .all(|k| toks[k].is_punct(text, '.') || toks[k].is_punct(text, '-'))
+            });
+            let head_word = |k: usize| toks[k].cap && PLACE_HEADS.contains(&toks[k].key.as_ref());
+            if p == 0 && words >= 2 && head_word(content[p])
+                || head_before.is_some_and(|m| head_word(m) && !toks[s_tok].nl_before)
+                || words >= 2 && PLACE_TAILS.contains(&toks[e_tok].key.as_ref())
+            {
+                score -= 4.0;
+            }
+            // `06 Jun 2005`, `Jan 27`: a month beside a day's number is a date, not `Jan` or `June`
+            if words == 1
+                && (MONTHS.contains(&toks[first_tok].key.as_ref())
+                    || FULL_MONTHS.contains(&toks[first_tok].key.as_ref()))
+                && (next.is_some_and(|x| x.kind == Kind::Num && !x.nl_before)
+                    || s_tok > 0 && toks[s_tok - 1].kind == Kind::Num && !toks[s_tok].nl_before)
+            {
+                score -= 4.0;
+            }
+            // `Galaxy S24`, `Amazon S3`: a model number makes it a product; no name has a digit
+            if content[p..q]
+                .iter()
+                .any(|&k| toks[k].text(text).bytes().any(|b| b.is_ascii_digit()))
+            {
+                score -= 4.0;
+            }
+            // `Olá! Looking for …`, `Viele Grüße,`: a greeting or a closing, not a name
+            if p == 0 && words == 1 && GREETINGS.contains(&toks[first_tok].key.as_ref())
+                || super::fields::is_valediction(line_of(text, toks[s_tok].s, toks[e_tok].e))
+            {
+                score -= 4.0;
+            }
             // `I work for Wolters Kluwer`, `in Villafranca del Cid`: an employer or a place,
             // unless a listed given name says otherwise
             let given = evs[p..q].iter().any(|e| e.first && !e.common && !e.place);
             if !given && !has_title && (cue(&before, ORG_CUES) || cue(&before, PLACE_CUES)) {
+                score -= 4.0;
+            }
+            // `Nova Zelândia`, `Ηνωμένο Βασίλειο`: a country, in any of the listed languages (a given name
+            // alone, such as `Jordan` or `Georgia`, stays a name)
+            if score >= 2.0
+                && !(words == 1 && evs[p].first)
+                && country_around(toks, text, first_tok, e_tok)
+            {
                 score -= 4.0;
             }
             if score >= 2.0 {
