@@ -344,3 +344,41 @@ fn places_dates_firms_and_products_are_not_people() {
         PiiType::Person,
     );
 }
+
+/// An address after its cue inside a sentence (`— address 12 Oak Road`), after a key and a dash
+/// (`Address - …`) or under a delivery key; other addresses and prose about addresses are left alone.
+#[test]
+fn addresses_after_inline_cues_dash_keys_and_delivery_keys() {
+    has(
+        "this is Anne Beaudoin — address 904 montée Lamontagne Apt. 151, PE G6E9B2",
+        "904 montée Lamontagne Apt. 151, PE G6E9B2",
+        PiiType::Address,
+    );
+    has(
+        "это Л. Константинова — адрес пр. Крылова, д. 1/7 396857 Астрахань",
+        "пр. Крылова, д. 1/7 396857 Астрахань",
+        PiiType::Address,
+    );
+    has(
+        "Name - Wesley Smith\nAddress - 32 Gary Ridgeway, North Michael, NSW, 0252",
+        "32 Gary Ridgeway, North Michael, NSW, 0252",
+        PiiType::Address,
+    );
+    has(
+        "{\"customer\": \"K. Fedor\", \"deliver\": \"Tománkova 865, 953 51 Hencovce\"}",
+        "Tománkova 865, 953 51 Hencovce",
+        PiiType::Address,
+    );
+    for t in [
+        "The server's IP address 10.0.0.1 is down since 3 am",
+        "What is the address for the 3 o'clock meeting?",
+        "Change the return address 0x7ffe in frame 2",
+        "Step 3 - Read the manual, chapter 2",
+    ] {
+        assert!(
+            !found(t).iter().any(|(_, ty)| *ty == PiiType::Address),
+            "{t:?}: {:?}",
+            found(t)
+        );
+    }
+}

@@ -157,6 +157,11 @@ const ADDRESS_KEYS: &[&str] = &[
     "mailingaddress",
     "postaladdress",
     "deliveryaddress",
+    "deliver",
+    "deliverto",
+    "delivery",
+    "shipto",
+    "shipping",
     "adresse",
     "anschrift",
     "strasse",
@@ -173,6 +178,11 @@ const ADDRESS_KEYS: &[&str] = &[
     "адрес",
     "адреса",
     "διευθυνση",
+    "მისამართი",
+    "հասցե",
+    "aadress",
+    "adrese",
+    "adresas",
     "ที่อยู่",
     "주소",
     "住所",
@@ -917,6 +927,7 @@ pub(crate) fn detect(text: &str, out: &mut Vec<Cand>) {
     }
     tables(&lines, out);
     signatures(&lines, out);
+    address_cues(text, out);
     cjk_addresses(text, out);
 }
 
@@ -988,9 +999,12 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
         (Some(a), Some(w)) if w < a => (w, '：'.len_utf8(), true),
         (None, Some(w)) => (w, '：'.len_utf8(), true),
         (Some(a), _) => (a, 1, b[a] == b':'),
-        (None, None) => return,
+        (None, None) => match dash_sep(l, s) {
+            Some((d, n)) => (d, n, false),
+            None => return,
+        },
     };
-    let key = &l[s..sep];
+    let key = l[s..sep].trim_end();
     if key.is_empty() || key.len() > 40 || key.contains('"') || key.split_whitespace().count() > 3 {
         return;
     }
@@ -1020,6 +1034,140 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
     let v = &l[vs..];
     // a header's value may list several `Name <mail>`; only the first is taken as a name
     value(out, ls + vs, v, f, true, "field-kv");
+}
+
+/// The word `address` in the languages of [`ADDRESS_KEYS`], as written inside a sentence.
+const ADDRESS_CUES: &[&str] = &[
+    "address",
+    "adresse",
+    "dirección",
+    "direccion",
+    "endereço",
+    "indirizzo",
+    "anschrift",
+    "adres",
+    "adresa",
+    "aadress",
+    "osoite",
+    "адрес",
+    "адреса",
+    "διεύθυνση",
+    "მისამართი",
+    "հասցե",
+    "ที่อยู่",
+    "주소",
+    "住所",
+    "地址",
+];
+
+/// Words before `address` that make it another kind of address.
+const NOT_POSTAL: &[&str] = &[
+    "ip",
+    "mac",
+    "email",
+    "e-mail",
+    "mail",
+    "web",
+    "memory",
+    "return",
+    "server",
+    "wallet",
+    "bitcoin",
+    "hardware",
+    "physical",
+    "virtual",
+    "ipv4",
+    "ipv6",
+    "network",
+    "broadcast",
+    "gateway",
+    "url",
+    "base",
+    "bind",
+    "listen",
+    "loopback",
+    "multicast",
+    "contract",
+    "the",
+    "this",
+    "that",
+    "an",
+    "ethernet",
+];
+
+/// `this is Ann Lee — address 12 Oak Road, Leeds`, `저는 … — 주소 부산광역시 …`: the cue word inside a line, then
+/// the address to the line's end. It needs a digit, and opens with a number, a capital, a letter of a script
+/// without case or an abbreviation (`пр. Крылова`), so that `address of the form` or `IP address 10.0.0.1`
+/// are left alone.
+fn address_cues(text: &str, out: &mut Vec<Cand>) {
+    static CUES: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| {
+        aho_corasick::AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(ADDRESS_CUES)
+            // constant short literals: building cannot fail
+            .expect("constant address cues")
+    });
+    let b = text.as_bytes();
+    for m in CUES.find_iter(text) {
+        let (s, e) = (m.start(), m.end());
+        let glued = |c: char| c.is_alphanumeric() || c == '_' || c == '-' || c == '@';
+        if text[..s].chars().next_back().is_some_and(glued)
+            || text[e..]
+                .chars()
+                .next()
+                .is_some_and(|c| glued(c) || c == ':')
+        {
+            continue;
+        }
+        // inside a sentence, after another word: a key at a line's start is `key_value_line`'s
+        let line_start = text[..s].rfind('\n').map_or(0, |i| i + 1);
+        let before = text[line_start..s].trim_end_matches([' ', '—', '–', '-', ',']);
+        let prev = before.rsplit(' ').next().unwrap_or("").to_lowercase();
+        if before.trim().is_empty() || NOT_POSTAL.contains(&prev.as_str()) {
+            continue;
+        }
+        let line_end = text[e..].find('\n').map_or(text.len(), |i| e + i);
+        let v = &text[e..line_end];
+        let (vs, ve) = trim_value(v);
+        let val = v[vs..ve].trim_end_matches(['.', ';', '?', '!']);
+        let Some(first) = val.split(' ').next() else {
+            continue;
+        };
+        let opens = first
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit() || c.is_uppercase() || uncased_letter(c))
+            || first.ends_with('.') && first.chars().count() <= 4;
+        if !opens
+            || vs == 0
+            || val.len() > 160
+            || val.split(' ').count() < 2
+            || !val.bytes().any(|c| c.is_ascii_digit())
+            || val.contains(['@', '\\', '='])
+            || val.contains("://")
+            || b.get(e) != Some(&b' ')
+        {
+            continue;
+        }
+        push(
+            out,
+            e + vs,
+            e + vs + val.len(),
+            Field::Address,
+            "address-cue",
+        );
+    }
+}
+
+/// `Address - 12 Oak Road`, `Name – Ann Lee`: a known field's key, then a dash between spaces (the dash's
+/// offset and length). Unknown keys are left alone: a dash between words is mostly prose.
+fn dash_sep(l: &str, s: usize) -> Option<(usize, usize)> {
+    ["-", "–", "—"].into_iter().find_map(|d| {
+        let p = l[s..].find(&format!(" {d} "))?;
+        let key = &l[s..s + p];
+        (key.split_whitespace().count() <= 3 && field_of_norm(&NormKey::of(key), false).is_some())
+            .then_some((s + p + 1, d.len()))
+    })
 }
 
 /// Chat speaker labels: `[10:42] <Name> …`, `12/03/25, 10:42 - Name: …`, `Name: …`,
