@@ -382,3 +382,36 @@ fn addresses_after_inline_cues_dash_keys_and_delivery_keys() {
         );
     }
 }
+
+/// Names in scripts without capitals after a self-introduction (Georgian, Thai, Korean and Japanese written
+/// with a space), Georgian values under name keys, and initials before a family name; prose after the cue is
+/// left alone.
+#[test]
+fn introduced_names_in_uncased_scripts_and_initials() {
+    for (t, name) in [
+        (
+            "this is გურამ სიმონ ხარაიშვილი — address 1",
+            "გურამ სიმონ ხარაიშვილი",
+        ),
+        ("สวัสดีครับ, ผมชื่อ สีหราช ถนอมมนุษย์\nขอบคุณ", "สีหราช ถนอมมนุษย์"),
+        ("안녕하세요, 제 이름은 강 현준", "강 현준"),
+        ("こんにちは, 私の名前は 里佳", "里佳"),
+        ("Hi, my name is ჯ. სამუშია.", "ჯ. სამუშია"),
+        ("recipient:\n  name: ჟენია\n  street: 5", "ჟენია"),
+        ("Здравствуйте, это Н. Кабанов.", "Н. Кабанов"),
+        ("Bonjour, je m'appelle G. Gagnon", "G. Gagnon"),
+    ] {
+        has(t, name, PiiType::Person);
+    }
+    for t in [
+        "this is ไม่ใช่ปัญหาใหญ่ อะไร มาก นัก",
+        "I. Introduction",
+        "Q. What is the deadline?",
+    ] {
+        assert!(
+            !found(t).iter().any(|(_, ty)| *ty == PiiType::Person),
+            "{t:?}: {:?}",
+            found(t)
+        );
+    }
+}

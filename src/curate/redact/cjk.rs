@@ -156,6 +156,128 @@ pub(crate) fn detect(text: &str, out: &mut Vec<Cand>) {
     if han {
         chinese(text, out);
     }
+    intro_names(text, out);
+}
+
+/// Words before a self-introduced name (ASCII letters match in any case); the name follows after a space.
+#[rustfmt::skip]
+const INTRO_CUES: &[&str] = &[
+    "my name is", "this is", "i am", "i'm", "je m'appelle", "c'est", "me llamo", "soy", "mi nombre es",
+    "aqui é", "meu nome é", "ich bin", "mein name ist", "меня зовут", "Меня зовут", "это", "Это",
+    "με λένε", "Με λένε", "ονομάζομαι", "私の名前は", "こちらは", "私は", "이름은", "저는", "ผมชื่อ", "ฉันชื่อ",
+    "นี่คือ", "ชื่อ", "ჩემი სახელია", "მე ვარ", "ეს არის",
+];
+
+/// Endings after a self-introduced name that are not part of it.
+#[rustfmt::skip]
+const INTRO_NAME_ENDINGS: &[&str] = &[
+    "입니다", "이에요", "예요", "이라고", "라고", "です", "と申します", "といいます", "と言います", "ครับ", "ค่ะ", "คะ",
+];
+
+/// Scripts whose names have no capitals (the capitalised-run model never sees them): a name's words are
+/// runs of one of them.
+fn uncased_script(c: char) -> Option<u8> {
+    Some(match c {
+        '\u{10D0}'..='\u{10FF}' => 1, // Georgian Mkhedruli
+        '\u{0E01}'..='\u{0E4E}' => 2, // Thai, with its vowel and tone marks
+        '\u{AC00}'..='\u{D7A3}' => 3, // Hangul syllables
+        c if is_han(c) || is_kana(c) => 4,
+        '\u{0620}'..='\u{064A}' | '\u{066E}'..='\u{06D3}' => 5, // Arabic letters
+        '\u{05D0}'..='\u{05EA}' => 6,                           // Hebrew
+        '\u{0905}'..='\u{0939}' | '\u{093E}'..='\u{094D}' => 7, // Devanagari
+        _ => return None,
+    })
+}
+
+/// `this is გურამ ხარაიშვილი`, `ผมชื่อ สีหราช ถนอมมนุษย์`, `제 이름은 강 현준`, `私の名前は 里佳`: after a
+/// self-introduction, one to three words of a script without capitals (a leading initial, `ჯ.`, too). The
+/// name must end there (a line's end, punctuation, a dash): more words of the script after it are prose.
+fn intro_names(text: &str, out: &mut Vec<Cand>) {
+    if !text.chars().any(|c| uncased_script(c).is_some()) {
+        return;
+    }
+    static CUES: std::sync::LazyLock<aho_corasick::AhoCorasick> = std::sync::LazyLock::new(|| {
+        aho_corasick::AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(INTRO_CUES)
+            // constant short literals: building cannot fail
+            .expect("constant intro cues")
+    });
+    for m in CUES.find_iter(text) {
+        if text[..m.start()]
+            .chars()
+            .next_back()
+            .is_some_and(char::is_alphanumeric)
+        {
+            continue;
+        }
+        let mut at = m.end();
+        let spaces = text[at..].len() - text[at..].trim_start_matches(' ').len();
+        at += spaces;
+        let Some(script) = text[at..].chars().next().and_then(uncased_script) else {
+            continue;
+        };
+        // a cue in Latin or Cyrillic letters needs the space after it
+        if spaces == 0
+            && uncased_script(text[..m.end()].chars().next_back().unwrap_or(' ')).is_none()
+        {
+            continue;
+        }
+        let max_words = match script {
+            2..=4 => 2,
+            _ => 3,
+        };
+        let (s, mut e, mut words) = (at, at, 0);
+        let mut ended_by_ending = false;
+        loop {
+            let word_len: usize = text[e..]
+                .chars()
+                .take_while(|&c| uncased_script(c) == Some(script))
+                .map(char::len_utf8)
+                .sum();
+            if word_len == 0 {
+                break;
+            }
+            let word = &text[e..e + word_len];
+            if let Some(stem) = INTRO_NAME_ENDINGS.iter().find_map(|x| word.strip_suffix(x)) {
+                if !stem.is_empty() {
+                    e += stem.len();
+                    words += 1;
+                }
+                ended_by_ending = true;
+                break;
+            }
+            e += word_len;
+            words += 1;
+            // a leading initial: `ჯ. სამუშია`
+            if words == 1 && word.chars().count() == 1 && text[e..].starts_with(". ") {
+                e += 2;
+                words = 0;
+                continue;
+            }
+            if words == max_words || !text[e..].starts_with(' ') {
+                break;
+            }
+            // one space, then a word of the same script, or the name ends
+            if text[e + 1..].chars().next().and_then(uncased_script) != Some(script) {
+                break;
+            }
+            e += 1;
+        }
+        if words == 0 || text[s..e].chars().filter(|c| !c.is_whitespace()).count() < 2 {
+            continue;
+        }
+        let rest = text[e..].trim_start_matches(' ');
+        let closed = ended_by_ending
+            || rest.is_empty()
+            || rest.starts_with([
+                '\n', ',', '.', '!', '?', '—', '–', '-', '(', '、', '。', '，', '!',
+            ])
+            || rest.chars().next().and_then(uncased_script) != Some(script);
+        if closed {
+            person(out, s, e, 0.75);
+        }
+    }
 }
 
 fn korean(text: &str, out: &mut Vec<Cand>) {

@@ -511,6 +511,8 @@ fn field_of_norm(k: &NormKey, header: bool) -> Option<Field> {
 /// A letter of a script without case (Han, Kana, Hangul, Thai, Arabic …).
 fn uncased_letter(c: char) -> bool {
     c.is_alphabetic() && !c.is_lowercase() && !c.is_uppercase()
+        // Georgian Mkhedruli is lower case to Unicode, but its writers have no capitals for names
+        || ('\u{10D0}'..='\u{10FF}').contains(&c)
 }
 
 fn is_cjk(c: char) -> bool {

@@ -766,6 +766,28 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             }
         }
         let j_after_titles = j;
+        // `Н. Кабанов`, `J. R. Tolkien`: initials before the family name (a roman numeral is a heading's)
+        let mut initials = 0;
+        let mut k = j;
+        while k + 1 < n
+            && is_initial(&toks[k], text)
+            && !matches!(toks[k].text(text), "I" | "V" | "X")
+            && toks[k + 1].is_punct(text, '.')
+            && !toks[k + 1].sp_before
+            && (k == start || !toks[k].nl_before)
+        {
+            k += 2;
+            initials += 1;
+        }
+        if initials > 0
+            && toks
+                .get(k)
+                .is_some_and(|x| capword(x) && !x.nl_before && !is_initial(x, text))
+        {
+            j = k;
+        } else {
+            initials = 0;
+        }
         content.clear();
         let mut particle_lead = is_particle(t);
         while j < n {
@@ -963,6 +985,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             }
             if has_title {
                 score += 3.0;
+            } else if p == 0 && initials > 0 {
+                score += 2.0;
             }
             if strong_cue {
                 score += 2.0;
@@ -976,7 +1000,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 score -= 1.0;
             }
             let known_any = evs[p..q].iter().any(Ev::known);
-            if !known_any && !has_title && !strong_cue {
+            let marked = has_title || p == 0 && initials > 0;
+            if !(known_any || marked || strong_cue) {
                 // unknown words alone need a clear name-like spelling
                 let avg = evs[p..q].iter().map(|e| e.ng).sum::<f32>() / words as f32;
                 if words < 2 || avg < 0.0 {
