@@ -415,3 +415,23 @@ fn introduced_names_in_uncased_scripts_and_initials() {
         );
     }
 }
+
+/// A phone key written without a colon (`Тел. 8 (808) …`, `Phone 6465.1803`, `هاتف 8001788911`); other
+/// words before a number are left alone.
+#[test]
+fn phone_keys_without_a_colon() {
+    for (t, v) in [
+        ("Тел. 8 (808) 142-37-12", "8 (808) 142-37-12"),
+        ("Phone 6465.1803", "6465.1803"),
+        ("هاتف 8001788911", "8001788911"),
+        ("Τηλ. 2040 326 654", "2040 326 654"),
+    ] {
+        has(t, v, PiiType::Phone);
+    }
+    let t = "Order 4155550134 shipped";
+    assert!(
+        !found(t).iter().any(|(_, ty)| *ty == PiiType::Phone),
+        "{t:?}: {:?}",
+        found(t)
+    );
+}

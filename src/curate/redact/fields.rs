@@ -190,6 +190,11 @@ const ADDRESS_KEYS: &[&str] = &[
     "所在地",
 ];
 const PHONE_KEYS: &[&str] = &[
+    "هاتف",
+    "جوال",
+    "تلفون",
+    "טלפון",
+    "फोन",
     "τηλ",
     "โทร",
     "โทรศัพท์",
@@ -908,6 +913,12 @@ pub(crate) fn detect(text: &str, out: &mut Vec<Cand>) {
         .any(|&c| matches!(c, b':' | b'=' | b'\n' | b'\t' | b'|' | b';' | b','))
         && !text.contains('：')
     {
+        // `Тел. 8 (808) 142-37-12`, `Address - 12 Oak Road`: keys without a colon
+        if !text.contains('\n')
+            && (dash_sep(text, 0).is_some() || phone_key_space(text, 0).is_some())
+        {
+            key_value_line(0, text, out);
+        }
         cjk_addresses(text, out);
         return;
     }
@@ -1001,7 +1012,7 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
         (Some(a), Some(w)) if w < a => (w, '：'.len_utf8(), true),
         (None, Some(w)) => (w, '：'.len_utf8(), true),
         (Some(a), _) => (a, 1, b[a] == b':'),
-        (None, None) => match dash_sep(l, s) {
+        (None, None) => match dash_sep(l, s).or_else(|| phone_key_space(l, s)) {
             Some((d, n)) => (d, n, false),
             None => return,
         },
@@ -1170,6 +1181,17 @@ fn dash_sep(l: &str, s: usize) -> Option<(usize, usize)> {
         (key.split_whitespace().count() <= 3 && field_of_norm(&NormKey::of(key), false).is_some())
             .then_some((s + p + 1, d.len()))
     })
+}
+
+/// `Тел. 8 (808) 142-37-12`, `Phone 6465.1803`, `โทร 0984968480`: a phone key, a space, then a number (the
+/// space's offset and length). Only phone keys: after other words a number is a count, a year or a price.
+fn phone_key_space(l: &str, s: usize) -> Option<(usize, usize)> {
+    let sp = s + l[s..].find(' ')?;
+    let key = &l[s..sp];
+    let value = l[sp..].trim_start();
+    (field_of_norm(&NormKey::of(key), false) == Some(Field::Phone)
+        && value.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '('))
+    .then_some((sp, 1))
 }
 
 /// Chat speaker labels: `[10:42] <Name> …`, `12/03/25, 10:42 - Name: …`, `Name: …`,
