@@ -435,3 +435,29 @@ fn phone_keys_without_a_colon() {
         found(t)
     );
 }
+
+/// Placeholder Latin signing a mock-up, a note over a form (no transcript), a quoted firm after its legal
+/// form, a country of several words around a given name, and a town `-sur-Mer` are no people; a real name
+/// that is also a lorem word (Dolores) still is.
+#[test]
+fn placeholders_notes_quoted_firms_and_towns_are_not_people() {
+    for t in [
+        "Kind regards,\nVoluptatum Occaecati",
+        "Note: the flag is deprecated.\n\nNemo: 2007-06-01\nVero: 2323",
+        "Our vendor is ИП «Давыдова Сидорова».",
+        "Shipped by Müllner Oberndorfer KG since 2019.",
+        "Surveyor, quantity — Bélisle, Trinidad and Tobago",
+        "Trains to L' Nathalie -sur-Mer, Central African Republic",
+    ] {
+        let persons: Vec<_> = found(t)
+            .into_iter()
+            .filter(|(_, ty)| *ty == PiiType::Person)
+            .collect();
+        assert!(persons.is_empty(), "{t:?}: {persons:?}");
+    }
+    has(
+        "Kind regards,\nDolores Haze",
+        "Dolores Haze",
+        PiiType::Person,
+    );
+}

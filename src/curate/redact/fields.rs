@@ -1280,12 +1280,11 @@ pub(super) fn is_transcript(text: &str) -> bool {
         let l = l.trim_start_matches(['>', ' ']);
         l.find(": ").is_some_and(|p| {
             let name = &l[..p];
+            // `Note: the flag is deprecated.`, `PS: …`: a label over prose makes no transcript
             (1..=3).contains(&name.split(' ').count())
-                && name.split(' ').all(|w| {
-                    w.chars()
-                        .next()
-                        .is_some_and(|c| c.is_uppercase() || uncased_letter(c))
-                })
+                && name_like(name, false)
+                && (name.chars().any(char::is_lowercase) || !name.chars().any(char::is_uppercase))
+                && field_of(name, true).is_none()
                 && utterance_like(&l[p + 1..])
         })
     })

@@ -662,6 +662,13 @@ pub(crate) static LEX: LazyLock<Lexicon> = LazyLock::new(|| {
             *flags.entry(w.clone()).or_default() |= bit;
         }
     }
+    // placeholder Latin counts as ordinary words, except where a word is also a listed name
+    for w in load(include_str!("data/lorem.txt")) {
+        let f = flags.entry(w).or_default();
+        if *f & (IN_FIRST | IN_LAST) == 0 {
+            *f |= IN_COMMON;
+        }
+    }
     for (words, bit) in super::names::word_classes()
         .into_iter()
         .chain(super::address::word_classes())

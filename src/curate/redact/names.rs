@@ -89,9 +89,10 @@ static COUNTRIES: LazyLock<Countries> = LazyLock::new(|| {
             continue;
         }
         let toks = super::lexicon::tokenize(line);
+        // `Trinidad & Tobago` as the text writes it, `Trinidad and Tobago`: both without the `and`
         let words: Vec<&str> = toks
             .iter()
-            .filter(|t| t.kind == Kind::Word)
+            .filter(|t| t.kind == Kind::Word && t.key != "and")
             .map(|t| t.key.as_ref())
             .collect();
         let Some(head) = words.first() else {
@@ -104,9 +105,10 @@ static COUNTRIES: LazyLock<Countries> = LazyLock::new(|| {
     c
 });
 
-/// Whether the words `first..=last` lie inside a country's name on one line: the name may start up to six
-/// tokens before (`Demokratická republika Svätého Tomáša`) and run past `last`.
-fn country_around(toks: &[Tok], text: &str, first: usize, last: usize) -> bool {
+/// The words of a country's name on one line that holds the words `first..=last` (`Trinidad` in `Trinidad and
+/// Tobago`): the name may start up to six tokens before (`Demokratická republika Svätého Tomáša`) and run past
+/// `last`.
+fn country_around(toks: &[Tok], text: &str, first: usize, last: usize) -> Option<usize> {
     let c = &*COUNTRIES;
     let mut phrase = String::new();
     for m in first.saturating_sub(6)..=first {
@@ -120,6 +122,7 @@ fn country_around(toks: &[Tok], text: &str, first: usize, last: usize) -> bool {
                 break;
             }
             match t.kind {
+                Kind::Word if t.key == "and" && k > m => {}
                 Kind::Word => {
                     if words > 0 {
                         phrase.push(' ');
@@ -127,16 +130,17 @@ fn country_around(toks: &[Tok], text: &str, first: usize, last: usize) -> bool {
                     phrase.push_str(t.key.as_ref());
                     words += 1;
                     if k >= last && c.names.contains(&phrase) {
-                        return true;
+                        return Some(words);
                     }
                 }
                 // `Guinea-Bissau`, `Côte d’Ivoire`: the list's names are split at the same marks
-                Kind::Punct if matches!(t.text(text), "-" | "'" | "’" | "." | "(" | ")") => {}
+                Kind::Punct if matches!(t.text(text), "-" | "'" | "’" | "." | "(" | ")" | "&") => {
+                }
                 _ => break,
             }
         }
     }
-    false
+    None
 }
 
 /// A company's legal form written with dots from token `j` on: `a.s.`, `s.r.o.`, `S.A.`, `d.o.o.`, `e.V.`.
@@ -201,7 +205,7 @@ static ORG: LazyLock<StaticSet> = LazyLock::new(|| {
          energy foods airlines insurance realty restaurant cafe bar pub shop store inc. corporation \
          lda ltda sarl srl spa bv nv oy oyj aps asa kft zrt doo pty gruppe groupe gruppo grupo \
          industrias corporacion compania cia hermanos hnos asociados filhos fils figli hijos sohne holding \
-         ооо оао зао пао ооод оод доо дооел еоод ад ед ип сп нпо տպը սպը փբը բբը հձ գրուպ հոլդինգ",
+         kg og ohg gbr оао зао пао ооод оод доо дооел еоод ад ед ип сп нпо ооо տպը սպը փբը բբը հձ գրուպ հոլդինգ",
     )
 });
 /// Words before a run that say a name follows (folded; matched against the last 1-3 words).
@@ -855,7 +859,12 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             || toks
                 .get(j)
                 .is_some_and(|x| x.kind == Kind::Word && x.is(C_ORG))
-            || dotted_legal_form(toks, text, j);
+            || dotted_legal_form(toks, text, j)
+            // `ИП «Давыдова Сидорова»`, `НПО "…"`: a legal form before the quoted name
+            || start >= 2
+                && toks[start - 1].kind == Kind::Punct
+                && matches!(toks[start - 1].text(text), "«" | "\"" | "„" | "“")
+                && toks[start - 2].is(C_ORG);
         let mut p = 0;
         while p < content.len() {
             if evs[p].blocker() {
@@ -1056,9 +1065,17 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                         .all(|k| toks[k].is_punct(text, '.') || toks[k].is_punct(text, '-'))
             });
             let head_word = |k: usize| toks[k].cap && PLACE_HEADS.contains(&toks[k].key.as_ref());
+            // `L'Île-Claire-sur-Mer`, `Noël -sur-Mer`
+            let sur_after = {
+                let rest = text[toks[e_tok].e..].trim_start_matches(' ');
+                ["-sur-", "-sous-", "-en-", "-les-", "-lès-", "-lez-"]
+                    .iter()
+                    .any(|t| rest.starts_with(t))
+            };
             if p == 0 && words >= 2 && head_word(content[p])
                 || head_before.is_some_and(|m| head_word(m) && !toks[s_tok].nl_before)
                 || words >= 2 && PLACE_TAILS.contains(&toks[e_tok].key.as_ref())
+                || sur_after
             {
                 score -= 4.0;
             }
@@ -1093,8 +1110,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             // `Nova Zelândia`, `Ηνωμένο Βασίλειο`: a country, in any of the listed languages (a given name
             // alone, such as `Jordan` or `Georgia`, stays a name)
             if score >= 2.0
-                && !(words == 1 && evs[p].first)
                 && country_around(toks, text, first_tok, e_tok)
+                    .is_some_and(|n| n > 1 || !(words == 1 && evs[p].first))
             {
                 score -= 4.0;
             }
@@ -1587,7 +1604,11 @@ fn name_lists(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
             let clean = evs
                 .iter()
                 .all(|f| f & (IN_FIRST | IN_LAST) != 0 || f & (IN_COMMON | IN_PLACES) == 0)
-                && !members.iter().any(|&k| toks[k].is(C_PRONOUN));
+                && !members.iter().any(|&k| toks[k].is(C_PRONOUN))
+                // `Trinidad and Tobago`: one country, not two people
+                && !members
+                    .iter()
+                    .any(|&k| country_around(toks, text, k, k).is_some_and(|n| n > 1));
             let named = members
                 .iter()
                 .filter(|&&k| persons.at(out, toks[k].s, toks[k].e))
