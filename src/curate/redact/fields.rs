@@ -1113,6 +1113,23 @@ const NOT_POSTAL: &[&str] = &[
 /// without case or an abbreviation (`пр. Крылова`), so that `address of the form` or `IP address 10.0.0.1`
 /// are left alone.
 fn address_cues(text: &str, out: &mut Vec<Cand>) {
+    // In ASCII text a cue holds one of these (in lower or upper case): a few vectorised searches spare most
+    // texts the automaton.
+    static ASCII_PARTS: LazyLock<Vec<Finder<'static>>> = LazyLock::new(|| {
+        [
+            "dres", "DRES", "irec", "IREC", "ndiriz", "NDIRIZ", "schrift", "SCHRIFT", "soite",
+            "SOITE",
+        ]
+        .into_iter()
+        .map(Finder::new)
+        .collect()
+    });
+    let b = text.as_bytes();
+    if !b.iter().any(u8::is_ascii_digit)
+        || text.is_ascii() && !ASCII_PARTS.iter().any(|f| f.find(b).is_some())
+    {
+        return;
+    }
     static CUES: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| {
         aho_corasick::AhoCorasick::builder()
             .ascii_case_insensitive(true)
@@ -1120,7 +1137,6 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
             // constant short literals: building cannot fail
             .expect("constant address cues")
     });
-    let b = text.as_bytes();
     for m in CUES.find_iter(text) {
         let (s, e) = (m.start(), m.end());
         let glued = |c: char| c.is_alphanumeric() || c == '_' || c == '-' || c == '@';
@@ -1175,22 +1191,38 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
 /// `Address - 12 Oak Road`, `Name – Ann Lee`: a known field's key, then a dash between spaces (the dash's
 /// offset and length). Unknown keys are left alone: a dash between words is mostly prose.
 fn dash_sep(l: &str, s: usize) -> Option<(usize, usize)> {
-    ["-", "–", "—"].into_iter().find_map(|d| {
-        let p = l[s..].find(&format!(" {d} "))?;
-        let key = &l[s..s + p];
-        (key.split_whitespace().count() <= 3 && field_of_norm(&NormKey::of(key), false).is_some())
-            .then_some((s + p + 1, d.len()))
-    })
+    let b = l.as_bytes();
+    // a key is short: only the line's head is searched, for `-` or the lead byte of `–` and `—`
+    let end = l.len().min(s + 48);
+    let mut i = s;
+    while let Some(off) = memchr::memchr2(b'-', 0xE2, &b[i..end]) {
+        let d = i + off;
+        let len = match &b[d..] {
+            [b'-', ..] => 1,
+            [0xE2, 0x80, 0x93 | 0x94, ..] => 3,
+            _ => {
+                i = d + 1;
+                continue;
+            }
+        };
+        if d > s && b[d - 1] == b' ' && b.get(d + len) == Some(&b' ') {
+            let key = &l[s..d - 1];
+            return (key.split_whitespace().count() <= 3
+                && field_of_norm(&NormKey::of(key), false).is_some())
+            .then_some((d, len));
+        }
+        i = d + len;
+    }
+    None
 }
 
 /// `Тел. 8 (808) 142-37-12`, `Phone 6465.1803`, `โทร 0984968480`: a phone key, a space, then a number (the
 /// space's offset and length). Only phone keys: after other words a number is a count, a year or a price.
 fn phone_key_space(l: &str, s: usize) -> Option<(usize, usize)> {
-    let sp = s + l[s..].find(' ')?;
-    let key = &l[s..sp];
+    let sp = s + memchr::memchr(b' ', &l.as_bytes()[s..l.len().min(s + 24)])?;
     let value = l[sp..].trim_start();
-    (field_of_norm(&NormKey::of(key), false) == Some(Field::Phone)
-        && value.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '('))
+    (value.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '(')
+        && field_of_norm(&NormKey::of(&l[s..sp]), false) == Some(Field::Phone))
     .then_some((sp, 1))
 }
 

@@ -72,16 +72,18 @@ const FULL_MONTHS: &[&str] = &[
 /// Country and territory names in 50 languages (`data/countries.txt`, from the Unicode CLDR): each as its
 /// words' keys joined by spaces, as the text's tokens give them.
 struct Countries {
-    names: HashSet<String>,
+    names: FxSet<String>,
     /// The keys that open a name: most words are looked up no further.
-    heads: HashSet<String>,
+    heads: FxSet<String>,
     max_words: usize,
 }
 
+type FxSet<T> = HashSet<T, std::hash::BuildHasherDefault<super::lexicon::FxHasher>>;
+
 static COUNTRIES: LazyLock<Countries> = LazyLock::new(|| {
     let mut c = Countries {
-        names: HashSet::new(),
-        heads: HashSet::new(),
+        names: FxSet::default(),
+        heads: FxSet::default(),
         max_words: 0,
     };
     for line in include_str!("data/countries.txt").lines() {
@@ -1081,10 +1083,10 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             }
             // `06 Jun 2005`, `Jan 27`: a month beside a day's number is a date, not `Jan` or `June`
             if words == 1
-                && (MONTHS.contains(&toks[first_tok].key.as_ref())
-                    || FULL_MONTHS.contains(&toks[first_tok].key.as_ref()))
                 && (next.is_some_and(|x| x.kind == Kind::Num && !x.nl_before)
                     || s_tok > 0 && toks[s_tok - 1].kind == Kind::Num && !toks[s_tok].nl_before)
+                && (MONTHS.contains(&toks[first_tok].key.as_ref())
+                    || FULL_MONTHS.contains(&toks[first_tok].key.as_ref()))
             {
                 score -= 4.0;
             }
@@ -1096,8 +1098,12 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 score -= 4.0;
             }
             // `Olá! Looking for …`, `Viele Grüße,`: a greeting or a closing, not a name
-            if p == 0 && words == 1 && GREETINGS.contains(&toks[first_tok].key.as_ref())
-                || super::fields::is_valediction(line_of(text, toks[s_tok].s, toks[e_tok].e))
+            if p == 0
+                && words == 1
+                && next.is_none_or(|x| x.kind == Kind::Punct || !x.cap)
+                && GREETINGS.contains(&toks[first_tok].key.as_ref())
+                || line_start(toks, s_tok, text)
+                    && super::fields::is_valediction(line_of(text, toks[s_tok].s, toks[e_tok].e))
             {
                 score -= 4.0;
             }
