@@ -450,3 +450,39 @@ fn placeholders_notes_quoted_firms_and_towns_are_not_people() {
         PiiType::Person,
     );
 }
+
+/// Records as programs write them: a vCard property with parameters, an SQL insert's values under its named
+/// columns, a recipient key alone on its line with the name and address below, and an address after a
+/// phrase (`I live at`, `shipped to Name (…)`); prose after the same phrases is left alone.
+#[test]
+fn vcards_sql_rows_recipient_heads_and_address_phrases() {
+    has(
+        "BEGIN:VCARD\nFN:Lois Guit\nADR;TYPE=home:Timpad 61 8233FD Warmenhuizen\nEND:VCARD",
+        "Timpad 61 8233FD Warmenhuizen",
+        PiiType::Address,
+    );
+    let t =
+        "INSERT INTO customers (id, name, street) VALUES (7, 'Ann O''Neil', '12 Oak Road, Leeds');";
+    has(t, "Ann O''Neil", PiiType::Person);
+    has(t, "12 Oak Road, Leeds", PiiType::Address);
+    let t = "SHIP TO:\nAmahle Phetha\n7398 Commissioner Street, Kathu, 2397";
+    has(t, "Amahle Phetha", PiiType::Person);
+    has(t, "7398 Commissioner Street, Kathu, 2397", PiiType::Address);
+    has(
+        "I live at 5410 Queen Street, Paarl",
+        "5410 Queen Street, Paarl",
+        PiiType::Address,
+    );
+    has(
+        "INFO order 39756 shipped to Brigita Turk (Ocvirkova ulica 64, 6139 Ljubljana)",
+        "Ocvirkova ulica 64, 6139 Ljubljana",
+        PiiType::Address,
+    );
+    for t in [
+        "Let's meet me at the station at 5 then",
+        "It was shipped to the warehouse on 3 May",
+        "INSERT INTO stats (day, hits) VALUES ('2024-01-02', 5)",
+    ] {
+        lacks(t, PiiType::Address);
+    }
+}

@@ -159,6 +159,7 @@ const ADDRESS_KEYS: &[&str] = &[
     "deliveryaddress",
     "deliver",
     "deliverto",
+    "adr",
     "delivery",
     "shipto",
     "shipping",
@@ -941,6 +942,7 @@ pub(crate) fn detect(text: &str, out: &mut Vec<Cand>) {
     tables(&lines, out);
     signatures(&lines, out);
     address_cues(text, out);
+    sql_inserts(text, out);
     cjk_addresses(text, out);
 }
 
@@ -1001,6 +1003,20 @@ fn key_value_line(ls: usize, l: &str, out: &mut Vec<Cand>) {
         if v.starts_with('"') || v.starts_with('\'') {
             value(out, ls + p + 6, v, Field::Person, true, "field-kv");
         }
+    }
+    // `ADR;TYPE=home:…`, `TEL;TYPE=cell:…`: a vCard property, its parameters after `;`, its value after `:`
+    if let Some((key, colon)) = vcard_property(&l[s..]) {
+        if let Some(f) = field_of_norm(&NormKey::of(key), false) {
+            value(
+                out,
+                ls + s + colon + 1,
+                &l[s + colon + 1..],
+                f,
+                true,
+                "field-kv",
+            );
+        }
+        return;
     }
     let ascii_sep = b[s..]
         .iter()
@@ -1073,6 +1089,15 @@ const ADDRESS_CUES: &[&str] = &[
     "地址",
 ];
 
+/// Phrases after which a sentence gives where someone lives or where a parcel goes (`I live at 12 Oak Road`,
+/// `shipped to Ann Lee (12 Oak Road, Leeds)`), in several languages.
+#[rustfmt::skip]
+const ADDRESS_PHRASES: &[&str] = &[
+    "live at", "lives at", "living at", "send the parcel to", "send the package to", "send it to", "ship it to",
+    "shipped to", "deliver it to", "delivered to", "meet me at", "envíen el paquete a", "vivo en", "wohne in",
+    "j'habite", "j'habite au", "moro em", "moro na", "abito in", "woon op", "asun osoitteessa", "живу по адресу",
+];
+
 /// Words before `address` that make it another kind of address.
 const NOT_POSTAL: &[&str] = &[
     "ip",
@@ -1118,7 +1143,8 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
     static ASCII_PARTS: LazyLock<Vec<Finder<'static>>> = LazyLock::new(|| {
         [
             "dres", "DRES", "irec", "IREC", "ndiriz", "NDIRIZ", "schrift", "SCHRIFT", "soite",
-            "SOITE",
+            "SOITE", "live", "LIVE", " to ", " TO ", "meet", "Meet", "vivo", "Vivo", "wohne",
+            "Wohne", "habite", "moro ", "Moro ", "abito", "Abito", "woon", "Woon",
         ]
         .into_iter()
         .map(Finder::new)
@@ -1133,12 +1159,13 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
     static CUES: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| {
         aho_corasick::AhoCorasick::builder()
             .ascii_case_insensitive(true)
-            .build(ADDRESS_CUES)
+            .build(ADDRESS_CUES.iter().chain(ADDRESS_PHRASES))
             // constant short literals: building cannot fail
             .expect("constant address cues")
     });
     for m in CUES.find_iter(text) {
         let (s, e) = (m.start(), m.end());
+        let phrase = m.pattern().as_usize() >= ADDRESS_CUES.len();
         let glued = |c: char| c.is_alphanumeric() || c == '_' || c == '-' || c == '@';
         if text[..s].chars().next_back().is_some_and(glued)
             || text[e..]
@@ -1152,13 +1179,35 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
         let line_start = text[..s].rfind('\n').map_or(0, |i| i + 1);
         let before = text[line_start..s].trim_end_matches([' ', '—', '–', '-', ',']);
         let prev = before.rsplit(' ').next().unwrap_or("").to_lowercase();
-        if before.trim().is_empty() || NOT_POSTAL.contains(&prev.as_str()) {
+        if !phrase && before.trim().is_empty() || NOT_POSTAL.contains(&prev.as_str()) {
             continue;
         }
         let line_end = text[e..].find('\n').map_or(text.len(), |i| e + i);
-        let v = &text[e..line_end];
+        let mut e = e;
+        let mut v = &text[e..line_end];
+        let mut bracketed = false;
+        // `shipped to Ann Lee (12 Oak Road, Leeds)`: the address in the brackets after the name
+        if phrase && let Some(o) = v.find(" (") {
+            let name = v[..o].trim();
+            if name.split(' ').count() <= 5
+                && name.starts_with(|c: char| c.is_uppercase() || uncased_letter(c))
+                && let Some(close) = v[o..].find(')').map(|c| o + c)
+            {
+                v = &text[e + o + 2..e + close];
+                e += o + 2;
+                bracketed = true;
+            }
+        }
         let (vs, ve) = trim_value(v);
-        let val = v[vs..ve].trim_end_matches(['.', ';', '?', '!']);
+        let mut val = v[vs..ve].trim_end_matches(['.', ';', '?', '!']);
+        // after a phrase the sentence may go on (`… 28013 Madrid tomorrow`): not its lower-case words
+        if phrase && !bracketed {
+            while let Some((head, last)) = val.rsplit_once(' ')
+                && last.starts_with(|c: char| c.is_lowercase())
+            {
+                val = head.trim_end_matches([',', ' ']);
+            }
+        }
         let Some(first) = val.split(' ').next() else {
             continue;
         };
@@ -1168,13 +1217,13 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
             .is_some_and(|c| c.is_ascii_digit() || c.is_uppercase() || uncased_letter(c))
             || first.ends_with('.') && first.chars().count() <= 4;
         if !opens
-            || vs == 0
+            || vs == 0 && !bracketed
             || val.len() > 160
             || val.split(' ').count() < 2
             || !val.bytes().any(|c| c.is_ascii_digit())
             || val.contains(['@', '\\', '='])
             || val.contains("://")
-            || b.get(e) != Some(&b' ')
+            || b.get(e) != Some(&b' ') && !bracketed
         {
             continue;
         }
@@ -1186,6 +1235,99 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
             "address-cue",
         );
     }
+}
+
+/// `INSERT INTO t (name, street) VALUES ('Ann Lee', '12 Oak Road'), (…)`: each quoted value under a column
+/// whose name is a field's key.
+fn sql_inserts(text: &str, out: &mut Vec<Cand>) {
+    static VALUES: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("VALUES"));
+    static VALUES_LOWER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("values"));
+    let b = text.as_bytes();
+    for v in VALUES.find_iter(b).chain(VALUES_LOWER.find_iter(b)) {
+        // the column list: the last `( … )` before `VALUES`
+        let head = text[..v].trim_end();
+        let Some(cols) = head
+            .strip_suffix(')')
+            .and_then(|h| h.rfind('(').map(|o| &h[o + 1..]))
+        else {
+            continue;
+        };
+        if cols.len() > 400 || cols.contains(['\'', '"', '\n']) {
+            continue;
+        }
+        let fields: Vec<Option<Field>> = cols
+            .split(',')
+            .map(|c| field_of_norm(&NormKey::of(c.trim().trim_matches('`')), false))
+            .collect();
+        if fields.iter().all(Option::is_none) {
+            continue;
+        }
+        // the tuples: `(`, quoted or bare values split at commas outside quotes, `)`, then `,` or the end
+        let mut i = v + "VALUES".len();
+        loop {
+            while i < b.len() && matches!(b[i], b' ' | b'\n' | b'\t' | b',') {
+                i += 1;
+            }
+            if b.get(i) != Some(&b'(') {
+                break;
+            }
+            i += 1;
+            let mut col = 0;
+            loop {
+                while i < b.len() && b[i] == b' ' {
+                    i += 1;
+                }
+                if b.get(i) == Some(&b'\'') {
+                    let s = i + 1;
+                    let mut e = s;
+                    // `''` is a quote inside the value
+                    while e < b.len() && (b[e] != b'\'' || b.get(e + 1) == Some(&b'\'')) {
+                        e += if b[e] == b'\'' { 2 } else { 1 };
+                    }
+                    if e >= b.len() {
+                        return;
+                    }
+                    if let Some(Some(f)) = fields.get(col) {
+                        value(out, s, &text[s..e], *f, true, "sql-values");
+                    }
+                    i = e + 1;
+                } else {
+                    while i < b.len() && !matches!(b[i], b',' | b')') {
+                        i += 1;
+                    }
+                }
+                while i < b.len() && b[i] == b' ' {
+                    i += 1;
+                }
+                match b.get(i) {
+                    Some(b',') => {
+                        i += 1;
+                        col += 1;
+                    }
+                    Some(b')') => {
+                        i += 1;
+                        break;
+                    }
+                    _ => return,
+                }
+            }
+        }
+    }
+}
+
+/// A vCard property line with parameters (`ADR;TYPE=home:`): its name and the offset of the colon.
+fn vcard_property(l: &str) -> Option<(&str, usize)> {
+    let semi = l.find(';')?;
+    let name = &l[..semi];
+    if name.is_empty()
+        || name.len() > 12
+        || !name.bytes().all(|c| c.is_ascii_uppercase() || c == b'-')
+    {
+        return None;
+    }
+    let colon = semi + l[semi..].find(':')?;
+    // parameters are `KEY=value` lists: no spaces before the colon
+    (!l[semi..colon].contains(' ')).then_some((name, colon))
 }
 
 /// `Address - 12 Oak Road`, `Name – Ann Lee`: a known field's key, then a dash between spaces (the dash's
@@ -1579,6 +1721,13 @@ const RECIPIENT_KEYS: &[&str] = &[
 ];
 
 /// Where the value of a recipient key's line starts (`Bill to: Dionýz` gives the offset of `Dionýz`).
+/// `SHIP TO:` alone on its line: the name and the address follow on the next lines.
+fn recipient_key_only(l: &str) -> bool {
+    l.trim_end()
+        .strip_suffix(':')
+        .is_some_and(|k| k.len() <= 24 && RECIPIENT_KEYS.contains(&NormKey::of(k).as_str()))
+}
+
 fn recipient_value(l: &str) -> Option<usize> {
     let c = l.find(':')?;
     RECIPIENT_KEYS
@@ -1594,12 +1743,13 @@ fn signatures(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
         let head = k == 0;
         let after_closing = is_valediction(lines[k].1);
         let recipient = recipient_value(lines[k].1);
+        let bare_recipient = recipient.is_none() && recipient_key_only(lines[k].1);
         k += 1;
-        if !(head || after_closing || recipient.is_some()) {
+        if !(head || after_closing || recipient.is_some() || bare_recipient) {
             continue;
         }
         // the name: the next line (the line itself at a letter's head; its value in a recipient block)
-        let n = if recipient.is_some() || head && !after_closing {
+        let n = if recipient.is_some() || head && !after_closing && !bare_recipient {
             k - 1
         } else {
             match (k..lines.len().min(k + 2)).find(|&j| !lines[j].1.trim().is_empty()) {
@@ -1638,12 +1788,12 @@ fn signatures(lines: &[(usize, &str)], out: &mut Vec<Cand>) {
         // A recipient's address is two lines or more, or one of three words or more (`Net 30` is a payment
         // term).
         let addr = addr.filter(|&(a, z)| {
-            recipient.is_none()
+            recipient.is_none() && !bare_recipient
                 || last.is_some_and(|lj| lj > n + 1)
                 || z - a >= 8 && lines[n + 1].1.split_whitespace().count() >= 3
         });
         // at a letter's head and in a recipient block the address lines are what make the line a name
-        if (recipient.is_some() || head && !after_closing) && addr.is_none() {
+        if (recipient.is_some() || bare_recipient || head && !after_closing) && addr.is_none() {
             continue;
         }
         push(out, ns + s, ns + e, Field::Person, "signature");
