@@ -1142,9 +1142,34 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
     // texts the automaton.
     static ASCII_PARTS: LazyLock<Vec<Finder<'static>>> = LazyLock::new(|| {
         [
-            "dres", "DRES", "irec", "IREC", "ndiriz", "NDIRIZ", "schrift", "SCHRIFT", "soite",
-            "SOITE", "live", "LIVE", " to ", " TO ", "meet", "Meet", "vivo", "Vivo", "wohne",
-            "Wohne", "habite", "moro ", "Moro ", "abito", "Abito", "woon", "Woon",
+            "dres",
+            "DRES",
+            "irec",
+            "IREC",
+            "ndiriz",
+            "NDIRIZ",
+            "schrift",
+            "SCHRIFT",
+            "soite",
+            "SOITE",
+            "ive at",
+            "ving at",
+            "IVE AT",
+            "parcel",
+            "ackage to",
+            "it to",
+            "pped to",
+            "PPED TO",
+            "ivered to",
+            "eet me",
+            "vivo",
+            "Vivo",
+            "ohne in",
+            "habite",
+            "oro em",
+            "oro na",
+            "bito in",
+            "oon op",
         ]
         .into_iter()
         .map(Finder::new)
