@@ -4,6 +4,9 @@
 //! particle of giving to someone (`김민준에게`), a self-introduction (`我叫王小明`, `저는 이지은입니다`), or a
 //! verb of handing or telling right before it (`发给张伟`). Where the cue alone is weak, the name must open
 //! with a common family name, and words for roles (`社长さん`, `고객님`) are not names.
+//!
+//! Other scripts without capitals (Georgian, Thai, Arabic, Hebrew, Devanagari) share one cue here: a name
+//! right after a self-introduction (`my name is`, `ผมชื่อ`, `ჩემი სახელია`), written apart from it.
 
 use super::{Cand, PiiType, prio};
 
@@ -267,14 +270,8 @@ fn intro_names(text: &str, out: &mut Vec<Cand>) {
         if words == 0 || text[s..e].chars().filter(|c| !c.is_whitespace()).count() < 2 {
             continue;
         }
-        let rest = text[e..].trim_start_matches(' ');
-        let closed = ended_by_ending
-            || rest.is_empty()
-            || rest.starts_with([
-                '\n', ',', '.', '!', '?', '—', '–', '-', '(', '、', '。', '，', '!',
-            ])
-            || rest.chars().next().and_then(uncased_script) != Some(script);
-        if closed {
+        let next = text[e..].trim_start_matches(' ').chars().next();
+        if ended_by_ending || next.and_then(uncased_script) != Some(script) {
             person(out, s, e, 0.75);
         }
     }
