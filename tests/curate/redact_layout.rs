@@ -329,6 +329,9 @@ fn places_dates_firms_and_products_are_not_people() {
         "Shipped by Петровска Ѓорѓиевски ДОО in Пробиштип.",
         "Olá! Looking for a new job.",
         "Is Amazon S3 slow on a Galaxy S24?",
+        "We use TR Century Bank Inc., Joshua Ville.",
+        "Invoice from Pettersson HB in Ängelholm.",
+        "Xin chào! Looking for a new job.",
     ] {
         lacks(t, PiiType::Person);
     }

@@ -39,16 +39,20 @@ const PLACE_HEADS: &[&str] = &[
     "san", "santa", "santo", "sao", "st", "ste", "saint", "sainte", "sankt", "ville", "mont", "lac", "port",
     "fort", "new", "north", "south", "east", "west", "vieja", "viejo", "nueva", "nuevo", "villa", "bad",
     "svaty", "svata", "svate", "sveti", "sveta", "свети", "света", "свята", "святой", "новая", "новый",
+    "kota", "kabupaten", "tp", "lazne",
 ];
 /// Words that close a place's name (`Robert Ouest`, `Geneviève-Nord`).
-const PLACE_TAILS: &[&str] = &["ouest", "est", "nord", "sud", "norte", "oeste", "sur"];
+const PLACE_TAILS: &[&str] = &[
+    "ouest", "est", "nord", "sud", "norte", "oeste", "sur", "ville", "city", "town", "nagar",
+    "utara", "selatan", "barat", "timur",
+];
 
 /// Greetings that open a message and are capitalised there (`Olá!`, `Hallo,`), in languages whose
 /// vocabulary the word lists do not hold.
 #[rustfmt::skip]
 const GREETINGS: &[&str] = &[
     "ola", "hola", "hallo", "bonjour", "salut", "ciao", "buongiorno", "hej", "hei", "moi", "merhaba",
-    "szia", "ahoj", "czesc", "witam", "zdravo", "privet", "привет", "здравствуйте", "здраво", "γεια",
+    "szia", "ahoj", "czesc", "witam", "zdravo", "privet", "привет", "здравствуйте", "здраво", "γεια", "xin",
     "χαιρετε", "bom", "buenos", "buenas", "guten", "servus", "moin", "gruezi", "dobry", "dobar",
 ];
 
@@ -207,7 +211,7 @@ static ORG: LazyLock<StaticSet> = LazyLock::new(|| {
          energy foods airlines insurance realty restaurant cafe bar pub shop store inc. corporation \
          lda ltda sarl srl spa bv nv oy oyj aps asa kft zrt doo pty gruppe groupe gruppo grupo \
          industrias corporacion compania cia hermanos hnos asociados filhos fils figli hijos sohne holding \
-         kg og ohg gbr оао зао пао ооод оод доо дооел еоод ад ед ип сп нпо ооо տպը սպը փբը բբը հձ գրուպ հոլդինգ",
+         kg og ohg gbr hb kb kkt bt eirl tbk pd tnhh asc оао зао пао ооод оод доо дооел еоод ад ед ип сп нпо ооо տպը սպը փբը բբը հձ գրուպ հոլդինգ",
     )
 });
 /// Words before a run that say a name follows (folded; matched against the last 1-3 words).
