@@ -489,3 +489,21 @@ fn vcards_sql_rows_recipient_heads_and_address_phrases() {
         lacks(t, PiiType::Address);
     }
 }
+
+/// Dashes of one and three bytes at every offset around the end of the stretch a dash key is looked for in:
+/// no offset panics.
+#[test]
+fn dashes_at_every_offset_of_a_line_head() {
+    for n in 0..64 {
+        for dash in ["-", "–", "—"] {
+            for t in [
+                format!("{}{dash}", "a".repeat(n)),
+                format!("{} {dash}", "a".repeat(n)),
+                format!("{} {dash} 12 Oak Road", "Address".repeat(n / 7 + 1)),
+                format!("x: 1\n{}{dash}{dash}", "é".repeat(n)),
+            ] {
+                found(&t);
+            }
+        }
+    }
+}

@@ -1362,7 +1362,10 @@ fn dash_sep(l: &str, s: usize) -> Option<(usize, usize)> {
     // a key is short: only the line's head is searched, for `-` or the lead byte of `–` and `—`
     let end = l.len().min(s + 48);
     let mut i = s;
-    while let Some(off) = memchr::memchr2(b'-', 0xE2, &b[i..end]) {
+    // a three-byte dash may end past the head
+    while i < end
+        && let Some(off) = memchr::memchr2(b'-', 0xE2, &b[i..end])
+    {
         let d = i + off;
         let len = match &b[d..] {
             [b'-', ..] => 1,
