@@ -85,6 +85,10 @@ pub(crate) const C_OWNED: u32 = 1 << 19;
 pub(crate) const C_WORK: u32 = 1 << 20;
 pub(crate) const C_PERSON_FIELD: u32 = 1 << 21;
 pub(crate) const C_LOWER_CORE_KEY: u32 = 1 << 22;
+pub(crate) const C_PLACE_HEAD: u32 = 1 << 23;
+pub(crate) const C_PLACE_TAIL: u32 = 1 << 24;
+pub(crate) const C_GREETING: u32 = 1 << 25;
+pub(crate) const C_MONTH: u32 = 1 << 26;
 
 /// Token class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,9 +8,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 
 use super::lexicon::{
-    C_HEADER, C_NAME_CAP_PARTICLE, C_NAME_PARTICLE, C_ORG, C_OWNED, C_PERSON_FIELD, C_PERSON_VERB,
-    C_PRONOUN, C_TITLE, C_VOCATIVE_NEXT, C_WORK, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, Kind,
-    LEX, StaticSet, StrSet, Tok, fold, static_set as set,
+    C_GREETING, C_HEADER, C_MONTH, C_NAME_CAP_PARTICLE, C_NAME_PARTICLE, C_ORG, C_OWNED,
+    C_PERSON_FIELD, C_PERSON_VERB, C_PLACE_HEAD, C_PLACE_TAIL, C_PRONOUN, C_TITLE, C_VOCATIVE_NEXT,
+    C_WORK, IN_COMMON, IN_FIRST, IN_LAST, IN_PLACES, Kind, LEX, StaticSet, StrSet, Tok, fold,
+    static_set as set,
 };
 use super::{Cand, PiiType, chars, prio};
 use crate::curate::SpanIndex;
@@ -187,6 +188,10 @@ pub(super) fn word_classes() -> Vec<(Vec<&'static str>, u32)> {
         (OWNED.to_vec(), C_OWNED),
         (WORKS.to_vec(), C_WORK),
         (PERSON_FIELDS.to_vec(), C_PERSON_FIELD),
+        (PLACE_HEADS.to_vec(), C_PLACE_HEAD),
+        (PLACE_TAILS.to_vec(), C_PLACE_TAIL),
+        (GREETINGS.to_vec(), C_GREETING),
+        (MONTHS.iter().chain(FULL_MONTHS).copied().collect(), C_MONTH),
     ]
 }
 
@@ -723,6 +728,8 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             .any(|c| c.ty == Some(PiiType::Address) && c.start == s),
     };
     known_names(toks, known, out);
+    // asked of each `Key: value` line whose value is no speech; one scan of the text answers them all
+    let transcript = std::cell::OnceCell::new();
     let n = toks.len();
     let mut last_end: Option<usize> = None;
     let mut i = 0;
@@ -915,7 +922,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                 && next.is_some_and(|x| {
                     let rest = &text[x.e..];
                     super::fields::utterance_like(&rest[..rest.find('\n').unwrap_or(rest.len())])
-                        || super::fields::is_transcript(text)
+                        || *transcript.get_or_init(|| super::fields::is_transcript(text))
                 });
             // `Hi Ann,`, `Hello Ann!`: a greeting addressing someone
             let vocative = before.last().is_some_and(|w| {
@@ -1070,7 +1077,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
                     && (m + 1..s_tok)
                         .all(|k| toks[k].is_punct(text, '.') || toks[k].is_punct(text, '-'))
             });
-            let head_word = |k: usize| toks[k].cap && PLACE_HEADS.contains(&toks[k].key.as_ref());
+            let head_word = |k: usize| toks[k].cap && toks[k].is(C_PLACE_HEAD);
             // `L'Île-Claire-sur-Mer`, `Noël -sur-Mer`
             let sur_after = {
                 let rest = text[toks[e_tok].e..].trim_start_matches(' ');
@@ -1080,7 +1087,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             };
             if p == 0 && words >= 2 && head_word(content[p])
                 || head_before.is_some_and(|m| head_word(m) && !toks[s_tok].nl_before)
-                || words >= 2 && PLACE_TAILS.contains(&toks[e_tok].key.as_ref())
+                || words >= 2 && toks[e_tok].is(C_PLACE_TAIL)
                 || sur_after
             {
                 score -= 4.0;
@@ -1089,8 +1096,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             if words == 1
                 && (next.is_some_and(|x| x.kind == Kind::Num && !x.nl_before)
                     || s_tok > 0 && toks[s_tok - 1].kind == Kind::Num && !toks[s_tok].nl_before)
-                && (MONTHS.contains(&toks[first_tok].key.as_ref())
-                    || FULL_MONTHS.contains(&toks[first_tok].key.as_ref()))
+                && toks[first_tok].is(C_MONTH)
             {
                 score -= 4.0;
             }
@@ -1105,7 +1111,7 @@ pub(crate) fn detect(text: &str, toks: &[Tok], known: &[String], out: &mut Vec<C
             if p == 0
                 && words == 1
                 && next.is_none_or(|x| x.kind == Kind::Punct || !x.cap)
-                && GREETINGS.contains(&toks[first_tok].key.as_ref())
+                && toks[first_tok].is(C_GREETING)
                 || line_start(toks, s_tok, text)
                     && super::fields::is_valediction(line_of(text, toks[s_tok].s, toks[e_tok].e))
             {
