@@ -1138,10 +1138,10 @@ const NOT_POSTAL: &[&str] = &[
 /// without case or an abbreviation (`пр. Крылова`), so that `address of the form` or `IP address 10.0.0.1`
 /// are left alone.
 fn address_cues(text: &str, out: &mut Vec<Cand>) {
-    // In ASCII text a cue holds one of these (in lower or upper case): a few vectorised searches spare most
-    // texts the automaton.
-    static ASCII_PARTS: LazyLock<Vec<Finder<'static>>> = LazyLock::new(|| {
-        [
+    // In ASCII text a cue holds one of these (in lower or upper case): one vectorised search spares most texts
+    // the cue automaton.
+    static ASCII_PARTS: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| {
+        aho_corasick::AhoCorasick::new([
             "dres",
             "DRES",
             "irec",
@@ -1170,15 +1170,12 @@ fn address_cues(text: &str, out: &mut Vec<Cand>) {
             "oro na",
             "bito in",
             "oon op",
-        ]
-        .into_iter()
-        .map(Finder::new)
-        .collect()
+        ])
+        // constant short literals: building cannot fail
+        .expect("constant cue parts")
     });
     let b = text.as_bytes();
-    if !b.iter().any(u8::is_ascii_digit)
-        || text.is_ascii() && !ASCII_PARTS.iter().any(|f| f.find(b).is_some())
-    {
+    if !b.iter().any(u8::is_ascii_digit) || text.is_ascii() && !ASCII_PARTS.is_match(b) {
         return;
     }
     static CUES: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| {
