@@ -4,7 +4,7 @@ the redactor holds on text it was never tuned on.
 
 Other document kinds (CSV rows, git config, mail headers, commit trailers, stack traces, shell
 commands, signatures with the address on lines of its own, chat logs, JSON, YAML, forms),
-many locales and scripts, national phone formats, bare SSNs after a cue, and PII-free records
+many locales and scripts, national phone formats, bare SSNs after a cue, each locale's national person number, and PII-free records
 with look-alikes (header words, salutation phrases, Message-IDs, loyalty and tracking numbers).
 
 Two splits, each from its own seed AND its own templates and locales:
@@ -49,7 +49,7 @@ FAMILY_FIRST = {"ja_JP", "hu_HU"} | CJK_NOSPACE
 # ---- templates ---------------------------------------------------------------------------
 # {TYPE} or {TYPE:variant} = gold PII slot; {~KIND} = hard negative (decoy) slot.
 # TYPE: NAME (full), FIRST (first name alone), LAST, ADDR (one line), ADDRML (lines of its
-# own), PHONE, PHONEBARE, SSN, SSNBARE, EMAIL, CARD, IBAN, IP, KEY, PATH, WSLPATH.
+# own), PHONE, PHONEBARE, SSN, SSNBARE, NATID (the locale's national person number), EMAIL, CARD, IBAN, IP, KEY, PATH, WSLPATH.
 DEV_TEMPLATES = {
     "csv_people": "id,first_name,last_name,email,phone\n{~INT},{FIRST},{LAST},{EMAIL},{PHONEBARE}\n{~INT},{FIRST},{LAST},{EMAIL},{PHONE}",
     "csv_quoted": 'name;city;tel\n"{NAME}";{~CITY};{PHONE}\n',
@@ -67,6 +67,8 @@ DEV_TEMPLATES = {
     "json_addr": 'POST /api/orders returns 422 for\n{{"shipTo": {{"fullName": "{NAME}", "line1": "{ADDR}"}}, "qty": {~INT}}}',
     "ssn_bare": "my social is {SSNBARE}, can you check if the form accepts it without dashes?",
     "ssn_form": "Applicant: {NAME}\nSSN: {SSN}\nFiled: {~DMY}",
+    "natid_form": "Applicant: {NAME}\nNational ID: {NATID}\nFiled: {~DMY}",
+    "natid_chat": "my social security number is {NATID}, can you fill in the rest?",
     "phone_ext": "Reach our office at {PHONE:ext} or e-mail {EMAIL}.",
     "table_first": "| # | name | role |\n|---|------|------|\n| 1 | {FIRST} | admin |\n| 2 | {FIRST} | viewer |",
     "card_iban": "Paid with {CARD}; refund goes to IBAN {IBAN} ({NAME}).",
@@ -93,6 +95,9 @@ HELD_TEMPLATES = {
     "json_address": '{{"customer": "{NAME}", "address": "{ADDR}", "loyalty": "{~LOYALTY}"}}',
     "ssn_cue": "Her SSN is {SSNBARE} and she was born in {~YEAR}.",
     "ssn_social": "social security number: {SSN}",
+    "natid_json": '{{"name": "{NAME}", "nationalId": "{NATID}", "plan": "basic"}}',
+    "natid_bare": "The form rejected my number {NATID} as invalid, but it is correct. Why?",
+    "natid_letter": "Dear HR,\nplease find my tax number {NATID} for the payroll.\nRegards, {NAME}",
     "phone_national": "Meine Nummer: {PHONE:nat}, bitte nach 18 Uhr anrufen.",
     "form_kv": "Name: {NAME}\nAddress: {ADDR}\nPhone: {PHONE}\nEmail: {EMAIL}",
     "card_only": "charge {CARD} again, the loyalty card {~LOYALTY} should not be charged",
@@ -261,6 +266,13 @@ class Gen:
         s = self.fakers["en_US"].ssn()
         return s if self.r.random() < 0.8 else s.replace("-", " ")
 
+    def NATID(self, _v=None):
+        # the record's locale's own national person number, whatever Faker calls its ssn
+        try:
+            return self.f.ssn()
+        except (AttributeError, NotImplementedError):
+            return self.fakers["en_US"].ssn()
+
     def SSNBARE(self, _v=None):
         return self.fakers["en_US"].ssn().replace("-", "")
 
@@ -395,7 +407,7 @@ class Gen:
                 slot = m.group(2)
                 v = getattr(self, slot)(m.group(3))
                 typ = {"NAME": "PERSON", "FIRST": "PERSON", "LAST": "PERSON", "ADDR": "ADDRESS",
-                       "ADDRML": "ADDRESS", "PHONEBARE": "PHONE", "SSNBARE": "SSN", "CARD": "CREDIT_CARD",
+                       "ADDRML": "ADDRESS", "PHONEBARE": "PHONE", "SSNBARE": "SSN", "NATID": "SSN", "CARD": "CREDIT_CARD",
                        "IP": "IP_ADDRESS", "KEY": "API_KEY", "PATH": "FILE_PATH", "WSLPATH": "FILE_PATH"}.get(slot, slot)
                 spans.append({"start": length, "end": length + len(v), "type": typ, "value": v})
             out.append(v)

@@ -507,3 +507,41 @@ fn dashes_at_every_offset_of_a_line_head() {
         }
     }
 }
+
+/// The number each state gives a person, in its own format: after a cue that names it in any of several
+/// languages, or bare where its check digit or birth date holds. Look-alikes with a wrong check, postcodes and
+/// dates are left alone.
+#[test]
+fn national_person_numbers_by_cue_and_by_check() {
+    for (text, value) in [
+        ("SSN: 982-59-7919, please keep it safe", "982-59-7919"),
+        ("Mein PESEL ist 95100487787.", "95100487787"),
+        ("personnummer: 870807-6065", "870807-6065"),
+        ("Numéro de sécurité sociale : 1 75 09 17 300 379 64", "1 75 09 17 300 379 64"),
+        ("\"ssn\": \"V-9752525\"", "V-9752525"),
+        ("ЕГН: 7523169263", "7523169263"),
+        ("BSN 789345109 staat op mijn paspoort", "789345109"),
+        ("my AHV number: 756.7893.4510.65", "756.7893.4510.65"),
+        ("CPF 459.455.156-47 no cadastro", "459.455.156-47"),
+        ("Codice fiscale ZCCRSR57P68G294X", "ZCCRSR57P68G294X"),
+        ("id 450100196805127786 on the form", "450100196805127786"),
+        ("the clerk typed 12345678Z twice", "12345678Z"),
+        ("HETU 210543-464M", "210543-464M"),
+        ("NI number ZZ 87 92 17 T", "ZZ 87 92 17 T"),
+        ("registered as O278932873 in Taipei", "O278932873"),
+    ] {
+        has(text, value, PiiType::Ssn);
+    }
+    for text in [
+        // a check digit off by one
+        "ticket 450100196805127787 is closed",
+        "the clerk typed 12345678A twice",
+        "order 756.7893.4510.66 shipped",
+        // Sinaloa and its postcode, in a Mexican address
+        "Privada Zambia 927, Vieja Bahamas, SIN 05932-1482",
+        "What is a SIN number? It has 9 digits.",
+        "national id issued 2019-04-12, expires 2029-04-11",
+    ] {
+        lacks(text, PiiType::Ssn);
+    }
+}

@@ -11,6 +11,7 @@ mod cjk;
 mod fields;
 mod lexicon;
 mod names;
+mod national_id;
 mod structured;
 pub mod tagger;
 
@@ -41,7 +42,8 @@ pub enum PiiType {
     Phone,
     /// Payment card number (Luhn-valid).
     CreditCard,
-    /// US social security number.
+    /// Social security or national person number: the US SSN, and the number other states give
+    /// each person (personnummer, INSEE, codice fiscale, PESEL, …).
     Ssn,
     /// International bank account number (mod-97 valid).
     Iban,

@@ -239,13 +239,14 @@ fn stats(b: &[u8]) -> Stats {
 }
 
 /// Bits of the detector groups that case-insensitive context keywords wake (birth dates, id
-/// numbers, legacy wallets, home paths).
+/// numbers, legacy wallets, home paths, national person numbers).
 const KW_DOB: u8 = 1;
 const KW_ID: u8 = 2;
 const KW_B58: u8 = 4;
 const KW_HOME: u8 = 8;
+const KW_NATID: u8 = 16;
 /// Every group: a keyword scan may stop once it has seen them all.
-pub(crate) const ALL_KEYWORD_GROUPS: u8 = KW_DOB | KW_ID | KW_B58 | KW_HOME;
+pub(crate) const ALL_KEYWORD_GROUPS: u8 = KW_DOB | KW_ID | KW_B58 | KW_HOME | KW_NATID;
 
 /// Context keywords by group. The redactor searches them in the same automaton pass as the
 /// secret filter's rule keywords (one walk over the text instead of two).
@@ -285,6 +286,7 @@ pub(crate) const KEYWORD_GROUPS: &[(u8, &[&str])] = &[
         ],
     ),
     (KW_B58, &["btc", "bitcoin", "wallet"]),
+    (KW_NATID, super::national_id::CUES),
     (
         KW_HOME,
         &[
@@ -368,6 +370,12 @@ pub(crate) fn detect(
     }
     if kw & KW_ID != 0 && ctx.on(PiiType::IdNumber) {
         id_numbers(b, out);
+    }
+    if st.digits >= 6 && ctx.on(PiiType::Ssn) {
+        if kw & KW_NATID != 0 {
+            super::national_id::cued(b, out);
+        }
+        super::national_id::bare(b, out);
     }
 }
 
@@ -1088,11 +1096,17 @@ fn ssn(b: &[u8], s: usize, e: usize, groups: &[(usize, usize)], out: &mut Vec<Ca
         }
         let sep1 = b[groups[0].1];
         let sep2 = b[groups[1].1];
-        if sep1 != sep2 || !ssn_parts_ok(num(groups[0]), num(groups[1]), num(groups[2])) {
+        let (area, group, serial) = (num(groups[0]), num(groups[1]), num(groups[2]));
+        // Areas 900-999 are taxpayer numbers (ITINs), as personal as an SSN; dashed 3-2-4 is
+        // their written form too. Any other unissued part passes only after a cue.
+        let itin = sep1 == b'-' && area >= 900 && group != 0 && serial != 0;
+        if sep1 != sep2 || !(ssn_parts_ok(area, group, serial) || itin || has_ctx) {
             return;
         }
         let conf = if has_ctx {
             0.97
+        } else if itin {
+            0.8
         } else if sep1 == b'-' {
             0.85
         } else {

@@ -1,0 +1,666 @@
+//! National person numbers, typed SSN: the number a state gives each person for social security, tax or identity
+//! (the US SSN, a personnummer, an INSEE number, a codice fiscale, a PESEL, …). Two ways in:
+//! - after a cue that names one (`SSN:`, `personnummer`, `PESEL`, `ЕГН`, `주민등록번호`, …), a value shaped like an
+//!   identifier: runs of capitals and digits joined by `-`, `.` or `/`, or by a space before more digits;
+//! - bare, where the format and its check digit (or the birth date it holds) are specific enough to stand alone:
+//!   Swiss AHV, Brazilian CPF, Korean RRN, Swedish personnummer, Finnish HETU, Chinese resident id, Italian codice
+//!   fiscale, Spanish DNI and NIE, French INSEE, Taiwanese id, Argentine CUIL, Thai id, Belgian national number and
+//!   the British NINO. Numbers that only a cue tells apart from other digits (PESEL, BSN, SIN, …) need the cue.
+
+use std::sync::LazyLock;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use regex::bytes::Regex;
+
+use super::{Cand, PiiType, prio};
+
+/// Words that name a national person number, lower case where ASCII (matched without regard to ASCII case). The
+/// structured pass's keyword walk wakes [`cued`] on any of them.
+pub(super) const CUES: &[&str] = &[
+    "ssn",
+    "social security",
+    "social-security",
+    "social insurance",
+    "national insurance",
+    "ni number",
+    "nino",
+    "sin",
+    "tin",
+    "itin",
+    "taxpayer id",
+    "tax id",
+    "tax identification",
+    "tax number",
+    "national id",
+    "national identity",
+    "national identification",
+    "national number",
+    "identity number",
+    "identification number",
+    "personal id",
+    "personal identification",
+    "personal code",
+    "citizen id",
+    "s\u{e9}curit\u{e9} sociale",
+    "securite sociale",
+    "insee",
+    "nir",
+    "seguridad social",
+    "seguran\u{e7}a social",
+    "sozialversicherungsnummer",
+    "versicherungsnummer",
+    "sv-nummer",
+    "steuer-id",
+    "steueridentifikationsnummer",
+    "ahv",
+    "avs",
+    "personnummer",
+    "personnr",
+    "f\u{f8}dselsnummer",
+    "fodselsnummer",
+    "cpr",
+    "henkil\u{f6}tunnus",
+    "hetu",
+    "pesel",
+    "bsn",
+    "burgerservicenummer",
+    "rijksregisternummer",
+    "codice fiscale",
+    "isikukood",
+    "asmens kodas",
+    "personas kods",
+    "rodn\u{e9} \u{10d}\u{ed}slo",
+    "rodne cislo",
+    "em\u{161}o",
+    "emso",
+    "jmbg",
+    "egn",
+    "oib",
+    "cnp",
+    "tckn",
+    "kimlik",
+    "amka",
+    "dni",
+    "nie",
+    "nif",
+    "nss",
+    "curp",
+    "rfc",
+    "cuil",
+    "cuit",
+    "cpf",
+    "rut",
+    "run",
+    "pps",
+    "ppsn",
+    "tfn",
+    "sss",
+    "aadhaar",
+    "nric",
+    "hkid",
+    "mykad",
+    "\u{415}\u{413}\u{41d}",
+    "\u{415}\u{41c}\u{411}\u{413}",
+    "\u{408}\u{41c}\u{411}\u{413}",
+    "\u{421}\u{41d}\u{418}\u{41b}\u{421}",
+    "\u{418}\u{41d}\u{41d}",
+    "\u{420}\u{41d}\u{41e}\u{41a}\u{41f}\u{41f}",
+    "\u{391}\u{39c}\u{39a}\u{391}",
+    "\u{391}\u{3a6}\u{39c}",
+    "\u{c8fc}\u{bbfc}\u{b4f1}\u{b85d}\u{bc88}\u{d638}",
+    "\u{8eab}\u{4efd}\u{8bc1}",
+    "\u{8eab}\u{5206}\u{8b49}",
+    "\u{30de}\u{30a4}\u{30ca}\u{30f3}\u{30d0}\u{30fc}",
+    "\u{500b}\u{4eba}\u{756a}\u{53f7}",
+    "\u{e40}\u{e25}\u{e02}\u{e1b}\u{e23}\u{e30}\u{e08}\u{e33}\u{e15}\u{e31}\u{e27}",
+];
+
+/// Cues that are also everyday words or other acronyms in lower or mixed case (`sin`, `run`, `tin`, `nie` in
+/// Polish and German): they count only in capitals.
+const CAPITALS_ONLY: &[&str] = &[
+    "sin", "tin", "nir", "ahv", "avs", "cpr", "bsn", "egn", "oib", "cnp", "nie", "nif", "nss",
+    "rfc", "rut", "run", "pps", "ppsn", "tfn", "sss", "amka", "insee",
+];
+
+/// Words between a cue and its value (`SSN no.: `, `personnummer är `, `PESEL: `).
+const FILLERS: &[&str] = &[
+    "no",
+    "nr",
+    "number",
+    "num",
+    "nummer",
+    "numero",
+    "n\u{fa}mero",
+    "num\u{e9}ro",
+    "n\u{b0}",
+    "n\u{ba}",
+    "is",
+    "was",
+    "ist",
+    "lautet",
+    "est",
+    "es",
+    "\u{e4}r",
+    "er",
+    "on",
+    "je",
+    "jest",
+    "\u{e9}",
+    "code",
+    "kod",
+    "card",
+];
+
+static CUE_AC: LazyLock<AhoCorasick> = LazyLock::new(|| {
+    AhoCorasick::builder()
+        .ascii_case_insensitive(true)
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(CUES)
+        // constant short literals: building cannot fail
+        .expect("constant national id cue automaton")
+});
+
+fn alnum(c: u8) -> bool {
+    c.is_ascii_alphanumeric()
+}
+
+/// Values after a cue in [`CUES`].
+pub(super) fn cued(b: &[u8], out: &mut Vec<Cand>) {
+    for m in CUE_AC.find_iter(b) {
+        let (s, e) = (m.start(), m.end());
+        if (s > 0 && alnum(b[s - 1])) || (e < b.len() && b[e].is_ascii_alphabetic()) {
+            continue;
+        }
+        let cue = &b[s..e];
+        let lower = cue.to_ascii_lowercase();
+        let capitals_only = CAPITALS_ONLY
+            .iter()
+            .any(|c| c.as_bytes() == lower.as_slice());
+        if capitals_only && cue.iter().any(u8::is_ascii_lowercase) {
+            continue;
+        }
+        let Some(vs) = skip_fillers(b, e) else {
+            continue;
+        };
+        // `SIN` is also Sinaloa, before its postcode in a Mexican address: it needs more than a
+        // space before its value.
+        if lower == b"sin" && b[e..vs].iter().all(|&c| c == b' ') {
+            continue;
+        }
+        if let Some(ve) = value_end(b, vs) {
+            out.push(Cand::new(
+                vs,
+                ve,
+                PiiType::Ssn,
+                "national-id-cue",
+                0.9,
+                prio::SSN,
+            ));
+        }
+    }
+}
+
+/// Where the value after a cue ending at `i` starts: past punctuation, quotes, a bracketed aside and filler words,
+/// within 40 bytes.
+fn skip_fillers(b: &[u8], mut i: usize) -> Option<usize> {
+    let limit = (i + 40).min(b.len());
+    while i < limit {
+        let c = b[i];
+        if matches!(
+            c,
+            b' ' | b'\t' | b':' | b'#' | b'=' | b'-' | b'.' | b'"' | b'\'' | b'>' | b','
+        ) {
+            i += 1;
+        } else if b[i..].starts_with("\u{2013}".as_bytes())
+            || b[i..].starts_with("\u{2014}".as_bytes())
+            || b[i..].starts_with("\u{ff1a}".as_bytes())
+        {
+            i += 3;
+        } else if c == b'(' {
+            let close = b[i..limit].iter().position(|&x| x == b')')?;
+            i += close + 1;
+        } else if let Some(f) = FILLERS.iter().find(|f| {
+            let f = f.as_bytes();
+            b.len() >= i + f.len()
+                && b[i..i + f.len()].eq_ignore_ascii_case(f)
+                && b.get(i + f.len()).is_none_or(|&n| !n.is_ascii_alphabetic())
+        }) {
+            i += f.len();
+        } else {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// A run of capitals and digits starting at `i`, and its end.
+fn group(b: &[u8], i: usize) -> usize {
+    let mut e = i;
+    while e < b.len() && (b[e].is_ascii_uppercase() || b[e].is_ascii_digit()) {
+        e += 1;
+    }
+    e
+}
+
+/// The end of an identifier starting at `s`, if one does: 6 to 24 capitals and digits, at least 6 of them digits,
+/// in groups joined by `-`, `.` or `/`, or by a space before a group with a digit (the British NINO's closing letter
+/// too), and not a date.
+fn value_end(b: &[u8], s: usize) -> Option<usize> {
+    let mut e = group(b, s);
+    if e == s {
+        return None;
+    }
+    let first_letters = b[s..e].iter().all(u8::is_ascii_uppercase);
+    loop {
+        let Some(&sep) = b.get(e) else { break };
+        let next = group(b, e + 1);
+        if next == e + 1 {
+            break;
+        }
+        let has_digit = b[e + 1..next].iter().any(u8::is_ascii_digit);
+        let nino_tail =
+            sep == b' ' && first_letters && next == e + 2 && b.get(next).is_none_or(|&c| !alnum(c));
+        if matches!(sep, b'-' | b'.' | b'/') || (sep == b' ' && (has_digit || nino_tail)) {
+            e = next;
+        } else {
+            break;
+        }
+    }
+    if b.get(e).is_some_and(|&c| alnum(c)) {
+        return None;
+    }
+    let v = &b[s..e];
+    let (digits, letters) = v.iter().fold((0, 0), |(d, l), c| {
+        (
+            d + usize::from(c.is_ascii_digit()),
+            l + usize::from(c.is_ascii_uppercase()),
+        )
+    });
+    // (five digits, a dash and four more are a US ZIP+4 code)
+    let zip4 = v.len() == 10 && v[5] == b'-' && digits == 9;
+    if digits < 6 || digits + letters > 24 || looks_like_date(v) || zip4 {
+        return None;
+    }
+    Some(e)
+}
+
+/// `12/03/1985`, `1985-03-12`, `12.03.85`: three digit groups of a date's lengths.
+fn looks_like_date(v: &[u8]) -> bool {
+    let parts: Vec<&[u8]> = v.split(|c| matches!(c, b'-' | b'.' | b'/')).collect();
+    parts.len() == 3
+        && parts.iter().all(|p| p.iter().all(u8::is_ascii_digit))
+        && matches!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>().as_slice(),
+            [1 | 2, 1 | 2, 2 | 4] | [4, 1 | 2, 1 | 2]
+        )
+}
+
+/// Every bare format, one alternative each; [`bare`] tells them apart by shape and validates.
+static BARE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(concat!(
+        r"(?-u)756\.[0-9]{4}\.[0-9]{4}\.[0-9]{2}",
+        r"|[0-9]{3}\.[0-9]{3}\.[0-9]{3}-[0-9]{2}",
+        r"|[0-9]{2}\.[0-9]{2}\.[0-9]{2}-[0-9]{3}\.[0-9]{2}",
+        r"|[0-9]-[0-9]{4}-[0-9]{5}-[0-9]{2}-[0-9]",
+        r"|(?:20|23|24|27|30|33|34)-[0-9]{8}-[0-9]",
+        r"|[0-9]{17}[0-9X]",
+        r"|[0-9]{8}-[0-9]{4}",
+        r"|[0-9]{6}-[0-9]{7}",
+        r"|[0-9]{6}[-+A-FU-Y][0-9]{3}[0-9A-Y]",
+        r"|[12] ?[0-9]{2} ?[0-9]{2} ?(?:[0-9]{2}|2[AB]) ?[0-9]{3} ?[0-9]{3} ?[0-9]{2}",
+        r"|[A-Z]{6}[0-9LMNP-V]{2}[A-EHLMPR-T][0-9LMNP-V]{2}[A-Z][0-9LMNP-V]{3}[A-Z]",
+        r"|[XYZ]-?[0-9]{7}-?[A-Z]|[0-9]{8}-?[A-Z]",
+        r"|[A-Z][12][0-9]{8}",
+        r"|[A-Z]{2} [0-9]{2} [0-9]{2} [0-9]{2} [A-Z]|[A-Z]{2}[0-9]{6}[A-D]",
+    ))
+    // a constant pattern, covered by every test run
+    .expect("constant national id regex")
+});
+
+/// Bare national numbers whose format and check hold (see the module's list).
+pub(super) fn bare(b: &[u8], out: &mut Vec<Cand>) {
+    for m in BARE.find_iter(b) {
+        let (s, e) = (m.start(), m.end());
+        let joined = |c: u8| alnum(c) || matches!(c, b'-' | b'.' | b'/' | b'_');
+        let digit_after_sep = e + 1 < b.len() && matches!(b[e], b'-' | b'.') && alnum(b[e + 1]);
+        if (s > 0 && joined(b[s - 1])) || (e < b.len() && alnum(b[e])) || digit_after_sep {
+            continue;
+        }
+        if valid_bare(&b[s..e]) {
+            out.push(Cand::new(
+                s,
+                e,
+                PiiType::Ssn,
+                "national-id",
+                0.85,
+                prio::SSN,
+            ));
+        }
+    }
+}
+
+fn digits_of(v: &[u8]) -> Vec<u32> {
+    v.iter()
+        .filter(|c| c.is_ascii_digit())
+        .map(|&c| u32::from(c - b'0'))
+        .collect()
+}
+
+fn num(d: &[u32]) -> u64 {
+    d.iter().fold(0u64, |a, &x| a * 10 + u64::from(x))
+}
+
+fn valid_bare(v: &[u8]) -> bool {
+    let d = digits_of(v);
+    if v.starts_with(b"756.") {
+        return ean13(&d);
+    }
+    if v[0].is_ascii_uppercase() {
+        return match v.len() {
+            16 => codice_fiscale(v),
+            10 if v[1].is_ascii_digit() => taiwanese(v),
+            _ if d.len() == 6 => nino(v),
+            _ => spanish(v),
+        };
+    }
+    if v.contains(&b'.') {
+        return match v.len() {
+            14 => cpf(&d),
+            _ => belgian(&d),
+        };
+    }
+    if v.contains(&b' ') || (v.len() == 15 && d.len() >= 14) {
+        return insee(v);
+    }
+    match (v.len(), d.len()) {
+        (17, 13) => thai(&d),
+        (13, 11) => cuil(&d),
+        (13, 12) => date_ok(num(&d[4..6]), num(&d[6..8])) && luhn(&d[2..]),
+        (14, 13) => korean(&d),
+        (11, 10) => swedish(&d) || finnish(v),
+        (11, 9) => finnish(v),
+        (18, _) => chinese(v),
+        (9 | 10, 8) => spanish(v),
+        _ => false,
+    }
+}
+
+fn luhn(d: &[u32]) -> bool {
+    let s: u32 = d
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &x)| {
+            if i % 2 == 1 {
+                if x * 2 > 9 { x * 2 - 9 } else { x * 2 }
+            } else {
+                x
+            }
+        })
+        .sum();
+    s % 10 == 0
+}
+
+fn date_ok(m: u64, d: u64) -> bool {
+    (1..=12).contains(&m) && (1..=31).contains(&d)
+}
+
+/// Swiss AHV (EAN-13 check digit).
+fn ean13(d: &[u32]) -> bool {
+    let s: u32 = d[..12]
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if i % 2 == 0 { x } else { 3 * x })
+        .sum();
+    (10 - s % 10) % 10 == d[12]
+}
+
+/// Brazilian CPF: two mod-11 check digits.
+fn cpf(d: &[u32]) -> bool {
+    if d.iter().all(|&x| x == d[0]) {
+        return false;
+    }
+    let c1 = (0..9).map(|i| d[i] * (10 - i as u32)).sum::<u32>() * 10 % 11 % 10;
+    let c2 = (0..10).map(|i| d[i] * (11 - i as u32)).sum::<u32>() * 10 % 11 % 10;
+    c1 == d[9] && c2 == d[10]
+}
+
+/// Belgian national number `YY.MM.DD-NNN.CC`: mod 97, born before or after 2000.
+fn belgian(d: &[u32]) -> bool {
+    let base = num(&d[..9]);
+    let check = num(&d[9..]);
+    date_ok(num(&d[2..4]), num(&d[4..6]))
+        && (97 - base % 97 == check || 97 - (2_000_000_000 + base) % 97 == check)
+}
+
+/// Thai citizen id: mod-11 check digit.
+fn thai(d: &[u32]) -> bool {
+    let s: u32 = (0..12).map(|i| d[i] * (13 - i as u32)).sum();
+    (11 - s % 11) % 10 == d[12]
+}
+
+/// Argentine CUIL/CUIT: mod-11 check digit.
+fn cuil(d: &[u32]) -> bool {
+    const W: [u32; 10] = [5, 4, 3, 2, 7, 6, 5, 4, 3, 2];
+    let r = 11 - W.iter().zip(d).map(|(w, x)| w * x).sum::<u32>() % 11;
+    let r = match r {
+        11 => 0,
+        10 => 9,
+        r => r,
+    };
+    r == d[10]
+}
+
+/// Chinese resident id: region, birth date, ISO 7064 MOD 11-2 check.
+fn chinese(v: &[u8]) -> bool {
+    const W: [u32; 17] = [7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2];
+    let d = digits_of(&v[..17]);
+    let year = num(&d[6..10]);
+    let s: u32 = W.iter().zip(&d).map(|(w, x)| w * x).sum();
+    (1..=8).contains(&d[0])
+        && (1900..=2099).contains(&year)
+        && date_ok(num(&d[10..12]), num(&d[12..14]))
+        && b"10X98765432"[(s % 11) as usize] == v[17]
+}
+
+/// Korean RRN `YYMMDD-GNNNNNN`: a birth date and a sex-and-century digit (the check digit was dropped in 2020).
+fn korean(d: &[u32]) -> bool {
+    date_ok(num(&d[2..4]), num(&d[4..6])) && (1..=8).contains(&d[6])
+}
+
+/// Swedish personnummer `YYMMDD-NNNC`: a birth date (day + 60 for a coordination number) and Luhn.
+fn swedish(d: &[u32]) -> bool {
+    let day = num(&d[4..6]);
+    date_ok(num(&d[2..4]), if day > 60 { day - 60 } else { day }) && luhn(d)
+}
+
+/// Finnish HETU `DDMMYY-NNNC`: a birth date and a check character, mod 31.
+fn finnish(v: &[u8]) -> bool {
+    const CHECK: &[u8] = b"0123456789ABCDEFHJKLMNPRSTUVWXY";
+    if v.len() != 11 || !v[7..10].iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let d = digits_of(&v[..6]);
+    let n = num(&d) * 1000 + num(&digits_of(&v[7..10]));
+    date_ok(num(&d[2..4]), num(&d[..2])) && CHECK[(n % 31) as usize] == v[10]
+}
+
+/// Italian codice fiscale: the check letter over the 15 characters before it.
+fn codice_fiscale(v: &[u8]) -> bool {
+    const ODD: [u32; 26] = [
+        1, 0, 5, 7, 9, 13, 15, 17, 19, 21, 2, 4, 18, 20, 11, 3, 6, 8, 12, 14, 16, 10, 22, 25, 24,
+        23,
+    ];
+    let s: u32 = v[..15]
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let k = if c.is_ascii_digit() {
+                u32::from(c - b'0')
+            } else {
+                u32::from(c - b'A')
+            };
+            if i % 2 == 0 { ODD[k as usize] } else { k }
+        })
+        .sum();
+    u32::from(v[15] - b'A') == s % 26
+}
+
+/// French INSEE (NIR): sex, year, month, department (2A/2B for Corsica), and a key, mod 97.
+fn insee(v: &[u8]) -> bool {
+    let c: Vec<u8> = v.iter().copied().filter(|&x| x != b' ').collect();
+    if c.len() != 15 || !(1..=12).contains(&num(&digits_of(&c[3..5]))) {
+        return false;
+    }
+    let mut body = c[..13].to_vec();
+    match &body[5..7] {
+        b"2A" => body[5..7].copy_from_slice(b"19"),
+        b"2B" => body[5..7].copy_from_slice(b"18"),
+        _ => {}
+    }
+    if !body.iter().all(u8::is_ascii_digit) || !c[13..].iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    97 - num(&digits_of(&body)) % 97 == num(&digits_of(&c[13..]))
+}
+
+/// Taiwanese national id: a letter for the place of registration, the sex digit, and a check digit.
+fn taiwanese(v: &[u8]) -> bool {
+    const LETTERS: &[u8] = b"ABCDEFGHJKLMNPQRSTUVXYWZIO";
+    let Some(code) = LETTERS.iter().position(|&c| c == v[0]) else {
+        return false;
+    };
+    let code = code as u32 + 10;
+    let d = digits_of(&v[1..]);
+    let w = [8, 7, 6, 5, 4, 3, 2, 1, 1];
+    let s = code / 10 + code % 10 * 9 + w.iter().zip(&d).map(|(w, x)| w * x).sum::<u32>();
+    s % 10 == 0
+}
+
+/// British NINO: spaced `AB 12 34 56 C` as written on the card, or run together with a valid prefix and suffix.
+fn nino(v: &[u8]) -> bool {
+    if v.contains(&b' ') {
+        return true;
+    }
+    const NOT_FIRST: &[u8] = b"DFIQUV";
+    const NOT_SECOND: &[u8] = b"DFIOQUV";
+    const NOT_PAIRS: &[&[u8]] = &[b"BG", b"GB", b"KN", b"NK", b"NT", b"TN", b"ZZ"];
+    !NOT_FIRST.contains(&v[0]) && !NOT_SECOND.contains(&v[1]) && !NOT_PAIRS.contains(&&v[..2])
+}
+
+/// Spanish DNI `12345678Z` and NIE `X1234567L`: the letter is the number mod 23.
+fn spanish(v: &[u8]) -> bool {
+    const LETTERS: &[u8] = b"TRWAGMYFPDXBNJZSQVHLCKE";
+    let c: Vec<u8> = v.iter().copied().filter(|&x| x != b'-').collect();
+    let (lead, rest) = match c[0] {
+        b'X' => (0, &c[1..]),
+        b'Y' => (1, &c[1..]),
+        b'Z' => (2, &c[1..]),
+        _ => (0, &c[..]),
+    };
+    let Some((&letter, digits)) = rest.split_last() else {
+        return false;
+    };
+    if !digits.iter().all(u8::is_ascii_digit) || c.len() != 9 {
+        return false;
+    }
+    let n = lead * 10_000_000 + num(&digits_of(digits));
+    LETTERS[(n % 23) as usize] == letter
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(text: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        cued(text.as_bytes(), &mut out);
+        bare(text.as_bytes(), &mut out);
+        let mut v: Vec<&str> = out.iter().map(|c| &text[c.start..c.end]).collect();
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn bare_numbers_need_their_check() {
+        // Each: a number with a valid check, then the same with its check digit or letter changed.
+        let cases = [
+            ("756.7893.4510.65", "756.7893.4510.66"),
+            ("459.455.156-47", "459.455.156-48"),
+            ("870708-2932879", "871308-2932879"),
+            ("680512-8862", "680512-8863"),
+            ("210543-464M", "210543-464N"),
+            ("450100196805127786", "450100196805127787"),
+            ("ZCCRSR57P68G294X", "ZCCRSR57P68G294Y"),
+            ("12345678Z", "12345678A"),
+            ("X1234567L", "X1234567M"),
+            ("271085746352196", "271085746352197"),
+            ("2 23 07 2B 033 781 23", "2 23 07 2B 033 781 24"),
+            ("O278932873", "O278932874"),
+            ("23-31358677-4", "23-31358677-5"),
+            ("8-8115-59223-66-7", "8-8115-59223-66-8"),
+            ("95.10.04-574.13", "95.10.04-574.14"),
+            ("AB 12 34 56 C", "AB 12 34 56"),
+            ("AB123456C", "ZZ123456C"),
+        ];
+        for (ok, bad) in cases {
+            let text = format!("here: {ok} and");
+            assert_eq!(found(&text), vec![ok], "{ok}");
+            assert!(found(&format!("here: {bad} and")).is_empty(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_cue_takes_any_identifier_shape() {
+        for (text, want) in [
+            ("SSN: 982-59-7919.", "982-59-7919"),
+            ("PESEL 95100487787", "95100487787"),
+            (
+                "Mein Sozialversicherungsnummer lautet 8879041095!",
+                "8879041095",
+            ),
+            ("personnummer: 19870807-6065", "19870807-6065"),
+            (
+                "national insurance number ZZ 98 25 97 T please",
+                "ZZ 98 25 97 T",
+            ),
+            ("SIN (Canada): 448 844 142", "448 844 142"),
+            ("SIN no. 046 454 286", "046 454 286"),
+            ("\"ssn\": \"V-9752525\"", "V-9752525"),
+            ("ЕГН 7523169263", "7523169263"),
+            ("주민등록번호: 980215-1979190", "980215-1979190"),
+        ] {
+            assert_eq!(found(text), vec![want], "{text}");
+        }
+    }
+
+    #[test]
+    fn a_cue_without_an_identifier_finds_nothing() {
+        for text in [
+            "What is a SIN number? It has 9 digits.",
+            "sin 123456789 is an odd way to start", // a word, not the acronym
+            "SSN format is three digits, two, four",
+            "social security: 2021-03-04",
+            "born 12/03/1985, SSN pending",
+            "run 1234567 times",
+            "my SSN is 123 and the rest",
+            // Sinaloa and its postcode, in a Mexican address
+            "Privada Zambia 927, Vieja Bahamas, SIN 05932-1482",
+            "SSN: 89932-5041",
+        ] {
+            assert!(found(text).is_empty(), "{text}: {:?}", found(text));
+        }
+    }
+
+    #[test]
+    fn a_number_glued_to_more_is_not_bare() {
+        for text in [
+            "id 12345678Z9",
+            "x756.7893.4510.65",
+            "450100196805127786-1",
+            "v1.870708-2932879",
+        ] {
+            assert!(found(text).is_empty(), "{text}: {:?}", found(text));
+        }
+    }
+}
