@@ -545,3 +545,54 @@ fn national_person_numbers_by_cue_and_by_check() {
         lacks(text, PiiType::Ssn);
     }
 }
+
+/// Home directories whose names hold spaces, WSL's network paths, and the older Unix homes.
+#[test]
+fn home_paths_with_spaces_and_other_roots() {
+    for (text, value) in [
+        (
+            r"open C:\Users\John Smith\Documents\report final.docx please",
+            r"C:\Users\John Smith\Documents\report final.docx",
+        ),
+        (
+            "saved to /Users/anna/Library/Mobile Documents/notes.txt yesterday",
+            "/Users/anna/Library/Mobile Documents/notes.txt",
+        ),
+        (
+            r"cd \\wsl$\Ubuntu\home\jsmith\project && make",
+            r"\\wsl$\Ubuntu\home\jsmith\project",
+        ),
+        (
+            r"\\wsl.localhost\Ubuntu-22.04\home\ann\x.py not found",
+            r"\\wsl.localhost\Ubuntu-22.04\home\ann\x.py",
+        ),
+        ("source /export/home/jsmith/.profile", "/export/home/jsmith/.profile"),
+    ] {
+        has(text, value, PiiType::FilePath);
+    }
+    // a space ends the path when no folder or file name follows it
+    for (text, value) in [
+        (r"copy C:\Users\bob\Desktop to D:\backup", r"C:\Users\bob\Desktop"),
+        (r"see C:\Users\bob\notes.txt for details", r"C:\Users\bob\notes.txt"),
+        ("move /home/bob/x and /home/ann/y", "/home/bob/x"),
+    ] {
+        has(text, value, PiiType::FilePath);
+    }
+}
+
+/// With `file_path_mode: UserNameOnly`, a user name with a space is the whole name.
+#[test]
+fn a_user_name_with_a_space_is_whole() {
+    let r = Redactor::new(RedactConfig {
+        file_path_mode: hearth::curate::redact::FilePathMode::UserNameOnly,
+        ..RedactConfig::default()
+    });
+    let text = r"C:\Users\John Smith\Documents\a.txt";
+    let names: Vec<String> = r
+        .find(text)
+        .into_iter()
+        .filter(|s| s.pii_type == PiiType::UserName)
+        .map(|s| text.chars().skip(s.start).take(s.end - s.start).collect())
+        .collect();
+    assert_eq!(names, ["John Smith"]);
+}

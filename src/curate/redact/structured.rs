@@ -57,7 +57,7 @@ static MAC: LazyLock<Regex> =
 /// A home directory's root, then its user name (a sentinel or up to 64 name bytes): the head
 /// of [`HOME_PATH`]. The name's class excludes both separators, with which the rest of the
 /// path must start, so the greedy name the head finds is the one the whole path has.
-const HOME_HEAD: &str = r#"(?-u)(?:/home/|/Users/|/users/|/mnt/[a-z]/(?:Users|users)/|[A-Za-z]:\\(?:Users|users|Documents and Settings)\\)(<[A-Z_]{1,20}>|[^/\\\s'"<>:|*?`,;()\[\]{}]{1,64})"#;
+const HOME_HEAD: &str = r#"(?-u)(?:(?:/export|/usr)?/home/|/Users/|/users/|/mnt/[a-z]/(?:Users|users)/|[A-Za-z]:\\(?:Users|users|Documents and Settings)\\|\\\\wsl(?:\$|\.localhost)\\[A-Za-z0-9._\-]{1,40}\\home\\)(<[A-Z_]{1,20}>|[^/\\\s'"<>:|*?`,;()\[\]{}]{1,64})"#;
 static HOME_PATH: LazyLock<Regex> =
     LazyLock::new(|| re(&format!(r#"{HOME_HEAD}(?:[/\\][^\s'"<>|*?`]*)?"#)));
 /// [`HOME_HEAD`] anchored: the user name of a path [`HOME_PATH`] found, searched for within
@@ -294,6 +294,7 @@ pub(crate) const KEYWORD_GROUPS: &[(u8, &[&str])] = &[
             "/users/",
             ":\\users\\",
             ":\\documents and settings\\",
+            "\\home\\",
         ],
     ),
 ];
@@ -513,9 +514,18 @@ fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
         if s > 0 && (alnum(b[s - 1]) || matches!(b[s - 1], b'.' | b'>')) {
             continue;
         }
+        let (mut ue, mut e) = (ue, m.end());
+        // Folder and user names with spaces (`C:\Users\Ann Lee\Mobile Documents\a b.txt`): a
+        // space continues the path when what follows it reaches another separator, or, in the
+        // last folder, names a file.
+        while let Some(next) = path_after_space(b, e) {
+            if ue == e {
+                ue = next.user_end;
+            }
+            e = next.end;
+        }
         let user = &b[us..ue];
         let ul = String::from_utf8_lossy(user).to_lowercase();
-        let mut e = m.end();
         while e > ue
             && matches!(
                 b[e - 1],
@@ -553,6 +563,54 @@ fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
             );
         }
     }
+}
+
+/// Where a path that stops at `e` goes on past one space (see [`home_paths`]).
+struct PathTail {
+    end: usize,
+    /// The end of the folder the space is in: the user name's, if the space is in it.
+    user_end: usize,
+}
+
+fn path_after_space(b: &[u8], e: usize) -> Option<PathTail> {
+    if b.get(e) != Some(&b' ') {
+        return None;
+    }
+    let stop = |c: u8| {
+        c.is_ascii_whitespace()
+            || matches!(c, b'\'' | b'"' | b'<' | b'>' | b'|' | b'*' | b'?' | b'`')
+    };
+    let start = e + 1;
+    let end = b[start..]
+        .iter()
+        .position(|&c| stop(c))
+        .map_or(b.len(), |p| start + p);
+    let chunk = &b[start..end];
+    let first = *chunk.first()?;
+    if matches!(first, b'/' | b'\\') || !(first.is_ascii_alphanumeric() || first >= 0x80) {
+        return None;
+    }
+    if let Some(sep) = chunk.iter().position(|&c| matches!(c, b'/' | b'\\')) {
+        return Some(PathTail {
+            end,
+            user_end: start + sep,
+        });
+    }
+    // a file name in the last folder: `report final.docx`, when that folder has no extension yet
+    let folder_start = b[..e].iter().rposition(|&c| matches!(c, b'/' | b'\\'))? + 1;
+    let trimmed = chunk
+        .iter()
+        .rposition(|c| !matches!(c, b'.' | b',' | b';' | b':' | b')' | b'!'))
+        .map_or(0, |p| p + 1);
+    let name = &chunk[..trimmed];
+    let dot = name.iter().rposition(|&c| c == b'.')?;
+    let ext = &name[dot + 1..];
+    let file_name =
+        dot > 0 && (1..=5).contains(&ext.len()) && ext.iter().all(u8::is_ascii_alphanumeric);
+    (file_name && !b[folder_start..e].contains(&b'.')).then_some(PathTail {
+        end: start + trimmed,
+        user_end: e,
+    })
 }
 
 fn shields(b: &[u8], out: &mut Vec<Cand>) {
