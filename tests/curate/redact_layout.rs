@@ -517,7 +517,10 @@ fn national_person_numbers_by_cue_and_by_check() {
         ("SSN: 982-59-7919, please keep it safe", "982-59-7919"),
         ("Mein PESEL ist 95100487787.", "95100487787"),
         ("personnummer: 870807-6065", "870807-6065"),
-        ("Numéro de sécurité sociale : 1 75 09 17 300 379 64", "1 75 09 17 300 379 64"),
+        (
+            "Numéro de sécurité sociale : 1 75 09 17 300 379 64",
+            "1 75 09 17 300 379 64",
+        ),
         ("\"ssn\": \"V-9752525\"", "V-9752525"),
         ("ЕГН: 7523169263", "7523169263"),
         ("BSN 789345109 staat op mijn paspoort", "789345109"),
@@ -566,14 +569,23 @@ fn home_paths_with_spaces_and_other_roots() {
             r"\\wsl.localhost\Ubuntu-22.04\home\ann\x.py not found",
             r"\\wsl.localhost\Ubuntu-22.04\home\ann\x.py",
         ),
-        ("source /export/home/jsmith/.profile", "/export/home/jsmith/.profile"),
+        (
+            "source /export/home/jsmith/.profile",
+            "/export/home/jsmith/.profile",
+        ),
     ] {
         has(text, value, PiiType::FilePath);
     }
     // a space ends the path when no folder or file name follows it
     for (text, value) in [
-        (r"copy C:\Users\bob\Desktop to D:\backup", r"C:\Users\bob\Desktop"),
-        (r"see C:\Users\bob\notes.txt for details", r"C:\Users\bob\notes.txt"),
+        (
+            r"copy C:\Users\bob\Desktop to D:\backup",
+            r"C:\Users\bob\Desktop",
+        ),
+        (
+            r"see C:\Users\bob\notes.txt for details",
+            r"C:\Users\bob\notes.txt",
+        ),
         ("move /home/bob/x and /home/ann/y", "/home/bob/x"),
     ] {
         has(text, value, PiiType::FilePath);

@@ -24,9 +24,6 @@ pub(super) const CUES: &[&str] = &[
     "national insurance",
     "ni number",
     "nino",
-    "sin",
-    "tin",
-    "itin",
     "taxpayer id",
     "tax id",
     "tax identification",
@@ -43,8 +40,6 @@ pub(super) const CUES: &[&str] = &[
     "citizen id",
     "s\u{e9}curit\u{e9} sociale",
     "securite sociale",
-    "insee",
-    "nir",
     "seguridad social",
     "seguran\u{e7}a social",
     "sozialversicherungsnummer",
@@ -52,17 +47,13 @@ pub(super) const CUES: &[&str] = &[
     "sv-nummer",
     "steuer-id",
     "steueridentifikationsnummer",
-    "ahv",
-    "avs",
     "personnummer",
     "personnr",
     "f\u{f8}dselsnummer",
     "fodselsnummer",
-    "cpr",
     "henkil\u{f6}tunnus",
     "hetu",
     "pesel",
-    "bsn",
     "burgerservicenummer",
     "rijksregisternummer",
     "codice fiscale",
@@ -74,27 +65,12 @@ pub(super) const CUES: &[&str] = &[
     "em\u{161}o",
     "emso",
     "jmbg",
-    "egn",
-    "oib",
-    "cnp",
     "tckn",
     "kimlik",
-    "amka",
     "dni",
-    "nie",
-    "nif",
-    "nss",
     "curp",
-    "rfc",
     "cuil",
-    "cuit",
     "cpf",
-    "rut",
-    "run",
-    "pps",
-    "ppsn",
-    "tfn",
-    "sss",
     "aadhaar",
     "nric",
     "hkid",
@@ -115,11 +91,12 @@ pub(super) const CUES: &[&str] = &[
     "\u{e40}\u{e25}\u{e02}\u{e1b}\u{e23}\u{e30}\u{e08}\u{e33}\u{e15}\u{e31}\u{e27}",
 ];
 
-/// Cues that are also everyday words or other acronyms in lower or mixed case (`sin`, `run`, `tin`, `nie` in
-/// Polish and German): they count only in capitals.
-const CAPITALS_ONLY: &[&str] = &[
-    "sin", "tin", "nir", "ahv", "avs", "cpr", "bsn", "egn", "oib", "cnp", "nie", "nif", "nss",
-    "rfc", "rut", "run", "pps", "ppsn", "tfn", "sss", "amka", "insee",
+/// Cues that are also everyday words, parts of words or other acronyms in lower or mixed case (`sin`, `run`,
+/// `setting`, `apps`, `nie` in Polish and German): they count only in capitals, and are found apart from [`CUES`],
+/// so that the keyword walk does not stop inside every common word that holds one.
+const CAPITAL_CUES: &[&str] = &[
+    "SIN", "TIN", "ITIN", "INSEE", "NIR", "AHV", "AVS", "CPR", "BSN", "EGN", "OIB", "CNP", "AMKA",
+    "NIE", "NIF", "NSS", "RFC", "CUIT", "RUT", "RUN", "PPS", "PPSN", "TFN", "SSS",
 ];
 
 /// Words between a cue and its value (`SSN no.: `, `personnummer är `, `PESEL: `).
@@ -160,23 +137,24 @@ static CUE_AC: LazyLock<AhoCorasick> = LazyLock::new(|| {
         .expect("constant national id cue automaton")
 });
 
+static CAPITAL_CUE_AC: LazyLock<AhoCorasick> = LazyLock::new(|| {
+    AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(CAPITAL_CUES)
+        // constant short literals: building cannot fail
+        .expect("constant national id cue automaton")
+});
+
 fn alnum(c: u8) -> bool {
     c.is_ascii_alphanumeric()
 }
 
-/// Values after a cue in [`CUES`].
-pub(super) fn cued(b: &[u8], out: &mut Vec<Cand>) {
-    for m in CUE_AC.find_iter(b) {
+/// Values after a cue: one of [`CUES`] when `cues_seen` (the keyword walk saw one), or of [`CAPITAL_CUES`].
+pub(super) fn cued(b: &[u8], cues_seen: bool, out: &mut Vec<Cand>) {
+    let cues = cues_seen.then(|| CUE_AC.find_iter(b)).into_iter().flatten();
+    for m in cues.chain(CAPITAL_CUE_AC.find_iter(b)) {
         let (s, e) = (m.start(), m.end());
         if (s > 0 && alnum(b[s - 1])) || (e < b.len() && b[e].is_ascii_alphabetic()) {
-            continue;
-        }
-        let cue = &b[s..e];
-        let lower = cue.to_ascii_lowercase();
-        let capitals_only = CAPITALS_ONLY
-            .iter()
-            .any(|c| c.as_bytes() == lower.as_slice());
-        if capitals_only && cue.iter().any(u8::is_ascii_lowercase) {
             continue;
         }
         let Some(vs) = skip_fillers(b, e) else {
@@ -184,7 +162,7 @@ pub(super) fn cued(b: &[u8], out: &mut Vec<Cand>) {
         };
         // `SIN` is also Sinaloa, before its postcode in a Mexican address: it needs more than a
         // space before its value.
-        if lower == b"sin" && b[e..vs].iter().all(|&c| c == b' ') {
+        if &b[s..e] == b"SIN" && b[e..vs].iter().all(|&c| c == b' ') {
             continue;
         }
         if let Some(ve) = value_end(b, vs) {
@@ -295,10 +273,11 @@ fn looks_like_date(v: &[u8]) -> bool {
         )
 }
 
-/// Every bare format, one alternative each; [`bare`] tells them apart by shape and validates.
+/// Every bare format written without spaces, one alternative each, matched against a whole token; [`valid_bare`]
+/// tells them apart by shape and validates.
 static BARE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
-        r"(?-u)756\.[0-9]{4}\.[0-9]{4}\.[0-9]{2}",
+        r"(?-u)^(?:756\.[0-9]{4}\.[0-9]{4}\.[0-9]{2}",
         r"|[0-9]{3}\.[0-9]{3}\.[0-9]{3}-[0-9]{2}",
         r"|[0-9]{2}\.[0-9]{2}\.[0-9]{2}-[0-9]{3}\.[0-9]{2}",
         r"|[0-9]-[0-9]{4}-[0-9]{5}-[0-9]{2}-[0-9]",
@@ -307,25 +286,77 @@ static BARE: LazyLock<Regex> = LazyLock::new(|| {
         r"|[0-9]{8}-[0-9]{4}",
         r"|[0-9]{6}-[0-9]{7}",
         r"|[0-9]{6}[-+A-FU-Y][0-9]{3}[0-9A-Y]",
-        r"|[12] ?[0-9]{2} ?[0-9]{2} ?(?:[0-9]{2}|2[AB]) ?[0-9]{3} ?[0-9]{3} ?[0-9]{2}",
+        r"|[12][0-9]{4}(?:[0-9]{2}|2[AB])[0-9]{8}",
         r"|[A-Z]{6}[0-9LMNP-V]{2}[A-EHLMPR-T][0-9LMNP-V]{2}[A-Z][0-9LMNP-V]{3}[A-Z]",
         r"|[XYZ]-?[0-9]{7}-?[A-Z]|[0-9]{8}-?[A-Z]",
         r"|[A-Z][12][0-9]{8}",
-        r"|[A-Z]{2} [0-9]{2} [0-9]{2} [0-9]{2} [A-Z]|[A-Z]{2}[0-9]{6}[A-D]",
+        r"|[A-Z]{2}[0-9]{6}[A-D])$",
     ))
     // a constant pattern, covered by every test run
     .expect("constant national id regex")
 });
 
-/// Bare national numbers whose format and check hold (see the module's list).
+/// The two formats written with spaces, from their first group: INSEE `1 75 09 17 300 379 64` and NINO
+/// `AB 12 34 56 C`.
+static BARE_SPACED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?-u)^(?:[12] [0-9]{2} [0-9]{2} (?:[0-9]{2}|2[AB]) [0-9]{3} [0-9]{3} [0-9]{2}|[A-Z]{2} [0-9]{2} [0-9]{2} [0-9]{2} [A-Z])$")
+        // a constant pattern, covered by every test run
+        .expect("constant national id regex")
+});
+
+/// Bare national numbers whose format and check hold (see the module's list). A walk from digit to digit picks
+/// the few candidate tokens, so that the formats' regex only matches whole tokens: searched for all at once and
+/// unanchored, its states multiply.
 pub(super) fn bare(b: &[u8], out: &mut Vec<Cand>) {
-    for m in BARE.find_iter(b) {
-        let (s, e) = (m.start(), m.end());
-        let joined = |c: u8| alnum(c) || matches!(c, b'-' | b'.' | b'/' | b'_');
-        let digit_after_sep = e + 1 < b.len() && matches!(b[e], b'-' | b'.') && alnum(b[e + 1]);
-        if (s > 0 && joined(b[s - 1])) || (e < b.len() && alnum(b[e])) || digit_after_sep {
+    let n = b.len();
+    let sep = |c: u8| matches!(c, b'-' | b'.' | b'+');
+    let mut i = 0;
+    loop {
+        // every token this looks at holds a digit: from one, back to the token's start
+        let d = super::structured::next_digit(b, i);
+        if d >= n {
+            break;
+        }
+        let mut s = d;
+        while s > i && (alnum(b[s - 1]) || (s >= 2 && sep(b[s - 1]) && alnum(b[s - 2]))) {
+            s -= 1;
+        }
+        // the head of a spaced NINO is two capitals before the first digits
+        if s >= 3
+            && b[s - 1] == b' '
+            && b[s - 3..s - 1].iter().all(u8::is_ascii_uppercase)
+            && (s == 3 || !alnum(b[s - 4]))
+        {
+            s -= 3;
+        }
+        let mut e = s;
+        while e < n && (alnum(b[e]) || (sep(b[e]) && e + 1 < n && alnum(b[e + 1]))) {
+            e += 1;
+        }
+        i = e.max(d + 1);
+        // glued to more: `x_756…`, `v1.870708…`, `…/12345678Z`
+        let glued = |c: u8| matches!(c, b'_' | b'/' | b'-' | b'.');
+        if (s > 0 && glued(b[s - 1])) || (e < n && (b[e] == b'_' || b[e] == b'/')) {
             continue;
         }
+        let tok = &b[s..e];
+        let spaced_head = (tok.len() == 1 && matches!(tok[0], b'1' | b'2'))
+            || (tok.len() == 2 && tok.iter().all(u8::is_ascii_uppercase));
+        let (s, e) = if spaced_head {
+            let len = if tok.len() == 1 { 21 } else { 13 };
+            let e = s + len;
+            if e > n || b.get(e).is_some_and(|&c| alnum(c)) || !BARE_SPACED.is_match(&b[s..e]) {
+                continue;
+            }
+            i = e;
+            (s, e)
+        } else {
+            let digits = tok.iter().filter(|c| c.is_ascii_digit()).count();
+            if digits < 6 || !(9..=18).contains(&tok.len()) || !BARE.is_match(tok) {
+                continue;
+            }
+            (s, e)
+        };
         if valid_bare(&b[s..e]) {
             out.push(Cand::new(
                 s,
@@ -574,7 +605,7 @@ mod tests {
 
     fn found(text: &str) -> Vec<&str> {
         let mut out = Vec::new();
-        cued(text.as_bytes(), &mut out);
+        cued(text.as_bytes(), true, &mut out);
         bare(text.as_bytes(), &mut out);
         let mut v: Vec<&str> = out.iter().map(|c| &text[c.start..c.end]).collect();
         v.dedup();

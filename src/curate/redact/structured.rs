@@ -373,9 +373,7 @@ pub(crate) fn detect(
         id_numbers(b, out);
     }
     if st.digits >= 6 && ctx.on(PiiType::Ssn) {
-        if kw & KW_NATID != 0 {
-            super::national_id::cued(b, out);
-        }
+        super::national_id::cued(b, kw & KW_NATID != 0, out);
         super::national_id::bare(b, out);
     }
 }
@@ -842,7 +840,7 @@ fn ipv4_spans(b: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
 /// loops the compiler kept their many loop counters up to date on every skipped byte; here
 /// the skip tests 16 bytes at a time without a branch per byte.
 #[inline(never)]
-fn next_digit(b: &[u8], mut i: usize) -> usize {
+pub(super) fn next_digit(b: &[u8], mut i: usize) -> usize {
     while let Some(chunk) = b.get(i..i + 16) {
         if chunk.iter().fold(false, |any, c| any | c.is_ascii_digit()) {
             break;
