@@ -608,3 +608,14 @@ fn a_user_name_with_a_space_is_whole() {
         .collect();
     assert_eq!(names, ["John Smith"]);
 }
+
+/// A country code in brackets keeps its plus (`(+358) 091390996`, as Finnish numbers are often written).
+#[test]
+fn a_country_code_in_brackets_with_its_plus() {
+    has(
+        "my number is (+358) 091390996",
+        "(+358) 091390996",
+        PiiType::Phone,
+    );
+    has("Tel. (+44) 20 7946 0958", "(+44) 20 7946 0958", PiiType::Phone);
+}

@@ -45,7 +45,7 @@ static URL_CRED: LazyLock<Regex> = LazyLock::new(|| {
 });
 static PHONE: LazyLock<Regex> = LazyLock::new(|| {
     re(
-        r"(?i-u)(?:\+[ ]?)?(?:\([0-9]{1,5}\)[ .\-/]?)?[0-9](?:[0-9]|[ .\-/][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-/]?[0-9]){3,22}(?:(?:;ext=|[ ]?(?:x|ext\.?|extension)[ ]?)[0-9]{1,6})?",
+        r"(?i-u)(?:\+[ ]?)?(?:\(\+?[0-9]{1,5}\)[ .\-/]?)?[0-9](?:[0-9]|[ .\-/][0-9]|[ .\-]?\([0-9]{1,5}\)[ .\-/]?[0-9]){3,22}(?:(?:;ext=|[ ]?(?:x|ext\.?|extension)[ ]?)[0-9]{1,6})?",
     )
 });
 /// Upper or lower case (`gb42nawi…` typed in a chat); mixed case is rejected in [`ibans`].
