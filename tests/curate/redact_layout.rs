@@ -617,5 +617,9 @@ fn a_country_code_in_brackets_with_its_plus() {
         "(+358) 091390996",
         PiiType::Phone,
     );
-    has("Tel. (+44) 20 7946 0958", "(+44) 20 7946 0958", PiiType::Phone);
+    has(
+        "Tel. (+44) 20 7946 0958",
+        "(+44) 20 7946 0958",
+        PiiType::Phone,
+    );
 }

@@ -229,8 +229,7 @@ fn value_end(b: &[u8], s: usize) -> Option<usize> {
         return None;
     }
     let first_letters = b[s..e].iter().all(u8::is_ascii_uppercase);
-    loop {
-        let Some(&sep) = b.get(e) else { break };
+    while let Some(&sep) = b.get(e) {
         let next = group(b, e + 1);
         if next == e + 1 {
             break;
@@ -429,7 +428,7 @@ fn luhn(d: &[u32]) -> bool {
             }
         })
         .sum();
-    s % 10 == 0
+    s.is_multiple_of(10)
 }
 
 fn date_ok(m: u64, d: u64) -> bool {
@@ -565,7 +564,7 @@ fn taiwanese(v: &[u8]) -> bool {
     let d = digits_of(&v[1..]);
     let w = [8, 7, 6, 5, 4, 3, 2, 1, 1];
     let s = code / 10 + code % 10 * 9 + w.iter().zip(&d).map(|(w, x)| w * x).sum::<u32>();
-    s % 10 == 0
+    s.is_multiple_of(10)
 }
 
 /// British NINO: spaced `AB 12 34 56 C` as written on the card, or run together with a valid prefix and suffix.
