@@ -255,10 +255,22 @@ fn value_end(b: &[u8], s: usize) -> Option<usize> {
     });
     // (five digits, a dash and four more are a US ZIP+4 code)
     let zip4 = v.len() == 10 && v[5] == b'-' && digits == 9;
-    if digits < 6 || digits + letters > 24 || looks_like_date(v) || zip4 {
+    if digits < 6 || digits + letters > 24 || looks_like_date(v) || zip4 || unissued_ssn(v) {
         return None;
     }
     Some(e)
+}
+
+/// A US SSN's shape (`123-45-6789`, `123 45 6789`) with a part never issued: area 000 or 666, group 00, serial
+/// 0000. Such numbers are placeholders, whatever cue names them.
+fn unissued_ssn(v: &[u8]) -> bool {
+    let shaped = v.len() == 11
+        && matches!(v[3], b'-' | b' ')
+        && v[6] == v[3]
+        && [0..3, 4..6, 7..11]
+            .iter()
+            .all(|r| v[r.clone()].iter().all(u8::is_ascii_digit));
+    shaped && (&v[..3] == b"000" || &v[..3] == b"666" || &v[4..6] == b"00" || &v[7..] == b"0000")
 }
 
 /// `12/03/1985`, `1985-03-12`, `12.03.85`: three digit groups of a date's lengths.
@@ -677,6 +689,9 @@ mod tests {
             // Sinaloa and its postcode, in a Mexican address
             "Privada Zambia 927, Vieja Bahamas, SIN 05932-1482",
             "SSN: 89932-5041",
+            // placeholders: parts never issued
+            "ssn 666-12-3456 and 000-12-3456 and 123-00-4567",
+            "SSN: 123 45 0000",
         ] {
             assert!(found(text).is_empty(), "{text}: {:?}", found(text));
         }

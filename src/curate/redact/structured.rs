@@ -1153,10 +1153,10 @@ fn ssn(b: &[u8], s: usize, e: usize, groups: &[(usize, usize)], out: &mut Vec<Ca
         let sep1 = b[groups[0].1];
         let sep2 = b[groups[1].1];
         let (area, group, serial) = (num(groups[0]), num(groups[1]), num(groups[2]));
-        // Areas 900-999 are taxpayer numbers (ITINs), as personal as an SSN; dashed 3-2-4 is
-        // their written form too. Any other unissued part passes only after a cue.
-        let itin = sep1 == b'-' && area >= 900 && group != 0 && serial != 0;
-        if sep1 != sep2 || !(ssn_parts_ok(area, group, serial) || itin || has_ctx) {
+        // Areas 900-999 are taxpayer numbers (ITINs), as personal as an SSN: dashed like one, or
+        // after a cue. Area 000 or 666, group 00 and serial 0000 are never issued.
+        let itin = (sep1 == b'-' || has_ctx) && area >= 900 && group != 0 && serial != 0;
+        if sep1 != sep2 || !(ssn_parts_ok(area, group, serial) || itin) {
             return;
         }
         let conf = if has_ctx {
