@@ -623,3 +623,22 @@ fn a_country_code_in_brackets_with_its_plus() {
         PiiType::Phone,
     );
 }
+
+/// Three family names after a business's cue are a firm, not three people; the same list after other words still
+/// names people.
+#[test]
+fn firm_lists_after_a_business_cue() {
+    for text in [
+        "We use Lewis, Alexander and Wilson.",
+        "Shipped by Davis, Rowland and Berry since 2019.",
+        "Invoice from Harrell, Kim and Suarez",
+        "Our vendor is Martinez, Wells and Wallace.",
+    ] {
+        lacks(text, PiiType::Person);
+    }
+    has(
+        "Dinner with Lewis, Alexander and Wilson tonight?",
+        "Wilson",
+        PiiType::Person,
+    );
+}

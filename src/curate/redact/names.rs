@@ -1499,10 +1499,68 @@ fn before_and(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
     }
 }
 
+/// Words before a name that make it a business's: `we use`, `shipped by`, `invoice from`, `our
+/// vendor is`.
+fn firm_cue_before(toks: &[Tok], i: usize) -> bool {
+    const USE: &[&str] = &["use", "uses", "using", "used", "hired", "contracted"];
+    const BY: &[&str] = &[
+        "shipped",
+        "sold",
+        "made",
+        "delivered",
+        "supplied",
+        "provided",
+        "manufactured",
+        "distributed",
+        "hosted",
+        "powered",
+        "operated",
+        "represented",
+    ];
+    const FROM: &[&str] = &[
+        "invoice",
+        "order",
+        "bill",
+        "quote",
+        "receipt",
+        "purchased",
+        "bought",
+        "ordered",
+    ];
+    const ROLE: &[&str] = &[
+        "vendor",
+        "supplier",
+        "provider",
+        "contractor",
+        "firm",
+        "company",
+        "agency",
+        "employer",
+        "landlord",
+    ];
+    let word = |k: usize| {
+        toks.get(k)
+            .filter(|t| t.kind == Kind::Word && !t.nl_before)
+            .map(|t| &*t.key)
+    };
+    if i == 0 || toks[i].nl_before {
+        return false;
+    }
+    let (w1, w2) = (word(i - 1), i.checked_sub(2).and_then(word));
+    match w1 {
+        Some(w) if USE.contains(&w) => true,
+        Some("by") => w2.is_some_and(|w| BY.contains(&w)),
+        Some("from") => w2.is_some_and(|w| FROM.contains(&w)),
+        Some("is") => w2.is_some_and(|w| ROLE.contains(&w)),
+        _ => false,
+    }
+}
+
 /// Firm names made of three family names (`Barnett, Melton and Garcia` on a letterhead line,
-/// `The Clark, Romero and Hall Orchestra`): an organisation, so its words are no person.
-/// Only the firm shape counts: exactly three single capitalised words, none only a given
-/// name, alone on their line, or after `The`, or before an organisation word or `and`.
+/// `The Clark, Romero and Hall Orchestra`, `we use Lewis, Alexander and Wilson`): an
+/// organisation, so its words are no person. Only the firm shape counts: exactly three single
+/// capitalised words, none only a given name, alone on their line, or after `The` or a
+/// business's cue, or before an organisation word or `and`.
 fn firm_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     let n = toks.len();
     let single = |k: usize| {
@@ -1526,14 +1584,15 @@ fn firm_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
             i += 1;
             continue;
         }
-        let before_ok =
-            line_start(toks, i, text) || i >= 1 && toks[i - 1].key == "the" && !toks[i].nl_before;
+        let before_ok = line_start(toks, i, text)
+            || i >= 1 && toks[i - 1].key == "the" && !toks[i].nl_before
+            || firm_cue_before(toks, i);
         let after_ok = toks.get(i + 5).is_none_or(|x| {
             x.nl_before
                 || x.kind == Kind::Word && (x.is(C_ORG) || x.key == "and")
                 || x.is_punct(text, '&')
         });
-        if before_ok && after_ok {
+        if before_ok && (after_ok || firm_cue_before(toks, i)) {
             let (s, e) = (toks[i].s, toks[i + 4].e);
             out.retain(|c| {
                 !(c.ty == Some(PiiType::Person)
