@@ -642,3 +642,25 @@ fn firm_lists_after_a_business_cue() {
         PiiType::Person,
     );
 }
+
+/// Everyday words after a closing sign for no one (`Wakker Begin`); a name with a family name still does.
+#[test]
+fn everyday_words_after_a_closing_are_no_signature() {
+    for text in [
+        "Met vriendelijke groet,\nWakker Begin",
+        "Bien cordialement,\nJusque Carte",
+        "Cordiali saluti,\nStorico Articolo",
+    ] {
+        lacks(text, PiiType::Person);
+    }
+    has(
+        "С уважением,\nБогдан Шарапов",
+        "Богдан Шарапов",
+        PiiType::Person,
+    );
+    has(
+        "Met vriendelijke groet,\nJan de Vries",
+        "Jan de Vries",
+        PiiType::Person,
+    );
+}

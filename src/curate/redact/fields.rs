@@ -1700,6 +1700,31 @@ const VALEDICTIONS: &[&str] = &[
     "드림",
 ];
 
+/// Drops the people that are two or more everyday words alone on the line after a closing
+/// (`Met vriendelijke groet,` / `Wakker Begin`): each word among the most frequent of some language
+/// and none a listed name. A real signature has a family name, which such lists seldom hold.
+pub(super) fn drop_everyday_signatures(text: &str, cands: &mut Vec<Cand>) {
+    let everyday = |w: &str| {
+        LEX.class(&fold_key(w)) & (IN_FIRST | IN_LAST) == 0 && super::lexicon::frequent_word(w)
+    };
+    cands.retain(|c| {
+        if c.ty != Some(PiiType::Person) {
+            return true;
+        }
+        let line_start = text[..c.start].rfind('\n').map_or(0, |i| i + 1);
+        if line_start == 0 || !text[line_start..c.start].trim().is_empty() {
+            return true;
+        }
+        let words: SmallVec<[&str; 4]> = text[c.start..c.end].split_whitespace().collect();
+        if words.len() < 2 || !words.iter().all(|w| everyday(w)) {
+            return true;
+        }
+        let before = &text[..line_start - 1];
+        let prev = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
+        !is_valediction(prev)
+    });
+}
+
 pub(super) fn is_valediction(l: &str) -> bool {
     static SET: LazyLock<StaticSet> = LazyLock::new(|| VALEDICTIONS.iter().copied().collect());
     let t = l

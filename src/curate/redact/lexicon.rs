@@ -645,6 +645,20 @@ impl Lexicon {
     }
 }
 
+/// Whether `word` (any case) is among the most frequent words of one of 42 languages
+/// (`data/frequent_words.txt`, sorted). Their lists hold names too, so these words cannot count as
+/// ordinary words everywhere; only a sign-off line reads them, and the list is read in place.
+pub(crate) fn frequent_word(word: &str) -> bool {
+    static WORDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+        include_str!("data/frequent_words.txt")
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .flat_map(str::split_whitespace)
+            .collect()
+    });
+    WORDS.binary_search(&word.to_lowercase().as_str()).is_ok()
+}
+
 pub(crate) static LEX: LazyLock<Lexicon> = LazyLock::new(|| {
     let first = load(include_str!("data/first_names.txt"));
     let last = load(include_str!("data/surnames.txt"));

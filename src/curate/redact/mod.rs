@@ -611,6 +611,7 @@ impl Redactor {
             self.tag(text, toks, rescan, &mut cands);
         }
         if self.on(PiiType::Person) {
+            fields::drop_everyday_signatures(text, &mut cands);
             let labels = fields::form_labels(text);
             if !labels.is_empty() {
                 cands.retain(|c| {
