@@ -633,12 +633,19 @@ fn firm_lists_after_a_business_cue() {
         "Shipped by Davis, Rowland and Berry since 2019.",
         "Invoice from Harrell, Kim and Suarez",
         "Our vendor is Martinez, Wells and Wallace.",
+        // given names and everyday words too, once the cue says it is a business
+        "We use Dean, Jones and Green since 2019.",
     ] {
         lacks(text, PiiType::Person);
     }
     has(
         "Dinner with Lewis, Alexander and Wilson tonight?",
         "Wilson",
+        PiiType::Person,
+    );
+    has(
+        "We hired Dean, Jones and Green last week.",
+        "Jones",
         PiiType::Person,
     );
 }

@@ -1500,9 +1500,9 @@ fn before_and(text: &str, toks: &[Tok], out: &mut Vec<Cand>, persons: &mut Perso
 }
 
 /// Words before a name that make it a business's: `we use`, `shipped by`, `invoice from`, `our
-/// vendor is`.
+/// vendor is` (not `hired`: people are hired too).
 fn firm_cue_before(toks: &[Tok], i: usize) -> bool {
-    const USE: &[&str] = &["use", "uses", "using", "used", "hired", "contracted"];
+    const USE: &[&str] = &["use", "uses", "using", "used"];
     const BY: &[&str] = &[
         "shipped",
         "sold",
@@ -1574,25 +1574,35 @@ fn firm_names(text: &str, toks: &[Tok], out: &mut Vec<Cand>) {
     let mut i = 0;
     while i + 4 < n {
         // the rare separators first (see `named_common_word`)
-        let shape = toks[i + 1].is_punct(text, ',')
+        let separators = toks[i + 1].is_punct(text, ',')
             & ((toks[i + 3].key == "and") | toks[i + 3].is_punct(text, '&'))
-            && single(i)
-            && single(i + 2)
-            && single(i + 4)
             && !toks[i + 1..=i + 4].iter().any(|x| x.nl_before);
-        if !shape {
+        if !separators {
             i += 1;
             continue;
         }
-        let before_ok = line_start(toks, i, text)
-            || i >= 1 && toks[i - 1].key == "the" && !toks[i].nl_before
-            || firm_cue_before(toks, i);
+        // After a business's cue the words may be anything capitalised (`we use Dean, Jones and
+        // Green`): the cue already says whose name it is.
+        let cued = firm_cue_before(toks, i);
+        let member = |k: usize| {
+            if cued {
+                toks.get(k).is_some_and(|x| capword(x) && x.key != "and")
+            } else {
+                single(k)
+            }
+        };
+        if !(member(i) && member(i + 2) && member(i + 4)) {
+            i += 1;
+            continue;
+        }
+        let before_ok =
+            line_start(toks, i, text) || i >= 1 && toks[i - 1].key == "the" && !toks[i].nl_before;
         let after_ok = toks.get(i + 5).is_none_or(|x| {
             x.nl_before
                 || x.kind == Kind::Word && (x.is(C_ORG) || x.key == "and")
                 || x.is_punct(text, '&')
         });
-        if before_ok && (after_ok || firm_cue_before(toks, i)) {
+        if cued || before_ok && after_ok {
             let (s, e) = (toks[i].s, toks[i + 4].e);
             out.retain(|c| {
                 !(c.ty == Some(PiiType::Person)
