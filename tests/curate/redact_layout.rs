@@ -587,6 +587,9 @@ fn home_paths_with_spaces_and_other_roots() {
             r"C:\Users\bob\notes.txt",
         ),
         ("move /home/bob/x and /home/ann/y", "/home/bob/x"),
+        // another drive or home starts another path
+        (r"copy C:\Users\bob\x D:\data\y", r"C:\Users\bob\x"),
+        (r"C:\Users\bob\a C:\Users\ann\b", r"C:\Users\ann\b"),
     ] {
         has(text, value, PiiType::FilePath);
     }

@@ -1711,15 +1711,16 @@ pub(super) fn drop_everyday_signatures(text: &str, cands: &mut Vec<Cand>) {
         if c.ty != Some(PiiType::Person) {
             return true;
         }
-        let line_start = text[..c.start].rfind('\n').map_or(0, |i| i + 1);
-        if line_start == 0 || !text[line_start..c.start].trim().is_empty() {
+        // alone at the start of a line: only blanks back to a line break (a look back to the
+        // line's start from every name of a long line would make a long text quadratic)
+        let head = text[..c.start].trim_end_matches([' ', '\t']);
+        let Some(before) = head.strip_suffix('\n') else {
             return true;
-        }
+        };
         let words: SmallVec<[&str; 4]> = text[c.start..c.end].split_whitespace().collect();
         if words.len() < 2 || !words.iter().all(|w| everyday(w)) {
             return true;
         }
-        let before = &text[..line_start - 1];
         let prev = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
         !is_valediction(prev)
     });

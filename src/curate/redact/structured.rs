@@ -499,8 +499,13 @@ fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
     if !HOME_PATH.is_match(b) {
         return;
     }
+    // a path continued past a space (see `path_after_space`) covers the paths inside it
+    let mut covered = 0;
     for m in HOME_PATH.find_iter(b) {
         let s = m.start();
+        if s < covered {
+            continue;
+        }
         let Some((us, ue)) = HOME_PATH_HEAD
             .captures(&b[s..m.end()])
             .and_then(|c| c.get(1))
@@ -522,6 +527,7 @@ fn home_paths(b: &[u8], ctx: &Ctx, out: &mut Vec<Cand>) {
             }
             e = next.end;
         }
+        covered = e;
         let user = &b[us..ue];
         let ul = String::from_utf8_lossy(user).to_lowercase();
         while e > ue
@@ -585,7 +591,12 @@ fn path_after_space(b: &[u8], e: usize) -> Option<PathTail> {
         .map_or(b.len(), |p| start + p);
     let chunk = &b[start..end];
     let first = *chunk.first()?;
-    if matches!(first, b'/' | b'\\') || !(first.is_ascii_alphanumeric() || first >= 0x80) {
+    // a separator, a drive (`D:\`) or a scheme (`https://`) starts another path
+    let new_root = chunk.get(1) == Some(&b':') || contains_seq(chunk, b"://");
+    if matches!(first, b'/' | b'\\')
+        || new_root
+        || !(first.is_ascii_alphanumeric() || first >= 0x80)
+    {
         return None;
     }
     if let Some(sep) = chunk.iter().position(|&c| matches!(c, b'/' | b'\\')) {
