@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes src/curate/redact/data/frequent_words.txt: the most frequent words of 42 languages, from the `wordfreq`
-package on PyPI. The redactor reads them as ordinary words (unless a name list has them too), so that two capitalised
-everyday words on a sign-off line (`Met vriendelijke groet,` / `Wakker Begin`) are not taken for a person's name in
-languages its own word lists do not cover. Run once outside CI when the list changes:
+package on PyPI. The redactor reads them on a sign-off line only, so that two capitalised everyday words there
+(`Met vriendelijke groet,` / `Wakker Begin`) are not taken for a person's name in languages its own word lists do not
+cover (the lists hold names too, so they cannot count as ordinary words everywhere). The file is sorted: the redactor
+searches it by bisection. Run once outside CI when the list changes:
 
     python3 -m venv target/wordfreq-venv && target/wordfreq-venv/bin/pip install wordfreq==3.1.1
     target/wordfreq-venv/bin/python scripts/frequent_words.py [N]

@@ -649,15 +649,18 @@ impl Lexicon {
 /// (`data/frequent_words.txt`, sorted). Their lists hold names too, so these words cannot count as
 /// ordinary words everywhere; only a sign-off line reads them, and the list is read in place.
 pub(crate) fn frequent_word(word: &str) -> bool {
-    static WORDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
-        include_str!("data/frequent_words.txt")
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .flat_map(str::split_whitespace)
-            .collect()
-    });
-    WORDS.binary_search(&word.to_lowercase().as_str()).is_ok()
+    FREQUENT_WORDS
+        .binary_search(&word.to_lowercase().as_str())
+        .is_ok()
 }
+
+static FREQUENT_WORDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    include_str!("data/frequent_words.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .collect()
+});
 
 pub(crate) static LEX: LazyLock<Lexicon> = LazyLock::new(|| {
     let first = load(include_str!("data/first_names.txt"));
@@ -812,6 +815,9 @@ mod tests {
         }
         let l = &*LEX;
         assert!(l.class("jurgen") & IN_FIRST != 0);
+        // the frequent words are searched by bisection: written sorted, each once
+        assert!(FREQUENT_WORDS.windows(2).all(|w| w[0] < w[1]));
+        assert!(frequent_word("Wakker") && frequent_word("ВРЕМЯ") && !frequent_word("Lebedeva"));
         assert!(l.name_score("kowalczyk") > l.name_score("information"));
     }
 
