@@ -58,7 +58,11 @@ fn seq(ev: &Evaluator<'_>, context: &[u32], candidate: &str) -> Result<Seq> {
     if let Some(m) = mask.first_mut() {
         *m = false;
     }
-    Ok(Seq { ids, mask })
+    Ok(Seq {
+        ids,
+        mask,
+        soft: None,
+    })
 }
 
 pub(super) fn score(

@@ -51,7 +51,7 @@ pub fn configure_candle_threads() {
         unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
     }
 }
-pub use transformer::{KvCache, KvPrecision, MAX_POSITIONS, QLinear, Transformer};
+pub use transformer::{KvCache, KvPrecision, MAX_POSITIONS, QLinear, Targets, Transformer};
 
 /// Everything that can go wrong loading or running a model. Variants name the file, key or tensor
 /// so that a bad download is diagnosable without a debugger.

@@ -74,6 +74,10 @@ pub struct TrainConfig {
     /// Replay sequences drawn into every micro-batch (each weighted `replay_fraction / n` of its loss): more
     /// of them lower the variance of the pull towards the base without changing its weight; 0: no replay.
     pub replay_per_batch: usize,
+    /// Train replay towards the base's own next-token distribution, cut to its this many likeliest tokens and
+    /// renormalised (distillation: the whole distribution is kept, not one token per position), instead of
+    /// towards the replay text's tokens; 0: the tokens.
+    pub replay_distill_top_k: usize,
     /// Extra copies of each taught answer under rewordings of its question ([`super::data::PROMPT_VARIANTS`]:
     /// fixed wrappers around the user's last turn), up to this many per SFT sample: a fact seen under several
     /// phrasings is recalled from phrasings never trained (knowledge augmentation); 0: none.
@@ -153,6 +157,7 @@ impl Default for TrainConfig {
             replay_builtin: false,
             replay_self_distilled: 0,
             replay_per_batch: 1,
+            replay_distill_top_k: 0,
             prompt_variants: 0,
             dpo_beta: 0.1,
             dpo_sft_weight: 0.0,

@@ -6,11 +6,14 @@ use crate::message::{Origin, Sample, SampleContent};
 use crate::model::{ChatMessage, Role, Tokenizer, encode_chat};
 
 /// A token sequence and which tokens are scored (predicted by the previous position).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Seq {
     pub ids: Vec<u32>,
     /// `mask[i]`: token `i` counts in the loss. Always false at 0 (nothing predicts it).
     pub mask: Vec<bool>,
+    /// What scored token `i` is trained towards instead of `ids[i]`: position `i` of these targets (one per
+    /// token), as the base's own distribution there for distilled replay. `None`: the tokens themselves.
+    pub soft: Option<std::sync::Arc<crate::model::Targets>>,
 }
 
 impl Seq {
@@ -62,7 +65,11 @@ pub fn encode_turns(
     if let Some(m) = mask.first_mut() {
         *m = false;
     }
-    let seq = Seq { ids, mask };
+    let seq = Seq {
+        ids,
+        mask,
+        soft: None,
+    };
     (seq.scored() > 0).then_some(seq)
 }
 
@@ -75,7 +82,11 @@ pub fn encode_text(tok: &Tokenizer, text: &str, max_len: usize) -> Option<Seq> {
     }
     let mut mask = vec![true; ids.len()];
     mask[0] = false;
-    Some(Seq { ids, mask })
+    Some(Seq {
+        ids,
+        mask,
+        soft: None,
+    })
 }
 
 /// Rewordings of a user's question for [`super::TrainConfig::prompt_variants`]: `{q}` is the question as asked,

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::Result;
 use super::data::Seq;
-use crate::model::{LoraSet, ModelConfig, Transformer};
+use crate::model::{LoraSet, ModelConfig, Targets, Transformer};
 
 /// Per-token log-probs of a right-padded batch: `lp[n, t]` is `log p(ids[t+1] | ids[..=t])` and
 /// `mask[n, t]` (f32) is 1 where that target is scored. Right padding is exact under a causal
@@ -40,23 +40,31 @@ pub fn token_logps(
     let mut tokens = Vec::with_capacity(n * l);
     // Per position t of the padded input: its target ids[t+1] and whether that target is scored; the last
     // position has no target.
-    let mut targets = Vec::with_capacity(n * l);
-    let mut scored = Vec::with_capacity(n * l);
+    let mut targets = Targets::with_capacity(n * l);
+    let mut mask = Vec::with_capacity(n * (l - 1));
     for s in seqs {
         tokens.extend(s.ids.iter().copied());
         tokens.extend(std::iter::repeat_n(pad, l - s.ids.len()));
         for t in 1..=l {
-            targets.push(s.ids.get(t).copied().unwrap_or(pad));
-            scored.push(t < l && s.mask.get(t).copied().unwrap_or(false));
+            let scored = t < l && s.mask.get(t).copied().unwrap_or(false);
+            if t < l {
+                mask.push(if scored { 1f32 } else { 0.0 });
+            }
+            match (&s.soft, s.ids.get(t)) {
+                (_, None) => targets.push_none(),
+                _ if !scored => targets.push_none(),
+                (Some(soft), Some(_)) if soft.len() == s.ids.len() && !soft.at(t).0.is_empty() => {
+                    let (ids, weights) = soft.at(t);
+                    let pairs: Vec<(u32, f32)> =
+                        ids.iter().copied().zip(weights.iter().copied()).collect();
+                    targets.push_soft(&pairs);
+                }
+                (_, Some(&id)) => targets.push_token(id),
+            }
         }
     }
-    let mask: Vec<f32> = scored
-        .chunks_exact(l)
-        .flat_map(|row| &row[..l - 1])
-        .map(|&s| if s { 1.0 } else { 0.0 })
-        .collect();
     let tokens = Tensor::from_vec(tokens, (n, l), &Device::Cpu)?;
-    let lp = model.target_logps(&tokens, lora, &targets, &scored)?;
+    let lp = model.target_logps(&tokens, lora, &targets)?;
     Ok(TokenLogps {
         lp: lp.narrow(1, 0, l - 1)?.contiguous()?,
         mask: Tensor::from_vec(mask, (n, l - 1), &Device::Cpu)?,

@@ -65,6 +65,9 @@ pub struct CycleReport {
     /// their sequences' forward ran again for its backward.
     #[serde(default)]
     pub recomputed_micro_batches: usize,
+    /// Seconds the cycle spent giving replay sequences the base's distributions (`replay_distill_top_k`).
+    #[serde(default)]
+    pub replay_distill_seconds: f64,
 }
 
 impl CycleReport {
@@ -113,6 +116,30 @@ impl Batch {
         self.seqs.push(s);
         (self.seqs.len() - 1) as u32
     }
+}
+
+/// The softmax of `logits` over its `k` largest entries (ties broken by the lower id), as (token, weight) pairs
+/// in descending weight.
+fn top_k_distribution(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let k = k.min(logits.len());
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k, by_logit);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(by_logit);
+    let max = idx.first().map_or(0.0, |&i| logits[i as usize]);
+    let e: Vec<f32> = idx
+        .iter()
+        .map(|&i| (logits[i as usize] - max).exp())
+        .collect();
+    let sum: f32 = e.iter().sum();
+    idx.into_iter().zip(e).map(|(i, e)| (i, e / sum)).collect()
 }
 
 /// Directory name of the checkpoint inside the checkpoint dir.
@@ -354,6 +381,32 @@ impl<'m> LoraTrainer<'m> {
         }
     }
 
+    /// With `replay_distill_top_k`, gives every replay sequence that has none the base's own next-token
+    /// distribution at its scored tokens (no adapter: the frozen base), cut to the likeliest `k` and
+    /// renormalised, which replay then trains towards. Once per sequence: the base never changes.
+    fn distill_replay(&mut self) -> Result<()> {
+        let k = self.cfg.replay_distill_top_k;
+        if k == 0 {
+            return Ok(());
+        }
+        for seq in self.replay.iter_mut().filter(|s| s.soft.is_none()) {
+            let t = Tensor::from_slice(&seq.ids, (1, seq.ids.len()), &Device::Cpu)?;
+            let logits = self.model.forward(&t, None, None)?.squeeze(0)?;
+            let rows: Vec<Vec<f32>> = logits.to_dtype(candle_core::DType::F32)?.to_vec2()?;
+            let mut soft = crate::model::Targets::with_capacity(seq.ids.len());
+            soft.push_none();
+            for i in 1..seq.ids.len() {
+                if seq.mask[i] {
+                    soft.push_soft(&top_k_distribution(&rows[i - 1], k));
+                } else {
+                    soft.push_none();
+                }
+            }
+            seq.soft = Some(Arc::new(soft));
+        }
+        Ok(())
+    }
+
     /// A detached copy of the current adapter, safe to save or serve while training continues.
     pub fn adapter(&self) -> Result<LoraSet> {
         Ok(self.set.snapshot()?)
@@ -454,6 +507,9 @@ impl<'m> LoraTrainer<'m> {
         if examples.is_empty() {
             return Err(TrainError::NoData(samples.len()));
         }
+        let distill_started = Instant::now();
+        self.distill_replay()?;
+        let replay_distill_seconds = distill_started.elapsed().as_secs_f64();
         let cycle = self.cycle;
         self.cycle += 1;
         let digest = super::data_digest(samples);
@@ -470,6 +526,7 @@ impl<'m> LoraTrainer<'m> {
             data_digest: digest.clone(),
             threads: rayon::current_num_threads(),
             resumed_at_step: (first > 0).then_some(first),
+            replay_distill_seconds,
             ..CycleReport::default()
         };
         let mut order = Order::new(self.cfg.seed, cycle, examples.len());
@@ -690,7 +747,11 @@ impl<'m> LoraTrainer<'m> {
             let mut mask = vec![false; seq_ids.len()];
             mask[ids.len()..].iter_mut().for_each(|m| *m = true);
             rewards.push(self.reward.score(messages, &out.text, answer));
-            rows.push(batch.push(Seq { ids: seq_ids, mask }));
+            rows.push(batch.push(Seq {
+                ids: seq_ids,
+                mask,
+                soft: None,
+            }));
         }
         if rows.is_empty() {
             return Ok(());

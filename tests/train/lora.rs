@@ -116,6 +116,7 @@ fn masked_tokens_contribute_zero_gradient() {
         let seq = Seq {
             ids: ids.clone(),
             mask: mask.to_vec(),
+            soft: None,
         };
         let tl = token_logps(&m, Some(&set), &[&seq], 0).unwrap();
         let lp = if reference {
@@ -203,6 +204,7 @@ fn per_sequence_graphs_give_the_whole_batch_gradients() {
                 .map(|i| (i * 37 + 11 * s as u32 + 5) % 290)
                 .collect(),
             mask: (0..n).map(|i| i % 3 != 0).collect(),
+            soft: None,
         })
         .collect();
     let refs: Vec<&Seq> = seqs.iter().collect();

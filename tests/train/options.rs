@@ -97,6 +97,10 @@ fn every_option_changes_the_update() {
         ),
         ("replay_builtin", Box::new(|c| c.replay_builtin = true)),
         ("replay_per_batch", Box::new(|c| c.replay_per_batch = 3)),
+        (
+            "replay_distill_top_k",
+            Box::new(|c| c.replay_distill_top_k = 4),
+        ),
         ("prompt_variants", Box::new(|c| c.prompt_variants = 2)),
         ("dpo_beta", Box::new(|c| c.dpo_beta = 2.0)),
         ("dpo_sft_weight", Box::new(|c| c.dpo_sft_weight = 1.0)),

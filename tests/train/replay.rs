@@ -1,5 +1,6 @@
 //! Self-distilled replay: the base's greedy answers to hearth's everyday prompts are generated once per base,
-//! cached, held apart from the gate's probes, and change what a cycle learns.
+//! cached, held apart from the gate's probes, and change what a cycle learns; distilled replay trains towards
+//! the base's own distribution.
 
 use std::collections::HashSet;
 
@@ -91,4 +92,45 @@ fn replayed_turns_change_the_update() {
         answer: "Waves hush and roll against the shore.".to_owned(),
     }];
     assert_ne!(params(&[]), params(&turns));
+}
+
+/// Replay alone (`replay_fraction` 1) from a fresh adapter, which is exactly the base: towards the replay
+/// text's tokens the first step has a gradient; towards the base's own full distribution it has none (the
+/// base is already the optimum), and with its 3 likeliest tokens only a small one, the cut tail's.
+#[test]
+fn distilled_replay_pulls_towards_the_base_not_the_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny_with(dir.path(), false);
+    let vocab = m.config().vocab_size;
+    let first_grad_norm = |top_k: usize| {
+        let cfg = TrainConfig {
+            replay_fraction: 1.0,
+            replay_per_batch: 2,
+            replay_distill_top_k: top_k,
+            dropout: 0.0,
+            steps: 1,
+            ..fast_cfg()
+        };
+        let mut tr = LoraTrainer::new(&m, &tok, cfg, None).unwrap();
+        let mut norm = f64::NAN;
+        tr.train_cycle(&[sft("a", "what is my dog called", "Biscuit")], |s| {
+            norm = s.grad_norm
+        })
+        .unwrap();
+        norm
+    };
+    let (text, full, top3) = (
+        first_grad_norm(0),
+        first_grad_norm(vocab),
+        first_grad_norm(3),
+    );
+    assert!(text > 1e-3, "text {text}");
+    assert!(
+        full < 1e-4 * text,
+        "full distribution {full} vs text {text}"
+    );
+    assert!(
+        top3 > full && top3 < text,
+        "top 3 {top3}, full {full}, text {text}"
+    );
 }

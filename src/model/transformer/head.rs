@@ -4,8 +4,9 @@
 //! vocabulary (logits, their softmax's temporaries, the gather's scatter, their gradients), each allocated,
 //! zeroed and walked by candle's element-wise pool, and projected every position onto the vocabulary, scored or
 //! not. Here the logits of scored positions are computed once (Q8_0 heads through the int8 kernel), turned into
-//! probabilities in place, and kept for the backward pass, whose gradient is `g · (onehot(target) − p) · W`,
-//! computed in row chunks (int8 as well for Q8_0 heads).
+//! probabilities in place, and kept for the backward pass, whose gradient is `g · (onehot(target) − p) · W`
+//! (for weighted targets `g · (Σ w·onehot(t) − Σw·p) · W`), computed in row chunks (int8 as well for Q8_0
+//! heads).
 
 use std::sync::Mutex;
 
@@ -28,39 +29,108 @@ fn chunk_rows(vocab: usize) -> usize {
     (CHUNK_BYTES / (vocab.max(1) * std::mem::size_of::<f32>())).max(1)
 }
 
+/// What each position of a batch is scored against, in row-major order: nothing, one token (weight 1), or a
+/// distribution over a few tokens (weights summing to 1, as a teacher's likeliest tokens), whose value is the
+/// weighted log-probability `Σ w·log p(t)`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Targets {
+    /// Where each position's pairs start in `ids`/`weights`; one more entry than positions.
+    offsets: Vec<usize>,
+    ids: Vec<u32>,
+    weights: Vec<f32>,
+}
+
+impl Targets {
+    pub fn with_capacity(positions: usize) -> Self {
+        let mut offsets = Vec::with_capacity(positions + 1);
+        offsets.push(0);
+        Self {
+            offsets,
+            ids: Vec::with_capacity(positions),
+            weights: Vec::with_capacity(positions),
+        }
+    }
+
+    /// Hard targets: `targets[i]` where `scored[i]`, nothing elsewhere.
+    pub fn tokens(targets: &[u32], scored: &[bool]) -> Self {
+        let mut t = Self::with_capacity(targets.len());
+        for (&id, &s) in targets.iter().zip(scored) {
+            if s {
+                t.push_token(id);
+            } else {
+                t.push_none();
+            }
+        }
+        t
+    }
+
+    /// An unscored position.
+    pub fn push_none(&mut self) {
+        self.offsets.push(self.ids.len());
+    }
+
+    /// A position scored against one token.
+    pub fn push_token(&mut self, id: u32) {
+        self.push_soft(&[(id, 1.0)]);
+    }
+
+    /// A position scored against a distribution over a few tokens.
+    pub fn push_soft(&mut self, pairs: &[(u32, f32)]) {
+        for &(id, w) in pairs {
+            self.ids.push(id);
+            self.weights.push(w);
+        }
+        self.offsets.push(self.ids.len());
+    }
+
+    /// Positions.
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The pairs of position `i`: token ids and weights.
+    pub fn at(&self, i: usize) -> (&[u32], &[f32]) {
+        let (s, e) = (self.offsets[i], self.offsets[i + 1]);
+        (&self.ids[s..e], &self.weights[s..e])
+    }
+}
+
 /// See [`super::Transformer::target_logps`]: `x` is the final norm's output `[positions, hidden]`.
-pub(super) fn target_logps(
-    head: &QLinear,
-    x: &Tensor,
-    targets: &[u32],
-    scored: &[bool],
-) -> Result<Tensor> {
+pub(super) fn target_logps(head: &QLinear, x: &Tensor, targets: &Targets) -> Result<Tensor> {
     let rows_per_chunk = chunk_rows(head.out_features());
-    target_logps_in_chunks(head, x, targets, scored, rows_per_chunk)
+    target_logps_in_chunks(head, x, targets, rows_per_chunk)
 }
 
 /// [`target_logps`] with `rows_per_chunk` scored rows per chunk.
 fn target_logps_in_chunks(
     head: &QLinear,
     x: &Tensor,
-    targets: &[u32],
-    scored: &[bool],
+    targets: &Targets,
     rows_per_chunk: usize,
 ) -> Result<Tensor> {
     let vocab = head.out_features();
     let mut rows = Vec::new();
-    let mut row_targets = Vec::new();
-    for (i, (&t, &s)) in targets.iter().zip(scored).enumerate() {
-        if !s {
+    let mut scored = Targets::with_capacity(targets.len());
+    for i in 0..targets.len() {
+        let (ids, weights) = targets.at(i);
+        if ids.is_empty() {
             continue;
         }
-        if t as usize >= vocab {
+        if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(ModelError::Input(format!(
                 "target {t} at position {i} is outside the vocabulary of {vocab}"
             )));
         }
         rows.push(i);
-        row_targets.push(t as usize);
+        for (&t, &w) in ids.iter().zip(weights) {
+            scored.ids.push(t);
+            scored.weights.push(w);
+        }
+        scored.offsets.push(scored.ids.len());
     }
     let op = HeadLogps {
         head: head.weight.clone(),
@@ -68,7 +138,7 @@ fn target_logps_in_chunks(
         vocab,
         hidden: head.in_features(),
         rows,
-        targets: row_targets,
+        targets: scored,
         keep: x.track_op(),
         probs: Mutex::new(None),
         rows_per_chunk: rows_per_chunk.max(1),
@@ -81,9 +151,9 @@ struct HeadLogps {
     transposed: std::sync::Arc<TransposeCache>,
     vocab: usize,
     hidden: usize,
-    /// Scored positions, ascending, and their targets.
+    /// Scored positions, ascending, and their targets (one entry per scored position).
     rows: Vec<usize>,
-    targets: Vec<usize>,
+    targets: Targets,
     /// Whether a backward pass can follow (the input tracks gradients): then `probs` keeps the softmax.
     keep: bool,
     /// `[rows.len(), vocab]` softmax of the scored rows' logits, from the forward pass, in chunks of
@@ -156,11 +226,7 @@ impl CustomOp1 for HeadLogps {
         }
         let per_chunk = self.rows_per_chunk;
         let mut kept = Vec::new();
-        for (rows, targets) in self
-            .rows
-            .chunks(per_chunk)
-            .zip(self.targets.chunks(per_chunk))
-        {
+        for (c, rows) in self.rows.chunks(per_chunk).enumerate() {
             let mut x_rows = Vec::with_capacity(rows.len() * d);
             for &r in rows {
                 x_rows.extend_from_slice(&x[r * d..(r + 1) * d]);
@@ -168,10 +234,16 @@ impl CustomOp1 for HeadLogps {
             let mut probs = self.logits(x_rows, rows.len())?;
             let lps: Vec<f32> = probs
                 .par_chunks_mut(self.vocab)
-                .zip(targets.par_iter())
-                .map(|(row, &t)| {
+                .enumerate()
+                .map(|(i, row)| {
+                    let (ids, weights) = self.targets.at(c * per_chunk + i);
                     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let lp = row[t] - max;
+                    // Σ w·(logit − max), then less Σw·log Σ: for one token at weight 1, its log-softmax.
+                    let (mut lp, mut total) = (0f32, 0f32);
+                    for (&t, &w) in ids.iter().zip(weights) {
+                        lp += w * (row[t as usize] - max);
+                        total += w;
+                    }
                     // One exponential per logit: kept as the unnormalised probability when a backward
                     // pass needs it, then scaled by 1 / Σ.
                     let sum = super::train_ops::exp_shifted(row, max);
@@ -179,7 +251,7 @@ impl CustomOp1 for HeadLogps {
                         let inv = 1.0 / sum;
                         row.iter_mut().for_each(|v| *v *= inv);
                     }
-                    lp - sum.ln()
+                    lp - total * sum.ln()
                 })
                 .collect();
             for (&r, lp) in rows.iter().zip(lps) {
@@ -209,22 +281,23 @@ impl CustomOp1 for HeadLogps {
             candle_core::bail!("head-logps: backward without the forward's probabilities");
         };
         let v = self.vocab;
-        let chunks: Vec<(&[usize], &[usize])> = self
-            .rows
-            .chunks(self.rows_per_chunk)
-            .zip(self.targets.chunks(self.rows_per_chunk))
-            .collect();
-        for (&(rows, targets), dl) in chunks.iter().zip(dls.iter_mut()) {
-            // d lp / d logits = onehot(target) − p, times the incoming gradient of that position.
+        let per_chunk = self.rows_per_chunk;
+        let chunks: Vec<&[usize]> = self.rows.chunks(per_chunk).collect();
+        for (c, (&rows, dl)) in chunks.iter().zip(dls.iter_mut()).enumerate() {
+            // d lp / d logits = Σ w·onehot(t) − (Σ w)·p, times the incoming gradient of that position.
             dl.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
+                let (ids, weights) = self.targets.at(c * per_chunk + i);
                 let gi = g[rows[i]];
-                row.iter_mut().for_each(|p| *p *= -gi);
-                row[targets[i]] += gi;
+                let total: f32 = weights.iter().sum();
+                row.iter_mut().for_each(|p| *p *= -gi * total);
+                for (&t, &w) in ids.iter().zip(weights) {
+                    row[t as usize] += gi * w;
+                }
             });
         }
         let mut dxs: Vec<Vec<f32>> = chunks
             .iter()
-            .map(|(rows, _)| vec![0f32; rows.len() * d])
+            .map(|rows| vec![0f32; rows.len() * d])
             .collect();
         match self.backward_weight()? {
             BackwardWeight::Int8(w) => {
@@ -244,7 +317,7 @@ impl CustomOp1 for HeadLogps {
             }
         }
         let mut grad = vec![0f32; n * d];
-        for ((rows, _), dx) in chunks.iter().zip(&dxs) {
+        for (rows, dx) in chunks.iter().zip(&dxs) {
             for (i, &r) in rows.iter().enumerate() {
                 grad[r * d..(r + 1) * d].copy_from_slice(&dx[i * d..(i + 1) * d]);
             }
@@ -301,9 +374,13 @@ mod tests {
         {
             assert!(chunk_rows(v) >= n);
             let x = Var::from_tensor(&x0).unwrap();
-            let got =
-                target_logps_in_chunks(head, x.as_tensor(), &targets, &scored, rows_per_chunk)
-                    .unwrap();
+            let got = target_logps_in_chunks(
+                head,
+                x.as_tensor(),
+                &Targets::tokens(&targets, &scored),
+                rows_per_chunk,
+            )
+            .unwrap();
             let loss = (&got * &weights).unwrap().sum_all().unwrap();
             let grad = loss.backward().unwrap().get(x.as_tensor()).unwrap().clone();
             let (got, want): (Vec<f32>, Vec<f32>) =
@@ -321,6 +398,60 @@ mod tests {
             for (i, (a, b)) in g.iter().zip(&wg).enumerate() {
                 assert!((a - b).abs() <= tol * scale, "grad[{i}] {a} vs {b}");
                 assert!(scored[i / d] || *a == 0.0);
+            }
+        }
+    }
+
+    /// Soft targets (a few tokens with weights summing to 1) against the composition `Σ w·log_softmax[t]`:
+    /// the same values and input gradient, in one chunk and in chunks of 3 rows; unscored positions stay 0.
+    #[test]
+    fn soft_targets_match_the_composition() {
+        let (n, d, v) = (9, 32, 200);
+        let dev = &Device::Cpu;
+        let w = Tensor::randn(0f32, 0.3, (v, d), dev).unwrap();
+        let x0 = Tensor::randn(0f32, 1.0, (n, d), dev).unwrap();
+        let mut targets = Targets::with_capacity(n);
+        let mut dense = vec![0f32; n * v];
+        for i in 0..n {
+            if i % 4 == 3 {
+                targets.push_none();
+                continue;
+            }
+            let pairs: Vec<(u32, f32)> = (0..3)
+                .map(|k| (((i * 31 + k * 17) % v) as u32, [0.6f32, 0.3, 0.1][k]))
+                .collect();
+            for &(t, wt) in &pairs {
+                dense[i * v + t as usize] += wt;
+            }
+            targets.push_soft(&pairs);
+        }
+        let weights = Tensor::randn(0f32, 1.0, n, dev).unwrap();
+        let x = Var::from_tensor(&x0).unwrap();
+        let logits = x.as_tensor().matmul(&w.t().unwrap()).unwrap();
+        let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
+        let q = Tensor::from_vec(dense, (n, v), dev).unwrap();
+        let want = (lsm * q).unwrap().sum(1).unwrap();
+        let loss = (&want * &weights).unwrap().sum_all().unwrap();
+        let want_grad = loss.backward().unwrap().get(x.as_tensor()).unwrap().clone();
+        let head = QLinear::from_dense(w).unwrap();
+        for rows_per_chunk in [chunk_rows(v), 3] {
+            let x = Var::from_tensor(&x0).unwrap();
+            let got =
+                target_logps_in_chunks(&head, x.as_tensor(), &targets, rows_per_chunk).unwrap();
+            let loss = (&got * &weights).unwrap().sum_all().unwrap();
+            let grad = loss.backward().unwrap().get(x.as_tensor()).unwrap().clone();
+            let (got, want): (Vec<f32>, Vec<f32>) =
+                (got.to_vec1().unwrap(), want.to_vec1().unwrap());
+            for i in 0..n {
+                assert!((got[i] - want[i]).abs() <= 1e-5 * want[i].abs().max(1.0));
+            }
+            let (g, wg): (Vec<f32>, Vec<f32>) = (
+                grad.flatten_all().unwrap().to_vec1().unwrap(),
+                want_grad.flatten_all().unwrap().to_vec1().unwrap(),
+            );
+            let scale = wg.iter().fold(0f32, |a, b| a.max(b.abs()));
+            for (a, b) in g.iter().zip(&wg) {
+                assert!((a - b).abs() <= 1e-5 * scale, "{a} vs {b}");
             }
         }
     }

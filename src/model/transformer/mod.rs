@@ -28,6 +28,7 @@ mod attention_train;
 mod decode;
 mod f32_gemm;
 mod head;
+pub use head::Targets;
 mod kv_cache;
 mod lora_linear;
 mod lora_rows;
@@ -555,28 +556,27 @@ impl Transformer {
         self.run(tokens, None, lora, true, Logits::All)
     }
 
-    /// Training's log-probabilities: `lp[n, t] = log softmax(logits[n, t])[targets[n·l + t]]` for every
-    /// position where `scored[n·l + t]`, and 0 elsewhere (`tokens: [n, l]`; `targets` and `scored` have
-    /// `n·l` entries). Differentiable like [`Self::forward_train`], but the head's logits exist only inside one
-    /// op and only for scored positions (see the `head` module), so callers must weigh `lp` by the same mask.
+    /// Training's log-probabilities: `lp[n, t]` is position `n·l + t`'s weighted target log-probability,
+    /// `Σ w·log softmax(logits[n, t])[id]` over its [`Targets`] (for one token: that token's log-probability),
+    /// and 0 where it has none (`tokens: [n, l]`; `targets` has `n·l` positions). Differentiable like
+    /// [`Self::forward_train`], but the head's logits exist only inside one op and only for scored positions
+    /// (see the `head` module), so callers must weigh `lp` by the same mask.
     pub fn target_logps(
         &self,
         tokens: &Tensor,
         lora: Option<&LoraSet>,
-        targets: &[u32],
-        scored: &[bool],
+        targets: &Targets,
     ) -> Result<Tensor> {
         let (n, l) = tokens.dims2()?;
-        if targets.len() != n * l || scored.len() != n * l {
+        if targets.len() != n * l {
             return Err(ModelError::Input(format!(
-                "{} targets and {} scored flags for {n}x{l} positions",
-                targets.len(),
-                scored.len()
+                "{} targets for {n}x{l} positions",
+                targets.len()
             )));
         }
         let h = self.run(tokens, None, lora, true, Logits::Hidden)?;
         let h = h.reshape((n * l, self.config.hidden_size))?;
-        Ok(head::target_logps(&self.head, &h, targets, scored)?.reshape((n, l))?)
+        Ok(head::target_logps(&self.head, &h, targets)?.reshape((n, l))?)
     }
 
     /// The residual stream (no final norm, no logits) after each of `layers` blocks, ascending and
