@@ -4,7 +4,7 @@
 //!
 //! MODEL is the base the probe reads: a GGUF, or a data directory, meaning the default model
 //! prepared there as `serve` prepares it (`DATA_DIR/models/SmolLM2-135M-Instruct.Q8_0.gguf`).
-//! It embeds the probe's training prompts, the dev split and the four hand-written held-out sets
+//! It embeds the probe's training prompts, the dev split and the five hand-written held-out sets
 //! with the base (cached under `target/guard_probe/`, keyed by the base's hash, so a rerun costs
 //! seconds), fits a binary logistic head, chooses the threshold on the combined score on dev only
 //! (the most recall minus safe-flag rate), prints dev and held-out figures side by side for
@@ -176,6 +176,7 @@ fn main() -> ExitCode {
         prompts("heldout2_prompts.jsonl", "held-out-2"),
         prompts("heldout3_prompts.jsonl", "held-out-3"),
         prompts("heldout_personal.jsonl", "held-out-personal"),
+        prompts("heldout4_prompts.jsonl", "held-out-4"),
     ];
     let evs: Vec<Vec<Vec<f32>>> = sets
         .iter()
