@@ -11,8 +11,9 @@ use std::sync::LazyLock;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use regex::bytes::Regex;
+use smallvec::SmallVec;
 
-use super::{Cand, PiiType, prio};
+use super::{Cand, PiiType, prio, structured};
 
 /// Words that name a national person number, lower case where ASCII (matched without regard to ASCII case). The
 /// structured pass's keyword walk wakes [`cued`] on any of them.
@@ -255,7 +256,8 @@ fn value_end(b: &[u8], s: usize) -> Option<usize> {
     });
     // (five digits, a dash and four more are a US ZIP+4 code)
     let zip4 = v.len() == 10 && v[5] == b'-' && digits == 9;
-    if digits < 6 || digits + letters > 24 || looks_like_date(v) || zip4 || unissued_ssn(v) {
+    if digits < 6 || digits + letters > 24 || structured::is_date_like(v) || zip4 || unissued_ssn(v)
+    {
         return None;
     }
     Some(e)
@@ -270,18 +272,8 @@ fn unissued_ssn(v: &[u8]) -> bool {
         && [0..3, 4..6, 7..11]
             .iter()
             .all(|r| v[r.clone()].iter().all(u8::is_ascii_digit));
-    shaped && (&v[..3] == b"000" || &v[..3] == b"666" || &v[4..6] == b"00" || &v[7..] == b"0000")
-}
-
-/// `12/03/1985`, `1985-03-12`, `12.03.85`: three digit groups of a date's lengths.
-fn looks_like_date(v: &[u8]) -> bool {
-    let parts: Vec<&[u8]> = v.split(|c| matches!(c, b'-' | b'.' | b'/')).collect();
-    parts.len() == 3
-        && parts.iter().all(|p| p.iter().all(u8::is_ascii_digit))
-        && matches!(
-            parts.iter().map(|p| p.len()).collect::<Vec<_>>().as_slice(),
-            [1 | 2, 1 | 2, 2 | 4] | [4, 1 | 2, 1 | 2]
-        )
+    let part = |r: std::ops::Range<usize>| num(&digits_of(&v[r])) as u32;
+    shaped && !structured::ssn_parts_issued(part(0..3), part(4..6), part(7..11))
 }
 
 /// Every bare format written without spaces, one alternative each, matched against a whole token; [`valid_bare`]
@@ -427,20 +419,10 @@ fn valid_bare(v: &[u8]) -> bool {
     }
 }
 
+/// The card check ([`structured::luhn`]) over digit values.
 fn luhn(d: &[u32]) -> bool {
-    let s: u32 = d
-        .iter()
-        .rev()
-        .enumerate()
-        .map(|(i, &x)| {
-            if i % 2 == 1 {
-                if x * 2 > 9 { x * 2 - 9 } else { x * 2 }
-            } else {
-                x
-            }
-        })
-        .sum();
-    s.is_multiple_of(10)
+    let ascii: SmallVec<[u8; 16]> = d.iter().map(|&x| b'0' + x as u8).collect();
+    structured::luhn(&ascii)
 }
 
 fn date_ok(m: u64, d: u64) -> bool {

@@ -1145,8 +1145,13 @@ fn digit_runs(b: &[u8], out: &mut Vec<Cand>) {
     }
 }
 
+/// An SSN's area, group and serial as they can be issued: never area 000 or 666, group 00 or serial 0000.
+pub(super) fn ssn_parts_issued(a: u32, g: u32, sr: u32) -> bool {
+    a != 0 && a != 666 && g != 0 && sr != 0
+}
+
 fn ssn_parts_ok(a: u32, g: u32, sr: u32) -> bool {
-    a != 0 && a != 666 && a < 900 && g != 0 && sr != 0
+    ssn_parts_issued(a, g, sr) && a < 900
 }
 
 fn ssn(b: &[u8], s: usize, e: usize, groups: &[(usize, usize)], out: &mut Vec<Cand>) {
@@ -1166,7 +1171,8 @@ fn ssn(b: &[u8], s: usize, e: usize, groups: &[(usize, usize)], out: &mut Vec<Ca
         let (area, group, serial) = (num(groups[0]), num(groups[1]), num(groups[2]));
         // Areas 900-999 are taxpayer numbers (ITINs), as personal as an SSN: dashed like one, or
         // after a cue. Area 000 or 666, group 00 and serial 0000 are never issued.
-        let itin = (sep1 == b'-' || has_ctx) && area >= 900 && group != 0 && serial != 0;
+        let itin =
+            (sep1 == b'-' || has_ctx) && area >= 900 && ssn_parts_issued(area, group, serial);
         if sep1 != sep2 || !(ssn_parts_ok(area, group, serial) || itin) {
             return;
         }
@@ -1383,7 +1389,8 @@ fn phones(b: &[u8], out: &mut Vec<Cand>) {
     }
 }
 
-fn is_date_like(v: &[u8]) -> bool {
+/// `12/03/1985`, `1985-03-12`, `12.03.85`: three digit groups of a date's lengths.
+pub(super) fn is_date_like(v: &[u8]) -> bool {
     let mut l = [0usize; 3];
     let mut parts = 0;
     for p in v.split(|c| matches!(c, b'.' | b'-' | b'/')) {
