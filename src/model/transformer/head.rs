@@ -52,7 +52,8 @@ impl Targets {
     }
 
     /// Hard targets: `targets[i]` where `scored[i]`, nothing elsewhere.
-    pub fn tokens(targets: &[u32], scored: &[bool]) -> Self {
+    #[cfg(test)]
+    fn tokens(targets: &[u32], scored: &[bool]) -> Self {
         let mut t = Self::with_capacity(targets.len());
         for (&id, &s) in targets.iter().zip(scored) {
             if s {
