@@ -14,12 +14,14 @@ use std::sync::Arc;
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod emulated;
 pub mod ops;
 #[cfg(feature = "rocm")]
 mod rocm;
 
-/// Where a graph's model runs: `cpu`, `cuda:N`, `rocm:N` (`cuda`/`rocm` alone mean device 0), or `auto` (the
-/// first GPU that opens, else the CPU).
+/// Where a graph's model runs: `cpu`, `cuda:N`, `rocm:N` (`cuda`/`rocm` alone mean device 0), `auto` (the
+/// first GPU that opens, else the CPU), or `emulated`: the GPU path with every kernel run by its reference in
+/// Rust on the CPU (slow; for checking that path on a machine without a GPU, never chosen by `auto`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Device {
     #[default]
@@ -27,6 +29,7 @@ pub enum Device {
     Cuda(usize),
     Rocm(usize),
     Auto,
+    Emulated,
 }
 
 impl FromStr for Device {
@@ -41,6 +44,7 @@ impl FromStr for Device {
         match (kind, index) {
             ("cpu", None) => Ok(Device::Cpu),
             ("auto", None) => Ok(Device::Auto),
+            ("emulated", None) => Ok(Device::Emulated),
             ("cuda", n) => Ok(Device::Cuda(n.unwrap_or(0))),
             ("rocm", n) => Ok(Device::Rocm(n.unwrap_or(0))),
             _ => Err(bad()),
@@ -55,6 +59,7 @@ impl fmt::Display for Device {
             Device::Cuda(n) => write!(f, "cuda:{n}"),
             Device::Rocm(n) => write!(f, "rocm:{n}"),
             Device::Auto => f.write_str("auto"),
+            Device::Emulated => f.write_str("emulated"),
         }
     }
 }
@@ -108,7 +113,7 @@ impl Device {
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("`{0}` is not a device (expected cpu, auto, cuda, cuda:N, rocm or rocm:N)")]
+    #[error("`{0}` is not a device (expected cpu, auto, cuda, cuda:N, rocm, rocm:N or emulated)")]
     BadDevice(String),
     #[error("this build has no `{0}` feature")]
     NotBuilt(&'static str),
@@ -209,7 +214,6 @@ pub fn compiler_present(target: Target) -> bool {
 
 /// A loaded kernel entry point (a `CUfunction` or `hipFunction_t`).
 #[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) struct Func(pub(crate) usize);
 
 /// The few driver calls the kernels need, over device pointers as integers so both vendors look alike.
@@ -298,6 +302,7 @@ impl Gpu {
             Device::Rocm(n) => Arc::new(rocm::RocmRuntime::open(n)?),
             #[cfg(not(feature = "rocm"))]
             Device::Rocm(_) => return Err(GpuError::NotBuilt("rocm")),
+            Device::Emulated => Arc::new(emulated::EmulatedRuntime::new()),
             Device::Cpu | Device::Auto => return Err(GpuError::BadDevice(device.to_string())),
         };
         Ok(Gpu { rt, device })

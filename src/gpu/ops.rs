@@ -10,6 +10,8 @@ const BLOCK: u32 = 256;
 const ROWS: usize = 8;
 /// Shared memory a block may use without opting in on every vendor (48 KiB).
 const SHARED_LIMIT: usize = 48 * 1024;
+/// The longest cache [`attention_decode`] reads: its scores and a 32-float scratch fill the shared memory.
+pub const ATTENTION_MAX_POSITIONS: usize = SHARED_LIMIT / 4 - 32;
 
 fn need<T: Pod>(op: &'static str, what: &str, buf: &Buffer<T>, n: usize) -> Result<(), GpuError> {
     if buf.len() < n {

@@ -51,7 +51,9 @@ pub fn configure_candle_threads() {
         unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
     }
 }
-pub use transformer::{KvCache, KvPrecision, MAX_POSITIONS, QLinear, Targets, Transformer};
+pub use transformer::{
+    GpuDecoder, KvCache, KvPrecision, MAX_POSITIONS, QLinear, Targets, Transformer,
+};
 
 /// Everything that can go wrong loading or running a model. Variants name the file, key or tensor
 /// so that a bad download is diagnosable without a debugger.
@@ -91,6 +93,8 @@ pub enum ModelError {
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
     Kernel(#[from] q8::Q8Error),
+    #[error("gpu: {0}")]
+    Gpu(#[from] crate::gpu::GpuError),
 }
 
 /// Result alias for the model module.

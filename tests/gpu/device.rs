@@ -11,6 +11,7 @@ fn device_names_parse_and_print_back() {
         ("cuda:1", Device::Cuda(1)),
         ("rocm", Device::Rocm(0)),
         ("rocm:2", Device::Rocm(2)),
+        ("emulated", Device::Emulated),
     ] {
         assert_eq!(text.parse::<Device>().unwrap(), device, "{text}");
     }

@@ -9,7 +9,7 @@ use hearth::model::q8;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::gpus;
+use super::devices;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -83,7 +83,7 @@ fn down(gpu: &Gpu, b: &Buffer<f32>) -> Vec<f32> {
 
 #[test]
 fn q8_matmul_matches_the_dequantized_product() {
-    for gpu in gpus("q8_matmul_matches_the_dequantized_product") {
+    for gpu in devices("q8_matmul_matches_the_dequantized_product") {
         for (m, k, n) in [(1, 576, 96), (11, 1536, 40), (8, 64, 3)] {
             let bytes = quantize(&random(n * k, 1), k);
             let mut w = vec![0f32; n * k];
@@ -111,7 +111,7 @@ fn q8_matmul_matches_the_dequantized_product() {
 
 #[test]
 fn q8_matmul_t_matches_the_dequantized_transpose_product() {
-    for gpu in gpus("q8_matmul_t_matches_the_dequantized_transpose_product") {
+    for gpu in devices("q8_matmul_t_matches_the_dequantized_transpose_product") {
         for (m, k, n) in [(1, 576, 96), (13, 320, 50)] {
             let bytes = quantize(&random(n * k, 3), k);
             let mut w = vec![0f32; n * k];
@@ -139,7 +139,7 @@ fn q8_matmul_t_matches_the_dequantized_transpose_product() {
 
 #[test]
 fn q8_products_refuse_short_buffers() {
-    for gpu in gpus("q8_products_refuse_short_buffers") {
+    for gpu in devices("q8_products_refuse_short_buffers") {
         let (w, x, y) = (
             gpu.zeros::<u8>(34).unwrap(),
             gpu.zeros::<f32>(64).unwrap(),
@@ -163,7 +163,7 @@ fn rms_norm_ref(x: &[f64], w: &[f64], n: usize, eps: f64) -> Vec<f64> {
 
 #[test]
 fn rms_norm_and_its_backward_match_the_reference() {
-    for gpu in gpus("rms_norm_and_its_backward_match_the_reference") {
+    for gpu in devices("rms_norm_and_its_backward_match_the_reference") {
         let (rows, n, eps) = (3, 576, 1e-5f32);
         let (x, w, dy) = (random(rows * n, 5), random(n, 6), random(rows * n, 7));
         let (xd, wd, dyd) = (f64s(&x), f64s(&w), f64s(&dy));
@@ -216,7 +216,7 @@ fn rope_ref(
 
 #[test]
 fn rope_rotates_both_layouts_and_inverts() {
-    for gpu in gpus("rope_rotates_both_layouts_and_inverts") {
+    for gpu in devices("rope_rotates_both_layouts_and_inverts") {
         let (rows, heads, hd, positions) = (4, 3, 64, 50);
         let half = hd / 2;
         let angle = |p: usize, i: usize| p as f64 / 10000f64.powf(2.0 * i as f64 / hd as f64);
@@ -268,7 +268,7 @@ fn rope_rotates_both_layouts_and_inverts() {
 
 #[test]
 fn attention_decode_matches_the_reference() {
-    for gpu in gpus("attention_decode_matches_the_reference") {
+    for gpu in devices("attention_decode_matches_the_reference") {
         let s = AttentionShape {
             heads: 9,
             kv_heads: 3,
@@ -328,7 +328,7 @@ fn silu_mul_ref(g: &[f64], u: &[f64]) -> Vec<f64> {
 
 #[test]
 fn silu_mul_and_its_backward_match_the_reference() {
-    for gpu in gpus("silu_mul_and_its_backward_match_the_reference") {
+    for gpu in devices("silu_mul_and_its_backward_match_the_reference") {
         let n = 1000;
         let (g, u, dy) = (random(n, 12), random(n, 13), random(n, 14));
         let (gd, ud, dyd) = (f64s(&g), f64s(&u), f64s(&dy));
@@ -366,7 +366,7 @@ fn softmax_ref(x: &[f64], cols: usize, causal: bool) -> Vec<f64> {
 
 #[test]
 fn softmax_and_its_backward_match_the_reference() {
-    for gpu in gpus("softmax_and_its_backward_match_the_reference") {
+    for gpu in devices("softmax_and_its_backward_match_the_reference") {
         let (rows, cols) = (2 * 24, 24);
         let x = random(rows * cols, 15)
             .iter()
@@ -416,7 +416,7 @@ fn lora_ref(x: &[f64], a: &[f64], b: &[f64], y: &[f64], s: LoraShape, scale: f64
 
 #[test]
 fn lora_forward_and_backward_match_the_reference() {
-    for gpu in gpus("lora_forward_and_backward_match_the_reference") {
+    for gpu in devices("lora_forward_and_backward_match_the_reference") {
         let s = LoraShape {
             m: 5,
             k: 96,
@@ -478,7 +478,7 @@ fn lora_forward_and_backward_match_the_reference() {
 /// A fresh adapter (B = 0, as PEFT and hearth initialise it) leaves the base output bitwise unchanged.
 #[test]
 fn a_fresh_adapter_is_bitwise_the_base() {
-    for gpu in gpus("a_fresh_adapter_is_bitwise_the_base") {
+    for gpu in devices("a_fresh_adapter_is_bitwise_the_base") {
         let s = LoraShape {
             m: 3,
             k: 64,
@@ -503,7 +503,7 @@ fn a_fresh_adapter_is_bitwise_the_base() {
 
 #[test]
 fn add_kv_append_and_advance_write_what_they_name() {
-    for gpu in gpus("add_kv_append_and_advance_write_what_they_name") {
+    for gpu in devices("add_kv_append_and_advance_write_what_they_name") {
         let (x, d) = (random(300, 26), random(300, 27));
         let (xb, db) = (up(&gpu, &x), up(&gpu, &d));
         ops::add_into(&gpu, &xb, &db, 300).unwrap();

@@ -1,8 +1,11 @@
 //! GPU kernels: every kernel compiles for every target this machine can compile for (NVRTC when
 //! libnvrtc loads, clang-19 for gfx1100/gfx1151 when it is installed), and on a GPU every kernel matches a
 //! CPU reference computed here. Each check skips with a printed notice when its library or device is absent.
+//! The `emulated` device runs the same checks everywhere: its Rust kernels against the same references, and
+//! the host code over them (the shape checks, the decode step) against the CPU model.
 
 mod compile;
+mod decode;
 mod device;
 mod kernels;
 mod throughput;
@@ -22,5 +25,12 @@ pub fn gpus(test: &str) -> Vec<Gpu> {
     if out.is_empty() {
         eprintln!("{test}: skipped, no GPU opened ({})", why.join("; "));
     }
+    out
+}
+
+/// The GPUs this machine opens, then the emulated device, which every machine has.
+pub fn devices(test: &str) -> Vec<Gpu> {
+    let mut out = gpus(test);
+    out.push(Gpu::open(Device::Emulated).expect("the emulated device always opens"));
     out
 }

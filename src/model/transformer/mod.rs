@@ -27,6 +27,8 @@ mod attention_decode;
 mod attention_train;
 mod decode;
 mod f32_gemm;
+mod gpu_decode;
+pub use gpu_decode::GpuDecoder;
 mod head;
 pub use head::Targets;
 mod kv_cache;

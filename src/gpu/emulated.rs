@@ -1,0 +1,556 @@
+//! The `emulated` device: every kernel entry point's semantics in plain Rust over host memory, behind the same
+//! [`Runtime`] as the vendors' drivers. It runs the GPU path's host code (the shape checks and argument order in
+//! `ops`, buffer management, graph capture and replay, and what a model builds over them) on a machine without
+//! a GPU, so CI checks that code against the CPU model. It says nothing about the `.cu` sources themselves:
+//! those are checked on a GPU against the same references (`tests/gpu`).
+//!
+//! Sums run in index order rather than in a block reduction's order, so results differ from a GPU's in the
+//! last bits only.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use half::f16;
+
+use super::{Func, GpuError, KERNELS, Runtime};
+use crate::model::q8::{BLOCK_BYTES as Q8_BYTES, QK8_0 as QK};
+
+/// One launch's grid and its arguments, each an 8-byte slot as the drivers receive it.
+#[derive(Clone)]
+struct Launch {
+    entry: &'static str,
+    grid: (u32, u32, u32),
+    args: Vec<[u8; 8]>,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    memory: HashMap<u64, Vec<u8>>,
+    /// Launches recorded since `begin_capture`, when capturing.
+    capturing: Option<Vec<Launch>>,
+    graphs: HashMap<usize, Vec<Launch>>,
+    next_graph: usize,
+}
+
+pub(super) struct EmulatedRuntime {
+    state: Mutex<State>,
+}
+
+impl EmulatedRuntime {
+    pub(super) fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                // Non-zero, aligned addresses, so a null pointer is never a buffer.
+                next: 0x1000,
+                ..State::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn fault(message: String) -> GpuError {
+    GpuError::Driver {
+        call: "emulated launch",
+        message,
+    }
+}
+
+impl Runtime for EmulatedRuntime {
+    fn alloc(&self, bytes: usize) -> Result<u64, GpuError> {
+        let mut s = self.lock();
+        let ptr = s.next;
+        s.next += (bytes as u64).div_ceil(256).max(1) * 256;
+        s.memory.insert(ptr, vec![0u8; bytes]);
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: u64) {
+        self.lock().memory.remove(&ptr);
+    }
+
+    fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+        let mut s = self.lock();
+        let buf = s
+            .memory
+            .get_mut(&dst)
+            .ok_or_else(|| fault(format!("copy to {dst:#x}, not a buffer")))?;
+        let have = buf.len();
+        buf.get_mut(..src.len())
+            .ok_or_else(|| fault(format!("copy of {} bytes into {have}", src.len())))?
+            .copy_from_slice(src);
+        Ok(())
+    }
+
+    fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
+        let s = self.lock();
+        let buf = s
+            .memory
+            .get(&src)
+            .ok_or_else(|| fault(format!("copy from {src:#x}, not a buffer")))?;
+        let from = buf
+            .get(..dst.len())
+            .ok_or_else(|| fault(format!("copy of {} bytes from {}", dst.len(), buf.len())))?;
+        dst.copy_from_slice(from);
+        Ok(())
+    }
+
+    fn function(&self, entry: &'static str) -> Result<Func, GpuError> {
+        let index = KERNELS
+            .iter()
+            .flat_map(|k| k.entries.iter())
+            .position(|e| *e == entry)
+            .ok_or_else(|| GpuError::Shape {
+                op: "function",
+                reason: format!("no kernel defines `{entry}`"),
+            })?;
+        Ok(Func(index))
+    }
+
+    unsafe fn launch(
+        &self,
+        f: Func,
+        grid: (u32, u32, u32),
+        _block: u32,
+        _shared: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), GpuError> {
+        let entry = KERNELS
+            .iter()
+            .flat_map(|k| k.entries.iter())
+            .nth(f.0)
+            .copied()
+            .ok_or_else(|| fault(format!("function {} was never loaded", f.0)))?;
+        // SAFETY: the caller's contract: each parameter points at an 8-byte slot (`Gpu::launch`).
+        let args = params
+            .iter()
+            .map(|p| unsafe { *(*p as *const [u8; 8]) })
+            .collect();
+        let launch = Launch { entry, grid, args };
+        let mut s = self.lock();
+        if let Some(recorded) = &mut s.capturing {
+            recorded.push(launch);
+            return Ok(());
+        }
+        run(&mut s.memory, &launch)
+    }
+
+    fn synchronize(&self) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "emulated (the kernels' semantics in Rust, on the CPU)".into()
+    }
+
+    fn begin_capture(&self) -> Result<(), GpuError> {
+        let mut s = self.lock();
+        if s.capturing.is_some() {
+            return Err(fault("capture already begun".into()));
+        }
+        s.capturing = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<usize, GpuError> {
+        let mut s = self.lock();
+        let recorded = s
+            .capturing
+            .take()
+            .ok_or_else(|| fault("no capture begun".into()))?;
+        s.next_graph += 1;
+        let handle = s.next_graph;
+        s.graphs.insert(handle, recorded);
+        Ok(handle)
+    }
+
+    fn replay(&self, graph: usize) -> Result<(), GpuError> {
+        let mut s = self.lock();
+        let launches = s
+            .graphs
+            .get(&graph)
+            .cloned()
+            .ok_or_else(|| fault(format!("graph {graph} does not exist")))?;
+        launches.iter().try_for_each(|l| run(&mut s.memory, l))
+    }
+
+    unsafe fn release(&self, graph: usize) {
+        self.lock().graphs.remove(&graph);
+    }
+}
+
+/// A launch's arguments, read by position as the kernel's parameter list declares them.
+struct Args<'a>(&'a [[u8; 8]]);
+
+impl Args<'_> {
+    fn slot(&self, i: usize) -> Result<[u8; 8], GpuError> {
+        self.0
+            .get(i)
+            .copied()
+            .ok_or_else(|| fault(format!("argument {i} missing")))
+    }
+    fn ptr(&self, i: usize) -> Result<u64, GpuError> {
+        Ok(u64::from_ne_bytes(self.slot(i)?))
+    }
+    fn int(&self, i: usize) -> Result<usize, GpuError> {
+        let b = self.slot(i)?;
+        let v = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        usize::try_from(v).map_err(|_| fault(format!("argument {i} = {v} is negative")))
+    }
+    fn float(&self, i: usize) -> Result<f32, GpuError> {
+        let b = self.slot(i)?;
+        Ok(f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// Device memory as the kernels see it: reads copy out, writes go through a closure over the buffer.
+struct Memory<'a>(&'a mut HashMap<u64, Vec<u8>>);
+
+impl Memory<'_> {
+    fn bytes(&self, ptr: u64, n: usize) -> Result<&[u8], GpuError> {
+        self.0
+            .get(&ptr)
+            .and_then(|b| b.get(..n))
+            .ok_or_else(|| fault(format!("read of {n} bytes at {ptr:#x} out of bounds")))
+    }
+
+    fn f32s(&self, ptr: u64, n: usize) -> Result<Vec<f32>, GpuError> {
+        Ok(self
+            .bytes(ptr, n * 4)?
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    fn i32s(&self, ptr: u64, n: usize) -> Result<Vec<i32>, GpuError> {
+        Ok(self
+            .bytes(ptr, n * 4)?
+            .chunks_exact(4)
+            .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Runs `f` over the first `n` f32 values at `ptr` and stores them back.
+    fn write_f32(
+        &mut self,
+        ptr: u64,
+        n: usize,
+        f: impl FnOnce(&mut [f32]) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        let mut v = self.f32s(ptr, n)?;
+        f(&mut v)?;
+        let buf = self.0.get_mut(&ptr).expect("read above");
+        for (dst, x) in buf.chunks_exact_mut(4).zip(&v) {
+            dst.copy_from_slice(&x.to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    fn write_i32(&mut self, ptr: u64, f: impl FnOnce(&mut i32)) -> Result<(), GpuError> {
+        let mut v = self.i32s(ptr, 1)?[0];
+        f(&mut v);
+        self.0.get_mut(&ptr).expect("read above")[..4].copy_from_slice(&v.to_ne_bytes());
+        Ok(())
+    }
+}
+
+/// A device value used as an index (a position, a cache length), checked against its bound as the caller
+/// promises it is.
+fn index(v: i32, bound: usize, what: &str) -> Result<usize, GpuError> {
+    usize::try_from(v)
+        .ok()
+        .filter(|&i| i <= bound)
+        .ok_or_else(|| fault(format!("{what} = {v} outside 0..={bound}")))
+}
+
+/// Weight `[n_out, k]` in Q8_0 GGUF bytes, dequantized.
+fn q8_weight(m: &Memory, ptr: u64, n_out: usize, k: usize) -> Result<Vec<f32>, GpuError> {
+    let bytes = m.bytes(ptr, n_out * k / QK * Q8_BYTES)?;
+    let mut w = Vec::with_capacity(n_out * k);
+    for blk in bytes.chunks_exact(Q8_BYTES) {
+        let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+        w.extend(blk[2..].iter().map(|&q| d * (q as i8) as f32));
+    }
+    Ok(w)
+}
+
+fn rms(x: &[f32], eps: f32) -> f32 {
+    (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt()
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// One launch, as the kernel of the same name computes it (see its source in `kernels/`).
+fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
+    let a = Args(&l.args);
+    let mut m = Memory(memory);
+    let blocks = l.grid.0 as usize;
+    match l.entry {
+        "q8_matmul" => {
+            let (n_out, k, rows) = (a.int(3)?, a.int(4)?, a.int(5)?);
+            let w = q8_weight(&m, a.ptr(0)?, n_out, k)?;
+            let x = m.f32s(a.ptr(1)?, rows * k)?;
+            m.write_f32(a.ptr(2)?, rows * n_out, |y| {
+                for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n_out)) {
+                    for (wr, y) in w.chunks_exact(k).zip(yr) {
+                        *y = wr.iter().zip(xr).map(|(w, x)| w * x).sum();
+                    }
+                }
+                Ok(())
+            })
+        }
+        "q8_matmul_t" => {
+            let (n_out, k, rows) = (a.int(3)?, a.int(4)?, a.int(5)?);
+            let w = q8_weight(&m, a.ptr(0)?, n_out, k)?;
+            let dy = m.f32s(a.ptr(1)?, rows * n_out)?;
+            m.write_f32(a.ptr(2)?, rows * k, |dx| {
+                for (dyr, dxr) in dy.chunks_exact(n_out).zip(dx.chunks_exact_mut(k)) {
+                    for (i, d) in dxr.iter_mut().enumerate() {
+                        *d = (0..n_out).map(|o| w[o * k + i] * dyr[o]).sum();
+                    }
+                }
+                Ok(())
+            })
+        }
+        "rms_norm" => {
+            let (n, eps) = (a.int(3)?, a.float(4)?);
+            let x = m.f32s(a.ptr(0)?, blocks * n)?;
+            let w = m.f32s(a.ptr(1)?, n)?;
+            m.write_f32(a.ptr(2)?, blocks * n, |y| {
+                for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+                    let r = rms(xr, eps);
+                    for ((y, x), w) in yr.iter_mut().zip(xr).zip(&w) {
+                        *y = x / r * w;
+                    }
+                }
+                Ok(())
+            })
+        }
+        "rms_norm_backward" => {
+            let (n, eps) = (a.int(5)?, a.float(6)?);
+            let x = m.f32s(a.ptr(0)?, blocks * n)?;
+            let w = m.f32s(a.ptr(1)?, n)?;
+            let dy = m.f32s(a.ptr(2)?, blocks * n)?;
+            let rinv: Vec<f32> = x.chunks_exact(n).map(|xr| 1.0 / rms(xr, eps)).collect();
+            m.write_f32(a.ptr(3)?, blocks * n, |dx| {
+                for (row, dxr) in dx.chunks_exact_mut(n).enumerate() {
+                    let (xr, dyr, r) = (&x[row * n..][..n], &dy[row * n..][..n], rinv[row]);
+                    let dot: f32 = (0..n).map(|i| dyr[i] * w[i] * xr[i]).sum();
+                    let c = r * r * r * dot / n as f32;
+                    for (i, d) in dxr.iter_mut().enumerate() {
+                        *d = r * w[i] * dyr[i] - c * xr[i];
+                    }
+                }
+                Ok(())
+            })?;
+            m.write_f32(a.ptr(4)?, blocks, |out| {
+                out.copy_from_slice(&rinv);
+                Ok(())
+            })
+        }
+        "rms_norm_backward_weight" => {
+            let (rows, n) = (a.int(4)?, a.int(5)?);
+            let x = m.f32s(a.ptr(0)?, rows * n)?;
+            let dy = m.f32s(a.ptr(1)?, rows * n)?;
+            let rinv = m.f32s(a.ptr(2)?, rows)?;
+            m.write_f32(a.ptr(3)?, n, |dw| {
+                for (j, d) in dw.iter_mut().enumerate() {
+                    *d = (0..rows)
+                        .map(|r| dy[r * n + j] * x[r * n + j] * rinv[r])
+                        .sum();
+                }
+                Ok(())
+            })
+        }
+        "rope" => {
+            let (heads, hd, interleaved, sign) = (a.int(4)?, a.int(5)?, a.int(6)?, a.float(7)?);
+            let (half, rows) = (hd / 2, blocks / heads.max(1));
+            let pos = m.i32s(a.ptr(3)?, rows)?;
+            // Tables are as long as the buffers are; each position must lie inside them.
+            let table_len = m.0.get(&a.ptr(1)?).map_or(0, |b| b.len() / 4);
+            let positions = table_len / half.max(1);
+            let cos = m.f32s(a.ptr(1)?, table_len)?;
+            let sin = m.f32s(a.ptr(2)?, table_len)?;
+            m.write_f32(a.ptr(0)?, blocks * hd, |x| {
+                for (b, h) in x.chunks_exact_mut(hd).enumerate() {
+                    let p = index(pos[b / heads], positions, "position")?;
+                    if p == positions {
+                        return Err(fault(format!("position {p} past a table of {positions}")));
+                    }
+                    for i in 0..half {
+                        let (ia, ib) = if interleaved != 0 {
+                            (2 * i, 2 * i + 1)
+                        } else {
+                            (i, i + half)
+                        };
+                        let (c, s) = (cos[p * half + i], sign * sin[p * half + i]);
+                        let (xa, xb) = (h[ia], h[ib]);
+                        h[ia] = xa * c - xb * s;
+                        h[ib] = xa * s + xb * c;
+                    }
+                }
+                Ok(())
+            })
+        }
+        "attention_decode" => {
+            let (nh, nkv, hd, cap, scale) =
+                (a.int(5)?, a.int(6)?, a.int(7)?, a.int(8)?, a.float(9)?);
+            let n = index(m.i32s(a.ptr(4)?, 1)?[0], cap, "cache length")?;
+            let q = m.f32s(a.ptr(0)?, nh * hd)?;
+            let kc = m.f32s(a.ptr(1)?, nkv * cap * hd)?;
+            let vc = m.f32s(a.ptr(2)?, nkv * cap * hd)?;
+            let group = (nh / nkv.max(1)).max(1);
+            m.write_f32(a.ptr(3)?, nh * hd, |out| {
+                for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+                    let qh = &q[h * hd..][..hd];
+                    let base = (h / group) * cap * hd;
+                    let scores: Vec<f32> = (0..n)
+                        .map(|t| {
+                            let kt = &kc[base + t * hd..][..hd];
+                            qh.iter().zip(kt).map(|(q, k)| q * k).sum::<f32>() * scale
+                        })
+                        .collect();
+                    let mx = scores.iter().fold(-3.0e38f32, |a, &b| a.max(b));
+                    let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let sum: f32 = e.iter().sum();
+                    for (d, o) in oh.iter_mut().enumerate() {
+                        let acc: f32 = (0..n).map(|t| e[t] * vc[base + t * hd + d]).sum();
+                        *o = acc / sum;
+                    }
+                }
+                Ok(())
+            })
+        }
+        "silu_mul" => {
+            let n = a.int(3)?;
+            let g = m.f32s(a.ptr(0)?, n)?;
+            let u = m.f32s(a.ptr(1)?, n)?;
+            m.write_f32(a.ptr(2)?, n, |out| {
+                for i in 0..n {
+                    out[i] = g[i] * sigmoid(g[i]) * u[i];
+                }
+                Ok(())
+            })
+        }
+        "silu_mul_backward" => {
+            let n = a.int(5)?;
+            let g = m.f32s(a.ptr(0)?, n)?;
+            let u = m.f32s(a.ptr(1)?, n)?;
+            let dy = m.f32s(a.ptr(2)?, n)?;
+            m.write_f32(a.ptr(3)?, n, |dg| {
+                for i in 0..n {
+                    let s = sigmoid(g[i]);
+                    dg[i] = dy[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
+                }
+                Ok(())
+            })?;
+            m.write_f32(a.ptr(4)?, n, |du| {
+                for i in 0..n {
+                    du[i] = dy[i] * g[i] * sigmoid(g[i]);
+                }
+                Ok(())
+            })
+        }
+        "softmax_rows" => {
+            let (cols, causal) = (a.int(2)?, a.int(3)? != 0);
+            let x = m.f32s(a.ptr(0)?, blocks * cols)?;
+            m.write_f32(a.ptr(1)?, blocks * cols, |y| {
+                for (r, (xr, yr)) in x
+                    .chunks_exact(cols)
+                    .zip(y.chunks_exact_mut(cols))
+                    .enumerate()
+                {
+                    let valid = if causal { r % cols + 1 } else { cols };
+                    let mx = xr[..valid].iter().fold(-3.0e38f32, |a, &b| a.max(b));
+                    let sum: f32 = xr[..valid].iter().map(|v| (v - mx).exp()).sum();
+                    for (j, y) in yr.iter_mut().enumerate() {
+                        *y = if j < valid {
+                            (xr[j] - mx).exp() / sum
+                        } else {
+                            0.0
+                        };
+                    }
+                }
+                Ok(())
+            })
+        }
+        "softmax_backward" => {
+            let cols = a.int(3)?;
+            let y = m.f32s(a.ptr(0)?, blocks * cols)?;
+            let dy = m.f32s(a.ptr(1)?, blocks * cols)?;
+            m.write_f32(a.ptr(2)?, blocks * cols, |dx| {
+                for (r, dxr) in dx.chunks_exact_mut(cols).enumerate() {
+                    let (yr, dyr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
+                    let dot: f32 = yr.iter().zip(dyr).map(|(y, d)| y * d).sum();
+                    for j in 0..cols {
+                        dxr[j] = yr[j] * (dyr[j] - dot);
+                    }
+                }
+                Ok(())
+            })
+        }
+        "lora_gemm" => {
+            let (mm, nn, kk) = (a.int(3)?, a.int(4)?, a.int(5)?);
+            let (a_i, a_l, b_l, b_j) = (a.int(6)?, a.int(7)?, a.int(8)?, a.int(9)?);
+            let (alpha, beta) = (a.float(10)?, a.float(11)?);
+            // The furthest element each operand's strides reach.
+            let last = |n0: usize, s0: usize, n1: usize, s1: usize| {
+                n0.saturating_sub(1) * s0 + n1.saturating_sub(1) * s1 + 1
+            };
+            let av = m.f32s(a.ptr(0)?, last(mm, a_i, kk, a_l))?;
+            let bv = m.f32s(a.ptr(1)?, last(kk, b_l, nn, b_j))?;
+            m.write_f32(a.ptr(2)?, mm * nn, |c| {
+                for i in 0..mm {
+                    for j in 0..nn {
+                        let acc: f32 = (0..kk)
+                            .map(|l| av[i * a_i + l * a_l] * bv[l * b_l + j * b_j])
+                            .sum();
+                        let c0 = if beta == 0.0 {
+                            0.0
+                        } else {
+                            beta * c[i * nn + j]
+                        };
+                        c[i * nn + j] = c0 + alpha * acc;
+                    }
+                }
+                Ok(())
+            })
+        }
+        "add_into" => {
+            let n = a.int(2)?;
+            let d = m.f32s(a.ptr(1)?, n)?;
+            m.write_f32(a.ptr(0)?, n, |x| {
+                x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+                Ok(())
+            })
+        }
+        "kv_append" => {
+            let (kv_heads, cap, hd) = (a.int(3)?, a.int(4)?, a.int(5)?);
+            let len = index(
+                m.i32s(a.ptr(2)?, 1)?[0],
+                cap.saturating_sub(1),
+                "cache position",
+            )?;
+            let src = m.f32s(a.ptr(1)?, kv_heads * hd)?;
+            m.write_f32(a.ptr(0)?, kv_heads * cap * hd, |cache| {
+                for h in 0..kv_heads {
+                    cache[(h * cap + len) * hd..][..hd].copy_from_slice(&src[h * hd..][..hd]);
+                }
+                Ok(())
+            })
+        }
+        "advance" => {
+            let b = a.slot(1)?;
+            let by = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+            m.write_i32(a.ptr(0)?, |len| *len += by)
+        }
+        other => Err(fault(format!("`{other}` has no emulation"))),
+    }
+}

@@ -1,0 +1,412 @@
+//! The serving decode step on a GPU: the same math as [`Transformer::decode_token`] through `gpu::ops`, one
+//! launch per kernel, with the weights resident on the device and LoRA pairs applied unmerged.
+//!
+//! The step keeps everything that changes between tokens on the device (the position and the cache length),
+//! so it is recorded once as a graph and replayed per token where the vendor captures graphs; elsewhere it
+//! launches kernel by kernel. Only the token's embedding row goes up and the logits come back.
+//!
+//! Covered: the llama, qwen2 (q/k/v biases), qwen3 (q/k norms) and phi3 architectures with Q8_0 weights (load
+//! with `requantize: Q8_0` for other types), plain LoRA and rsLoRA pairs. Gemma 3 and DoRA are refused with
+//! the reason, so that a caller can stay on the CPU.
+
+use candle_core::quantized::GgmlDType;
+
+use super::*;
+use crate::gpu::ops::{self, AttentionShape, LoraShape, Rotation};
+use crate::gpu::{Buffer, Gpu, Graph};
+
+/// A projection's weight and the LoRA pair on it, if any.
+struct Projection {
+    w: Buffer<u8>,
+    lora: Option<GpuLora>,
+}
+
+struct GpuLora {
+    a: Buffer<f32>,
+    b: Buffer<f32>,
+    rank: usize,
+    scale: f32,
+}
+
+struct GpuBlock {
+    attn_norm: Buffer<f32>,
+    ffn_norm: Buffer<f32>,
+    qk_norm: Option<(Buffer<f32>, Buffer<f32>)>,
+    bias: Option<[Buffer<f32>; 3]>,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
+    gate: Projection,
+    up: Projection,
+    down: Projection,
+    k_cache: Buffer<f32>,
+    v_cache: Buffer<f32>,
+}
+
+impl GpuBlock {
+    fn projection_mut(&mut self, t: LoraTarget) -> &mut Projection {
+        match t {
+            LoraTarget::Q => &mut self.q,
+            LoraTarget::K => &mut self.k,
+            LoraTarget::V => &mut self.v,
+            LoraTarget::O => &mut self.o,
+            LoraTarget::Gate => &mut self.gate,
+            LoraTarget::Up => &mut self.up,
+            LoraTarget::Down => &mut self.down,
+        }
+    }
+}
+
+/// The activations of one step, each allocated once.
+struct Scratch {
+    x: Buffer<f32>,
+    normed: Buffer<f32>,
+    q: Buffer<f32>,
+    k: Buffer<f32>,
+    v: Buffer<f32>,
+    context: Buffer<f32>,
+    out: Buffer<f32>,
+    gate: Buffer<f32>,
+    up: Buffer<f32>,
+    act: Buffer<f32>,
+    logits: Buffer<f32>,
+    /// `x·Aᵀ` of the pair being applied, `[max rank]`.
+    lora_t: Buffer<f32>,
+}
+
+/// One sequence's decode on a GPU: the model's weights, its KV cache (`capacity` positions) and the step.
+pub struct GpuDecoder {
+    gpu: Gpu,
+    config: ModelConfig,
+    embed: Weight,
+    blocks: Vec<GpuBlock>,
+    norm: Buffer<f32>,
+    head: Buffer<u8>,
+    cos: Buffer<f32>,
+    sin: Buffer<f32>,
+    interleaved: bool,
+    capacity: usize,
+    /// The position of the token being decoded, and the positions attention reads (`pos + 1`).
+    pos: Buffer<i32>,
+    len: Buffer<i32>,
+    host_len: usize,
+    s: Scratch,
+    /// The recorded step; `None` until the first step, or when the vendor does not capture graphs.
+    graph: Option<Graph>,
+    capture: bool,
+}
+
+fn unsupported(what: impl std::fmt::Display) -> ModelError {
+    ModelError::Input(format!("gpu decode: {what}"))
+}
+
+/// A weight's Q8_0 bytes in the GGUF layout, which the kernels read in place.
+fn q8_bytes(w: &Weight, name: &str) -> Result<Vec<u8>> {
+    match w {
+        Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0 => Ok(q.data()?.into_owned()),
+        Weight::Panels(p) if p.dtype() == GgmlDType::Q8_0 => Ok(p.to_gguf()),
+        Weight::Quant(q) => Err(unsupported(format!(
+            "{name} is {:?}; the GPU kernels read Q8_0 (load with requantize: Q8_0)",
+            q.dtype()
+        ))),
+        Weight::Panels(p) => Err(unsupported(format!(
+            "{name} is {:?}; the GPU kernels read Q8_0 (load with requantize: Q8_0)",
+            p.dtype()
+        ))),
+        Weight::Dense(_) => Err(unsupported(format!(
+            "{name} is dense; the GPU kernels read Q8_0 (load with requantize: Q8_0)"
+        ))),
+    }
+}
+
+fn f32s(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+impl GpuDecoder {
+    /// Uploads `model`'s weights to `gpu` with room for `capacity` positions, and `lora`'s pairs if given.
+    pub fn new(
+        gpu: &Gpu,
+        model: &Transformer,
+        capacity: usize,
+        lora: Option<&LoraSet>,
+    ) -> Result<Self> {
+        let cfg = model.config().clone();
+        if cfg.arch == Arch::Gemma3 {
+            return Err(unsupported(
+                "gemma3 (scaled embeddings, post-norms, GELU, sliding layers) has no GPU step yet",
+            ));
+        }
+        if cfg.query_scale != 1.0 || model.rope_sliding.is_some() {
+            return Err(unsupported(
+                "query scaling and sliding layers have no GPU step yet",
+            ));
+        }
+        let limit = ops::ATTENTION_MAX_POSITIONS.min(model.max_positions());
+        if capacity == 0 || capacity > limit {
+            return Err(unsupported(format!(
+                "a cache of {capacity} positions (1..={limit} on the GPU for this model)"
+            )));
+        }
+        let (h, hd, ff) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+        let up_f32 = |t: &Tensor| -> Result<Buffer<f32>> { Ok(gpu.upload(&f32s(t)?)?) };
+        let proj = |lin: &QLinear, name: String| -> Result<Projection> {
+            Ok(Projection {
+                w: gpu.upload(&q8_bytes(lin.weight(), &name)?)?,
+                lora: None,
+            })
+        };
+        let mut blocks = Vec::with_capacity(model.blocks.len());
+        for (l, b) in model.blocks.iter().enumerate() {
+            let name = |t: &str| format!("blk.{l}.{t}");
+            blocks.push(GpuBlock {
+                attn_norm: up_f32(&b.attn_norm)?,
+                ffn_norm: up_f32(&b.ffn_norm)?,
+                qk_norm: match (&b.q_norm, &b.k_norm) {
+                    (Some(q), Some(k)) => Some((up_f32(q)?, up_f32(k)?)),
+                    _ => None,
+                },
+                bias: match &b.bias {
+                    Some(bias) => Some([up_f32(&bias.q)?, up_f32(&bias.k)?, up_f32(&bias.v)?]),
+                    None => None,
+                },
+                q: proj(&b.q, name("attn_q"))?,
+                k: proj(&b.k, name("attn_k"))?,
+                v: proj(&b.v, name("attn_v"))?,
+                o: proj(&b.o, name("attn_output"))?,
+                gate: proj(&b.gate, name("ffn_gate"))?,
+                up: proj(&b.up, name("ffn_up"))?,
+                down: proj(&b.down, name("ffn_down"))?,
+                k_cache: gpu.zeros(kvd * capacity)?,
+                v_cache: gpu.zeros(kvd * capacity)?,
+            });
+        }
+        let half = hd / 2;
+        let table = |t: &Tensor| -> Result<Buffer<f32>> {
+            Ok(gpu.upload(&f32s(&t.narrow(0, 0, capacity)?)?)?)
+        };
+        let s = Scratch {
+            x: gpu.zeros(h)?,
+            normed: gpu.zeros(h)?,
+            q: gpu.zeros(qd)?,
+            k: gpu.zeros(kvd)?,
+            v: gpu.zeros(kvd)?,
+            context: gpu.zeros(qd)?,
+            out: gpu.zeros(h)?,
+            gate: gpu.zeros(ff)?,
+            up: gpu.zeros(ff)?,
+            act: gpu.zeros(ff)?,
+            logits: gpu.zeros(cfg.vocab_size)?,
+            lora_t: gpu.zeros(1)?,
+        };
+        debug_assert_eq!(model.rope.cos.dim(1)?, half);
+        let mut dec = Self {
+            gpu: gpu.clone(),
+            embed: model.embed.clone(),
+            norm: up_f32(&model.norm)?,
+            head: gpu.upload(&q8_bytes(model.head.weight(), "output")?)?,
+            cos: table(&model.rope.cos)?,
+            sin: table(&model.rope.sin)?,
+            interleaved: model.rope.interleaved,
+            pos: gpu.upload(&[0i32])?,
+            len: gpu.upload(&[1i32])?,
+            host_len: 0,
+            blocks,
+            capacity,
+            s,
+            graph: None,
+            capture: true,
+            config: cfg,
+        };
+        dec.set_adapter(lora)?;
+        Ok(dec)
+    }
+
+    /// Replaces the LoRA pairs applied (none with `None`); the cache is kept, as a CPU decode keeps it.
+    pub fn set_adapter(&mut self, lora: Option<&LoraSet>) -> Result<()> {
+        self.graph = None;
+        let mut max_rank = 1;
+        for (l, blk) in self.blocks.iter_mut().enumerate() {
+            for t in LoraTarget::ALL {
+                let p = blk.projection_mut(t);
+                p.lora = match lora.and_then(|set| set.get(l, t)) {
+                    None => None,
+                    Some(pair) if pair.magnitude.is_some() => {
+                        return Err(unsupported("DoRA pairs have no GPU step yet"));
+                    }
+                    Some(pair) => {
+                        let rank = pair.a.dim(0)?;
+                        max_rank = max_rank.max(rank);
+                        Some(GpuLora {
+                            a: self.gpu.upload(&f32s(&pair.a)?)?,
+                            b: self.gpu.upload(&f32s(&pair.b)?)?,
+                            rank,
+                            scale: pair.scale as f32,
+                        })
+                    }
+                };
+            }
+        }
+        if self.s.lora_t.len() < max_rank {
+            self.s.lora_t = self.gpu.zeros(max_rank)?;
+        }
+        Ok(())
+    }
+
+    /// Records the step as a graph where the vendor can (the default), or launches it kernel by kernel.
+    pub fn with_graph(mut self, capture: bool) -> Self {
+        self.capture = capture;
+        self.graph = None;
+        self
+    }
+
+    /// Positions decoded so far.
+    pub fn len(&self) -> usize {
+        self.host_len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.host_len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Whether steps replay a recorded graph.
+    pub fn replays_graph(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Starts a new sequence (the cache's old contents are overwritten as it fills again).
+    pub fn reset(&mut self) -> Result<()> {
+        self.gpu.write(&self.pos, &[0])?;
+        self.gpu.write(&self.len, &[1])?;
+        self.host_len = 0;
+        Ok(())
+    }
+
+    /// Logits `[vocab]` for `token` at the next position, appending its keys and values to the cache.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        if token as usize >= self.config.vocab_size {
+            return Err(ModelError::Input(format!(
+                "token {token} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )));
+        }
+        if self.host_len >= self.capacity {
+            return Err(ModelError::Input(format!(
+                "gpu decode: the cache holds {} positions and is full",
+                self.capacity
+            )));
+        }
+        let ids = Tensor::new(&[token], &Device::Cpu)?;
+        let row = f32s(&self.embed.embedding(&ids)?)?;
+        self.gpu.write(&self.s.x, &row)?;
+        if self.capture && self.graph.is_none() {
+            match self.gpu.capture(|_| self.launch_step()) {
+                Ok(g) => self.graph = Some(g),
+                Err(e) => {
+                    tracing::debug!(error = %e, "gpu decode: no graph capture, launching per kernel");
+                    self.capture = false;
+                }
+            }
+        }
+        match &self.graph {
+            Some(g) => g.replay()?,
+            None => self.launch_step()?,
+        }
+        self.host_len += 1;
+        Ok(self.gpu.download(&self.s.logits)?)
+    }
+
+    /// `y = W·x (+ scale·B·A·x)` for one projection `[n, k]`.
+    fn project(
+        &self,
+        p: &Projection,
+        x: &Buffer<f32>,
+        y: &Buffer<f32>,
+        (k, n): (usize, usize),
+    ) -> std::result::Result<(), crate::gpu::GpuError> {
+        ops::q8_matmul(&self.gpu, &p.w, x, y, (1, k, n))?;
+        if let Some(l) = &p.lora {
+            let shape = LoraShape {
+                m: 1,
+                k,
+                rank: l.rank,
+                n,
+            };
+            ops::lora_forward(&self.gpu, x, &l.a, &l.b, &self.s.lora_t, y, shape, l.scale)?;
+        }
+        Ok(())
+    }
+
+    /// Every launch of one step, in the order of [`Transformer::decode_token`].
+    fn launch_step(&self) -> std::result::Result<(), crate::gpu::GpuError> {
+        let cfg = &self.config;
+        let (h, hd, ff, eps) = (
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.rms_eps,
+        );
+        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let att = AttentionShape {
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+            capacity: self.capacity,
+        };
+        let (g, s) = (&self.gpu, &self.s);
+        let rope = |x: &Buffer<f32>, heads: usize| {
+            ops::rope(
+                g,
+                x,
+                &self.cos,
+                &self.sin,
+                &self.pos,
+                (1, heads, hd),
+                self.interleaved,
+                Rotation::Forward,
+            )
+        };
+        for b in &self.blocks {
+            ops::rms_norm(g, &s.x, &b.attn_norm, &s.normed, (1, h), eps)?;
+            self.project(&b.q, &s.normed, &s.q, (h, qd))?;
+            self.project(&b.k, &s.normed, &s.k, (h, kvd))?;
+            self.project(&b.v, &s.normed, &s.v, (h, kvd))?;
+            if let Some([bq, bk, bv]) = &b.bias {
+                ops::add_into(g, &s.q, bq, qd)?;
+                ops::add_into(g, &s.k, bk, kvd)?;
+                ops::add_into(g, &s.v, bv, kvd)?;
+            }
+            if let Some((qn, kn)) = &b.qk_norm {
+                ops::rms_norm(g, &s.q, qn, &s.q, (nh, hd), eps)?;
+                ops::rms_norm(g, &s.k, kn, &s.k, (nkv, hd), eps)?;
+            }
+            rope(&s.q, nh)?;
+            rope(&s.k, nkv)?;
+            ops::kv_append(g, &b.k_cache, &s.k, &self.pos, att)?;
+            ops::kv_append(g, &b.v_cache, &s.v, &self.pos, att)?;
+            let scale = 1.0 / (hd as f32).sqrt();
+            ops::attention_decode(
+                g, &s.q, &b.k_cache, &b.v_cache, &s.context, &self.len, att, scale,
+            )?;
+            self.project(&b.o, &s.context, &s.out, (qd, h))?;
+            ops::add_into(g, &s.x, &s.out, h)?;
+            ops::rms_norm(g, &s.x, &b.ffn_norm, &s.normed, (1, h), eps)?;
+            self.project(&b.gate, &s.normed, &s.gate, (h, ff))?;
+            self.project(&b.up, &s.normed, &s.up, (h, ff))?;
+            ops::silu_mul(g, &s.gate, &s.up, &s.act, ff)?;
+            self.project(&b.down, &s.act, &s.out, (ff, h))?;
+            ops::add_into(g, &s.x, &s.out, h)?;
+        }
+        ops::rms_norm(g, &s.x, &self.norm, &s.normed, (1, h), eps)?;
+        ops::q8_matmul(g, &self.head, &s.normed, &s.logits, (1, h, cfg.vocab_size))?;
+        ops::advance(g, &self.pos, 1)?;
+        ops::advance(g, &self.len, 1)
+    }
+}

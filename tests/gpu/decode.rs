@@ -1,0 +1,192 @@
+//! The decode step on a GPU (`GpuDecoder`) against the CPU model's own decode, token by token, on tiny models
+//! of each architecture it covers, with and without a LoRA adapter. On the emulated device this checks the
+//! step's host code (the order of the launches, their shapes, the position and cache length kept on the
+//! device, graph capture and replay) everywhere; on a GPU it also checks the kernels composed.
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+use hearth::gpu::{Device as GpuDevice, Gpu};
+use hearth::model::{
+    Arch, GpuDecoder, LoraConfig, LoraPair, LoraSet, LoraTarget, TinySpec, Transformer,
+    write_tiny_model,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::devices;
+
+const PROMPT: [u32; 9] = [72, 101, 108, 108, 111, 262, 119, 44, 300];
+
+fn tiny(dir: &std::path::Path, arch: Arch, dtype: GgmlDType) -> Transformer {
+    let mut spec = TinySpec::new(arch);
+    spec.dtype = dtype;
+    let path = dir.join(format!("{}-{dtype:?}.gguf", arch.as_str()));
+    write_tiny_model(&path, &spec).unwrap();
+    Transformer::from_gguf(&path).unwrap()
+}
+
+/// The CPU model's logits for each token of `ids`, decoded one at a time through its KV cache.
+fn cpu_steps(m: &Transformer, ids: &[u32], lora: Option<&LoraSet>) -> Vec<Vec<f32>> {
+    let mut cache = m.new_cache();
+    ids.iter()
+        .map(|&t| {
+            let t = Tensor::from_vec(vec![t], (1, 1), &Device::Cpu).unwrap();
+            let out = m.forward(&t, Some(&mut cache), lora).unwrap();
+            out.flatten_all().unwrap().to_vec1().unwrap()
+        })
+        .collect()
+}
+
+fn gpu_steps(d: &mut GpuDecoder, ids: &[u32]) -> Vec<Vec<f32>> {
+    ids.iter().map(|&t| d.step(t).unwrap()).collect()
+}
+
+/// A LoRA set on every target with random `B` (a fresh set's `B` is zero and would change nothing).
+fn random_adapter(m: &Transformer, seed: u64, rslora: bool) -> LoraSet {
+    let mut cfg = LoraConfig::new(4, 8.0, &LoraTarget::ALL);
+    cfg.use_rslora = rslora;
+    let fresh = LoraSet::fresh(m, cfg.clone(), seed).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed + 1);
+    let mut set = LoraSet::empty(cfg);
+    for (&(l, t), p) in fresh.iter() {
+        let (out, r) = p.b.dims2().unwrap();
+        let b: Vec<f32> = (0..out * r)
+            .map(|_| rng.random_range(-0.2f32..0.2))
+            .collect();
+        let b = Tensor::from_vec(b, (out, r), &Device::Cpu).unwrap();
+        set.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
+    }
+    set
+}
+
+/// Max |a - b| over the largest |b|, per step; and whether the likeliest token agrees.
+fn compare(what: &str, gpu: &[Vec<f32>], cpu: &[Vec<f32>]) {
+    assert_eq!(gpu.len(), cpu.len());
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        assert_eq!(g.len(), c.len(), "{what} step {i}: vocabulary");
+        assert!(
+            g.iter().all(|v| v.is_finite()),
+            "{what} step {i}: non-finite logits"
+        );
+        let scale = c.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+        let err = g.iter().zip(c).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+        // The CPU path quantizes each projection's input to int8; the kernels multiply it in f32.
+        assert!(err < 3e-2, "{what} step {i}: relative error {err}");
+        let top = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+        let (tg, tc) = (top(g), top(c));
+        // A near-tie may flip under int8 rounding; then the two tokens' logits must be that close.
+        assert!(
+            tg == tc || (c[tc] - c[tg]).abs() < 2e-2 * scale,
+            "{what} step {i}: top token {tg} against the CPU's {tc}"
+        );
+    }
+}
+
+#[test]
+fn the_gpu_step_matches_the_cpu_decode_for_each_architecture() {
+    let dir = tempfile::tempdir().unwrap();
+    for gpu in devices("the_gpu_step_matches_the_cpu_decode_for_each_architecture") {
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Phi3] {
+            let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
+            let what = format!("{arch:?} on {}", gpu.describe());
+            let cpu = cpu_steps(&m, &PROMPT, None);
+            let mut d = GpuDecoder::new(&gpu, &m, 32, None).unwrap();
+            compare(&what, &gpu_steps(&mut d, &PROMPT), &cpu);
+            assert_eq!(d.len(), PROMPT.len());
+            // A new sequence starts at position 0 again, over the old cache contents.
+            d.reset().unwrap();
+            let again = gpu_steps(&mut d, &PROMPT[..3]);
+            compare(&format!("{what}, after reset"), &again, &cpu[..3]);
+        }
+    }
+}
+
+#[test]
+fn lora_pairs_apply_unmerged_on_the_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    for gpu in devices("lora_pairs_apply_unmerged_on_the_gpu") {
+        for (arch, rslora) in [(Arch::Llama, false), (Arch::Qwen3, true)] {
+            let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
+            let set = random_adapter(&m, 5, rslora);
+            let what = format!("{arch:?} rslora={rslora} on {}", gpu.describe());
+            let cpu = cpu_steps(&m, &PROMPT, Some(&set));
+            let base = cpu_steps(&m, &PROMPT, None);
+            // The adapter moves the logits well beyond the tolerance, so matching it is not matching the base.
+            let moved = cpu[3]
+                .iter()
+                .zip(&base[3])
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(moved > 0.1, "{what}: the adapter changes little ({moved})");
+            let mut d = GpuDecoder::new(&gpu, &m, 16, Some(&set)).unwrap();
+            compare(&what, &gpu_steps(&mut d, &PROMPT), &cpu);
+            // Swapping the adapter out serves the base.
+            d.set_adapter(None).unwrap();
+            d.reset().unwrap();
+            compare(
+                &format!("{what}, adapter removed"),
+                &gpu_steps(&mut d, &PROMPT),
+                &base,
+            );
+        }
+    }
+}
+
+/// A recorded step replays exactly what launching kernel by kernel computes.
+#[test]
+fn a_replayed_graph_computes_what_the_launches_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path(), Arch::Qwen2, GgmlDType::Q8_0);
+    for gpu in devices("a_replayed_graph_computes_what_the_launches_do") {
+        let mut launched = GpuDecoder::new(&gpu, &m, 16, None)
+            .unwrap()
+            .with_graph(false);
+        let mut replayed = GpuDecoder::new(&gpu, &m, 16, None).unwrap();
+        let a = gpu_steps(&mut launched, &PROMPT);
+        let b = gpu_steps(&mut replayed, &PROMPT);
+        assert!(!launched.replays_graph());
+        if replayed.replays_graph() {
+            assert_eq!(a, b, "{}", gpu.describe());
+        } else {
+            eprintln!("{}: no graph capture on this vendor", gpu.describe());
+        }
+    }
+}
+
+#[test]
+fn what_the_gpu_step_cannot_run_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Gpu::open(GpuDevice::Emulated).unwrap();
+    let refused = |m: &Transformer, cap: usize, lora: Option<&LoraSet>| match GpuDecoder::new(
+        &gpu, m, cap, lora,
+    ) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    let gemma = tiny(dir.path(), Arch::Gemma3, GgmlDType::Q8_0);
+    assert!(refused(&gemma, 16, None).contains("gemma3"));
+    let f32_model = tiny(dir.path(), Arch::Llama, GgmlDType::F32);
+    let e = refused(&f32_model, 16, None);
+    assert!(
+        e.contains("blk.0.attn_q") && e.contains("requantize: Q8_0"),
+        "{e}"
+    );
+    let m = tiny(dir.path(), Arch::Llama, GgmlDType::Q8_0);
+    let e = refused(&m, 0, None);
+    assert!(e.contains("a cache of 0 positions"), "{e}");
+    let e = refused(&m, 1 << 20, None);
+    assert!(e.contains("positions"), "{e}");
+    let mut cfg = LoraConfig::new(4, 8.0, &LoraTarget::ALL);
+    cfg.use_dora = true;
+    let dora = LoraSet::fresh(&m, cfg, 1).unwrap();
+    assert!(refused(&m, 16, Some(&dora)).contains("DoRA"));
+
+    // Step errors: a token outside the vocabulary, and a full cache.
+    let mut d = GpuDecoder::new(&gpu, &m, 2, None).unwrap();
+    let e = d.step(1 << 30).unwrap_err().to_string();
+    assert!(e.contains("outside the vocabulary"), "{e}");
+    d.step(1).unwrap();
+    d.step(2).unwrap();
+    let e = d.step(3).unwrap_err().to_string();
+    assert!(e.contains("full"), "{e}");
+    assert_eq!(d.len(), 2);
+}
