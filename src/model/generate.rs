@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 
 use super::lora::LoraSet;
 use super::tokenizer::Tokenizer;
-use super::transformer::{KvCache, Transformer};
+use super::transformer::{GpuDecoder, KvCache, Transformer};
 use super::{ModelError, Result};
 
 /// How to pick tokens and when to stop.
@@ -331,7 +331,7 @@ pub fn generate_reusing(
     lora: Option<&LoraSet>,
     cfg: &GenerateConfig,
     reuse: Option<CachedPrefix>,
-    mut on_token: impl FnMut(TokenEvent<'_>) -> bool,
+    on_token: impl FnMut(TokenEvent<'_>) -> bool,
 ) -> Result<(GenerateOutput, usize, CachedPrefix)> {
     if prompt.is_empty() {
         return Err(ModelError::Input("empty prompt".into()));
@@ -343,7 +343,6 @@ pub fn generate_reusing(
             prompt.len()
         )));
     }
-    let mut sampler = Sampler::new(cfg);
     let (mut cache, reused) = match reuse {
         Some(CachedPrefix { tokens, mut cache }) if tokens.len() == cache.len() => {
             let keep = reusable_positions(&tokens, prompt);
@@ -352,12 +351,70 @@ pub fn generate_reusing(
         }
         _ => (model.new_cache(), 0),
     };
-    let mut fed = prompt.to_vec();
     let input = Tensor::from_slice(&prompt[reused..], (1, prompt.len() - reused), &Device::Cpu)?;
-    let mut logits: Vec<f32> =
+    let logits: Vec<f32> =
         with_spinning_pool(|| model.forward_last(&input, Some(&mut cache), lora))?
             .squeeze(0)?
             .to_vec1()?;
+    let (out, generated) = decode_loop(tok, cfg, logits, on_token, |next| {
+        if cache.len() >= ctx {
+            return Ok(None);
+        }
+        let input = Tensor::from_slice(&[next], (1, 1), &Device::Cpu)?;
+        let logits = with_spinning_pool(|| model.forward_last(&input, Some(&mut cache), lora))?
+            .squeeze(0)?
+            .to_vec1()?;
+        Ok(Some(logits))
+    })?;
+    let mut fed = prompt.to_vec();
+    fed.extend(generated);
+    Ok((out, reused, CachedPrefix { tokens: fed, cache }))
+}
+
+/// [`generate`] on a GPU decoder (its adapter is the one it holds): the prompt runs token by token from
+/// position 0, then sampling and stopping are exactly [`generate`]'s.
+pub fn generate_on_gpu(
+    dec: &mut GpuDecoder,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    cfg: &GenerateConfig,
+    on_token: impl FnMut(TokenEvent<'_>) -> bool,
+) -> Result<GenerateOutput> {
+    if prompt.is_empty() {
+        return Err(ModelError::Input("empty prompt".into()));
+    }
+    let ctx = dec.capacity();
+    if prompt.len() >= ctx {
+        return Err(ModelError::Input(format!(
+            "prompt of {} tokens fills the context of {ctx}",
+            prompt.len()
+        )));
+    }
+    dec.reset()?;
+    let mut logits = Vec::new();
+    for &t in prompt {
+        logits = dec.step(t)?;
+    }
+    let (out, _) = decode_loop(tok, cfg, logits, on_token, |next| {
+        if dec.len() >= ctx {
+            return Ok(None);
+        }
+        dec.step(next).map(Some)
+    })?;
+    Ok(out)
+}
+
+/// Samples from `logits`, streams text, and feeds each kept token to `next_logits` for the next logits (`None`: the
+/// context is full) until a stop. Returns the output and the tokens fed back.
+fn decode_loop(
+    tok: &Tokenizer,
+    cfg: &GenerateConfig,
+    mut logits: Vec<f32>,
+    mut on_token: impl FnMut(TokenEvent<'_>) -> bool,
+    mut next_logits: impl FnMut(u32) -> Result<Option<Vec<f32>>>,
+) -> Result<(GenerateOutput, Vec<u32>)> {
+    let mut sampler = Sampler::new(cfg);
+    let mut fed = Vec::new();
     let mut stream = TextStream {
         stops: &cfg.stop_strings,
         pending: Vec::new(),
@@ -398,14 +455,13 @@ pub fn generate_reusing(
         if step + 1 == cfg.max_tokens {
             break;
         }
-        if cache.len() >= ctx {
-            reason = StopReason::ContextFull;
-            break;
+        match next_logits(next)? {
+            Some(l) => logits = l,
+            None => {
+                reason = StopReason::ContextFull;
+                break;
+            }
         }
-        let input = Tensor::from_slice(&[next], (1, 1), &Device::Cpu)?;
-        logits = with_spinning_pool(|| model.forward_last(&input, Some(&mut cache), lora))?
-            .squeeze(0)?
-            .to_vec1()?;
         fed.push(next);
     }
     if !stream.pending.is_empty() {
@@ -428,8 +484,7 @@ pub fn generate_reusing(
             text: stream.text,
             reason,
         },
-        reused,
-        CachedPrefix { tokens: fed, cache },
+        fed,
     ))
 }
 

@@ -22,7 +22,7 @@ pub use base::{Base, BaseCache, Requantize};
 pub use chat::{ChatFamily, ChatMessage, ChatPrompt, ChatTemplate, Role, encode_chat, render_chat};
 pub use generate::{
     CachedPrefix, GenerateConfig, GenerateOutput, Sampler, StopReason, TokenEvent, generate,
-    generate_reusing,
+    generate_on_gpu, generate_reusing,
 };
 pub use gguf::{Arch, GgufFile, ModelConfig, TinySpec, write_tiny_model};
 pub use lora::{AdapterRegistry, LoraConfig, LoraPair, LoraSet, LoraTarget};

@@ -749,7 +749,7 @@ async fn models(engine: Data) -> HttpResponse {
     let default = engine.default_adapter();
     let mut data = vec![
         json!({"id": base, "object": "model", "created": 0, "owned_by": "hearth",
-                               "default_adapter": default}),
+                               "default_adapter": default, "device": engine.device()}),
     ];
     for a in engine.adapters() {
         data.push(

@@ -140,6 +140,9 @@ pub struct ServeConfig {
     /// The only folder `POST /v1/adapters` loads from (`DATA_DIR/adapters` for a serve node). `None`: the API
     /// loads no adapters, since a request must never name an arbitrary path on the machine.
     pub adapter_dir: Option<PathBuf>,
+    /// Where generation runs. A GPU that does not open, or a model its decode step does not cover, leaves
+    /// generation on the CPU with the reason in [`Engine::device`] (and in `GET /v1/models`).
+    pub device: crate::gpu::Device,
 }
 
 impl Default for ServeConfig {
@@ -157,6 +160,7 @@ impl Default for ServeConfig {
             commit_timeout: None,
             api_key: None,
             adapter_dir: None,
+            device: crate::gpu::Device::Cpu,
         }
     }
 }
@@ -344,6 +348,56 @@ pub struct Engine {
     id_prefix: String,
     closing: AtomicBool,
     prompt_cache: PromptCache,
+    /// The GPU decoder generation runs on, with the adapter snapshot it holds; `None` on the CPU.
+    gpu: Option<Mutex<GpuSlot>>,
+    device: DeviceStatus,
+}
+
+struct GpuSlot {
+    decoder: crate::model::GpuDecoder,
+    adapter: Option<Arc<LoraSet>>,
+}
+
+/// Where generation runs, and why not where the settings asked when it fell back to the CPU.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceStatus {
+    /// `cpu`, or the GPU's name.
+    pub running_on: String,
+    pub notice: Option<String>,
+}
+
+/// Opens `device` and uploads `model` to it; the CPU, with the reason, when either step fails.
+fn open_device(
+    device: crate::gpu::Device,
+    model: &Transformer,
+) -> (Option<Mutex<GpuSlot>>, DeviceStatus) {
+    let cpu = |notice| DeviceStatus {
+        running_on: "cpu".into(),
+        notice,
+    };
+    let gpu = match device.open() {
+        crate::gpu::Opened::Cpu(notice) => return (None, cpu(notice)),
+        crate::gpu::Opened::Gpu(g) => g,
+    };
+    let capacity = model
+        .max_positions()
+        .min(crate::gpu::ops::ATTENTION_MAX_POSITIONS);
+    match crate::model::GpuDecoder::new(&gpu, model, capacity, None) {
+        Ok(decoder) => (
+            Some(Mutex::new(GpuSlot {
+                decoder,
+                adapter: None,
+            })),
+            DeviceStatus {
+                running_on: format!("{device}: {}", gpu.describe()),
+                notice: None,
+            },
+        ),
+        Err(e) => (
+            None,
+            cpu(Some(format!("device {device}: {e}; running on the CPU"))),
+        ),
+    }
 }
 
 /// Finished requests' KV caches, most recently used first, within a byte budget. A request takes the entry
@@ -794,32 +848,67 @@ impl Engine {
         }
     }
 
+    /// Where generation runs (see [`ServeConfig::device`]).
+    pub fn device(&self) -> &DeviceStatus {
+        &self.device
+    }
+
+    /// One request on the GPU decoder, switching it to the request's adapter snapshot first.
+    fn generate_on_gpu(
+        &self,
+        slot: &Mutex<GpuSlot>,
+        job: &Job,
+        on_token: impl FnMut(crate::model::TokenEvent<'_>) -> bool,
+    ) -> Result<(crate::model::GenerateOutput, usize), crate::model::ModelError> {
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if !PromptCache::same_adapter(&slot.adapter, &job.lora) {
+            // Cleared first: a failed upload must not leave the old snapshot's name on other pairs.
+            slot.adapter = None;
+            slot.decoder.set_adapter(None)?;
+            slot.decoder.set_adapter(job.lora.as_deref())?;
+            slot.adapter = job.lora.clone();
+        }
+        let out = crate::model::generate_on_gpu(
+            &mut slot.decoder,
+            &self.tok,
+            &job.ids,
+            &job.cfg,
+            on_token,
+        )?;
+        Ok((out, 0))
+    }
+
     fn run_job(&self, job: Job) {
         if job.pipe.is_cancelled() {
             return;
         }
         let started = Instant::now();
         let pipe = job.pipe.clone();
-        let result = crate::model::generate_reusing(
-            &self.model,
-            &self.tok,
-            &job.ids,
-            job.lora.as_deref(),
-            &job.cfg,
-            self.prompt_cache.take(&job.lora, &job.ids),
-            |ev| {
-                if !ev.text.is_empty() {
-                    pipe.push(StreamEvent::Text(ev.text.to_owned()));
-                }
-                !pipe.is_cancelled()
-            },
-        );
-        let (out, cached_prompt_tokens) = match result {
-            Ok((out, reused, prefix)) => {
+        let on_token = |ev: crate::model::TokenEvent<'_>| {
+            if !ev.text.is_empty() {
+                pipe.push(StreamEvent::Text(ev.text.to_owned()));
+            }
+            !pipe.is_cancelled()
+        };
+        let result = match &self.gpu {
+            Some(slot) => self.generate_on_gpu(slot, &job, on_token),
+            None => crate::model::generate_reusing(
+                &self.model,
+                &self.tok,
+                &job.ids,
+                job.lora.as_deref(),
+                &job.cfg,
+                self.prompt_cache.take(&job.lora, &job.ids),
+                on_token,
+            )
+            .map(|(out, reused, prefix)| {
                 self.prompt_cache
                     .put(job.lora.clone(), prefix, |a| self.registry.holds(a));
                 (out, reused)
-            }
+            }),
+        };
+        let (out, cached_prompt_tokens) = match result {
+            Ok(r) => r,
             Err(e) => {
                 tracing::warn!(id = %job.id, error = %e, "generation failed");
                 job.pipe.push(StreamEvent::Failed(e.to_string()));
@@ -931,6 +1020,10 @@ impl Server {
         let (events, events_rx) = crossbeam_channel::bounded(EVENT_BUFFER);
         // Distinguishes ids across restarts of the process, so a re-used counter never repeats an id.
         let id_prefix = format!("{:x}", now_unix_ms() % 0xffff_ffff);
+        let (gpu, device) = open_device(config.device, &model);
+        if let Some(notice) = &device.notice {
+            tracing::warn!("{notice}");
+        }
         let engine = Arc::new(Engine {
             model: Arc::new(model.with_kv_precision(config.kv_cache)),
             tok: tok.into(),
@@ -946,6 +1039,8 @@ impl Server {
             id_prefix,
             closing: AtomicBool::new(false),
             prompt_cache,
+            gpu,
+            device,
         });
         let mut threads = Vec::new();
         // Each generation thread runs inside its own compute pool (as many threads as the process-wide pool):

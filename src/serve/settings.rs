@@ -39,6 +39,8 @@ pub struct ServeSettings {
     /// `Q8_0` re-encodes the base's block-quantized weights as Q8_0 at load (see [`Requantize`]); `Off`
     /// keeps the file's types.
     pub requantize: Requantize,
+    /// Where generation runs: `cpu`, `cuda:N`, `rocm:N`, `auto` or `emulated` (see [`crate::gpu::Device`]).
+    pub device: crate::gpu::Device,
 }
 
 impl Default for ServeSettings {
@@ -56,6 +58,7 @@ impl Default for ServeSettings {
             kv_cache: c.kv_cache,
             prompt_cache_bytes: c.prompt_cache_bytes,
             requantize: Requantize::Off,
+            device: c.device,
         }
     }
 }
@@ -82,6 +85,7 @@ impl ServeSettings {
             max_body_bytes: self.max_body_bytes,
             kv_cache: self.kv_cache,
             prompt_cache_bytes: self.prompt_cache_bytes,
+            device: self.device,
             ..ServeConfig::default()
         }
     }

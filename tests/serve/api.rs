@@ -1010,3 +1010,105 @@ fn adapters_load_only_from_the_adapter_folder() {
     );
     bare.shutdown();
 }
+
+/// `device` moves generation: on the emulated device (the GPU decode step with the kernels' Rust semantics)
+/// a chat answers exactly as that decoder does when called directly, with and without an adapter, the
+/// decoder switching its pairs both ways; `GET /v1/models` names the device; a GPU that does not open leaves
+/// generation on the CPU, answering as the CPU does, with the reason there. (The emulated step multiplies in
+/// f32 where the CPU quantizes activations to int8, so on a tiny random model's near-ties the two may pick
+/// different tokens: tests/gpu/decode.rs compares their logits.)
+#[test]
+fn the_device_option_moves_generation_and_says_where() {
+    use hearth::gpu::{Device as Dev, Gpu};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-q8.gguf");
+    let mut spec = TinySpec::new(Arch::Llama);
+    spec.dtype = candle_core::quantized::GgmlDType::Q8_0;
+    write_tiny_model(&path, &spec).unwrap();
+    let model = Transformer::from_gguf(&path).unwrap();
+    let cfg = LoraConfig::new(4, 8.0, &[LoraTarget::Q, LoraTarget::V, LoraTarget::Down]);
+    let fresh = LoraSet::fresh(&model, cfg.clone(), 3).unwrap();
+    let mut set = LoraSet::empty(cfg);
+    for (&(l, t), p) in fresh.iter() {
+        let b = Tensor::randn(0f32, 0.5, p.b.dims(), &Device::Cpu).unwrap();
+        set.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
+    }
+    let set = Arc::new(set);
+    let answers = |device: Dev| {
+        let server = Server::load(
+            &path,
+            ServeConfig {
+                device,
+                ..config(4)
+            },
+        )
+        .unwrap();
+        server.engine().insert_adapter("a", set.clone()).unwrap();
+        let addr = server.listen("127.0.0.1:0").unwrap();
+        let models = json_of(&call(addr, "GET", "/v1/models", ""));
+        let status = models["data"][0]["device"].clone();
+        let text = |m: &str| {
+            let r = chat(addr, m, "hello there", 12);
+            assert_eq!(r.code, 200, "{}", r.body);
+            json_of(&r)["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        // The base, the adapter, then the base again.
+        let out = vec![text("tiny"), text("a"), text("tiny")];
+        server.shutdown();
+        (status, out)
+    };
+    let tok =
+        Tokenizer::from_gguf_metadata(hearth::model::GgufFile::open(&path).unwrap().metadata())
+            .unwrap();
+    let ids = encode_chat(&tok, &[ChatMessage::new(Role::User, "hello there")], true)
+        .unwrap()
+        .ids;
+    let gpu = Gpu::open(Dev::Emulated).unwrap();
+    let direct = |lora: Option<&LoraSet>| {
+        let mut dec = hearth::model::GpuDecoder::new(&gpu, &model, 64, lora).unwrap();
+        let greedy = GenerateConfig::greedy(&tok, 12);
+        hearth::model::generate_on_gpu(&mut dec, &tok, &ids, &greedy, |_| true)
+            .unwrap()
+            .text
+    };
+    let (base, adapted) = (direct(None), direct(Some(&set)));
+    assert_ne!(base, adapted, "the adapter changes nothing");
+
+    let (status, emulated) = answers(Dev::Emulated);
+    assert!(
+        status["running_on"]
+            .as_str()
+            .unwrap()
+            .starts_with("emulated"),
+        "{status}"
+    );
+    assert!(status["notice"].is_null(), "{status}");
+    assert_eq!(emulated, [base.clone(), adapted, base]);
+
+    let (cpu_status, cpu) = answers(Dev::Cpu);
+    assert_eq!(cpu_status, json!({"running_on": "cpu", "notice": null}));
+    let (status, missing) = answers(Dev::Cuda(7));
+    if status["running_on"] == "cpu" {
+        let notice = status["notice"].as_str().unwrap();
+        assert!(notice.starts_with("device cuda:7: "), "{notice}");
+        assert_eq!(missing, cpu);
+    }
+
+    // The graph's `Serve(device: ...)` reaches the server's config; the default is the CPU.
+    let params: hearth::actors::serve::ServeParams =
+        ron::from_str("(device: \"emulated\")").unwrap();
+    assert_eq!(params.config().device, Dev::Emulated);
+    assert_eq!(
+        hearth::actors::serve::ServeParams::default()
+            .config()
+            .device,
+        Dev::Cpu
+    );
+    let e = ron::from_str::<hearth::actors::serve::ServeParams>("(device: \"gpu0\")")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gpu0"), "{e}");
+}
