@@ -402,14 +402,23 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
         "attention_decode" => {
             let (nh, nkv, hd, cap, scale) =
                 (a.int(5)?, a.int(6)?, a.int(7)?, a.int(8)?, a.float(9)?);
-            let n = index(m.i32s(a.ptr(4)?, 1)?[0], cap, "cache length")?;
-            let q = m.f32s(a.ptr(0)?, nh * hd)?;
+            let rows = l.grid.1 as usize;
+            let start = index(m.i32s(a.ptr(4)?, 1)?[0], cap, "position")?;
+            let last = start + rows;
+            if last > cap {
+                return Err(fault(format!(
+                    "rows up to position {last} past a cache of {cap}"
+                )));
+            }
+            let q = m.f32s(a.ptr(0)?, rows * nh * hd)?;
             let kc = m.f32s(a.ptr(1)?, nkv * cap * hd)?;
             let vc = m.f32s(a.ptr(2)?, nkv * cap * hd)?;
             let group = (nh / nkv.max(1)).max(1);
-            m.write_f32(a.ptr(3)?, nh * hd, |out| {
-                for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-                    let qh = &q[h * hd..][..hd];
+            m.write_f32(a.ptr(3)?, rows * nh * hd, |out| {
+                for (i, oh) in out.chunks_exact_mut(hd).enumerate() {
+                    let (row, h) = (i / nh, i % nh);
+                    let n = start + row + 1;
+                    let qh = &q[i * hd..][..hd];
                     let base = (h / group) * cap * hd;
                     let scores: Vec<f32> = (0..n)
                         .map(|t| {
@@ -524,24 +533,31 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
             })
         }
         "add_into" => {
-            let n = a.int(2)?;
-            let d = m.f32s(a.ptr(1)?, n)?;
+            let (n, period) = (a.int(2)?, a.int(3)?.max(1));
+            let d = m.f32s(a.ptr(1)?, period)?;
             m.write_f32(a.ptr(0)?, n, |x| {
-                x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+                x.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x += d[i % period]);
                 Ok(())
             })
         }
         "kv_append" => {
-            let (kv_heads, cap, hd) = (a.int(3)?, a.int(4)?, a.int(5)?);
-            let len = index(
-                m.i32s(a.ptr(2)?, 1)?[0],
-                cap.saturating_sub(1),
-                "cache position",
-            )?;
-            let src = m.f32s(a.ptr(1)?, kv_heads * hd)?;
+            let (rows, kv_heads, cap, hd) = (a.int(3)?, a.int(4)?, a.int(5)?, a.int(6)?);
+            let first = index(m.i32s(a.ptr(2)?, 1)?[0], cap, "position")?;
+            if first + rows > cap {
+                return Err(fault(format!(
+                    "rows up to position {} past a cache of {cap}",
+                    first + rows
+                )));
+            }
+            let src = m.f32s(a.ptr(1)?, rows * kv_heads * hd)?;
             m.write_f32(a.ptr(0)?, kv_heads * cap * hd, |cache| {
-                for h in 0..kv_heads {
-                    cache[(h * cap + len) * hd..][..hd].copy_from_slice(&src[h * hd..][..hd]);
+                for r in 0..rows {
+                    for h in 0..kv_heads {
+                        cache[(h * cap + first + r) * hd..][..hd]
+                            .copy_from_slice(&src[(r * kv_heads + h) * hd..][..hd]);
+                    }
                 }
                 Ok(())
             })

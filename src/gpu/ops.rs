@@ -262,8 +262,10 @@ pub struct AttentionShape {
     pub capacity: usize,
 }
 
-/// One new token's attention over the KV cache (`[kv_heads, capacity, head_dim]` each), grouped-query:
-/// `out[h] = softmax(q[h] · K[h / g]ᵀ · scale) · V[h / g]` over the first `len[0]` positions (a device value).
+/// New tokens' attention over the KV cache (`[kv_heads, capacity, head_dim]` each), grouped-query and causal:
+/// query row `r` of `q` `[rows, heads, head_dim]` is the token at position `pos[0] + r` (a device value) and
+/// reads positions `0..=pos[0] + r`, its own already appended:
+/// `out[r][h] = softmax(q[r][h] · K[h / g]ᵀ · scale) · V[h / g]`. Decode is `rows = 1`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode(
     gpu: &Gpu,
@@ -271,7 +273,8 @@ pub fn attention_decode(
     k_cache: &Buffer<f32>,
     v_cache: &Buffer<f32>,
     out: &Buffer<f32>,
-    len: &Buffer<i32>,
+    pos: &Buffer<i32>,
+    rows: usize,
     s: AttentionShape,
     scale: f32,
 ) -> Result<(), GpuError> {
@@ -282,39 +285,40 @@ pub fn attention_decode(
         dim(OP, "head_dim", s.head_dim)?,
         dim(OP, "capacity", s.capacity)?,
     );
+    dim(OP, "rows", rows)?;
     if !s.heads.is_multiple_of(s.kv_heads) {
         return Err(GpuError::Shape {
             op: OP,
             reason: format!("{} heads over {} kv heads", s.heads, s.kv_heads),
         });
     }
-    let shared = (32 + s.capacity) * 4;
-    if shared > SHARED_LIMIT {
+    if s.capacity > ATTENTION_MAX_POSITIONS {
         return Err(GpuError::Shape {
             op: OP,
             reason: format!(
-                "a cache of {} positions needs {shared} bytes of scores (limit {SHARED_LIMIT})",
-                s.capacity
+                "a cache of {} positions needs {} bytes of scores (limit {SHARED_LIMIT})",
+                s.capacity,
+                (32 + s.capacity) * 4
             ),
         });
     }
-    need(OP, "q", q, s.heads * s.head_dim)?;
-    need(OP, "out", out, s.heads * s.head_dim)?;
+    need(OP, "q", q, rows * s.heads * s.head_dim)?;
+    need(OP, "out", out, rows * s.heads * s.head_dim)?;
     let cache = s.kv_heads * s.capacity * s.head_dim;
     need(OP, "k_cache", k_cache, cache)?;
     need(OP, "v_cache", v_cache, cache)?;
-    need(OP, "len", len, 1)?;
+    need(OP, "pos", pos, 1)?;
     gpu.launch(
         OP,
-        (s.heads as u32, 1, 1),
+        (s.heads as u32, rows as u32, 1),
         BLOCK,
-        shared as u32,
+        ((32 + s.capacity) * 4) as u32,
         &[
             q.arg(),
             k_cache.arg(),
             v_cache.arg(),
             out.arg(),
-            len.arg(),
+            pos.arg(),
             Arg::I32(hi),
             Arg::I32(kvi),
             Arg::I32(di),
@@ -590,46 +594,60 @@ pub fn lora_backward(
 
 /// `x += d` over `n` values (the residual add).
 pub fn add_into(gpu: &Gpu, x: &Buffer<f32>, d: &Buffer<f32>, n: usize) -> Result<(), GpuError> {
+    add_rows(gpu, x, d, (1, n))
+}
+
+/// `x[r] += d` for each of `rows` rows of `n` values (a bias on every row).
+pub fn add_rows(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    d: &Buffer<f32>,
+    (rows, n): (usize, usize),
+) -> Result<(), GpuError> {
     const OP: &str = "add_into";
-    let ni = dim(OP, "n", n)?;
-    need(OP, "x", x, n)?;
+    let (ni, total) = (dim(OP, "n", n)?, dim(OP, "rows · n", rows * n)?);
+    need(OP, "x", x, rows * n)?;
     need(OP, "d", d, n)?;
     gpu.launch(
         OP,
-        (blocks(n), 1, 1),
+        (blocks(rows * n), 1, 1),
         BLOCK,
         0,
-        &[x.arg(), d.arg(), Arg::I32(ni)],
+        &[x.arg(), d.arg(), Arg::I32(total), Arg::I32(ni)],
     )
 }
 
-/// Writes one token's `src` `[kv_heads, head_dim]` into `cache` `[kv_heads, capacity, head_dim]` at position
-/// `len[0]` (a device value; the caller keeps it below `capacity` and moves it on with [`advance`]).
+/// Writes `rows` tokens' `src` `[rows, kv_heads, head_dim]` into `cache` `[kv_heads, capacity, head_dim]` at
+/// positions `pos[0]..pos[0] + rows` (a device value; the caller keeps them below `capacity` and moves `pos` on
+/// with [`advance`]).
 pub fn kv_append(
     gpu: &Gpu,
     cache: &Buffer<f32>,
     src: &Buffer<f32>,
-    len: &Buffer<i32>,
+    pos: &Buffer<i32>,
+    rows: usize,
     s: AttentionShape,
 ) -> Result<(), GpuError> {
     const OP: &str = "kv_append";
-    let (kvi, di, ci) = (
+    let (ri, kvi, di, ci) = (
+        dim(OP, "rows", rows)?,
         dim(OP, "kv_heads", s.kv_heads)?,
         dim(OP, "head_dim", s.head_dim)?,
         dim(OP, "capacity", s.capacity)?,
     );
     need(OP, "cache", cache, s.kv_heads * s.capacity * s.head_dim)?;
-    need(OP, "src", src, s.kv_heads * s.head_dim)?;
-    need(OP, "len", len, 1)?;
+    need(OP, "src", src, rows * s.kv_heads * s.head_dim)?;
+    need(OP, "pos", pos, 1)?;
     gpu.launch(
         OP,
-        (blocks(s.kv_heads * s.head_dim), 1, 1),
+        (blocks(rows * s.kv_heads * s.head_dim), 1, 1),
         BLOCK,
         0,
         &[
             cache.arg(),
             src.arg(),
-            len.arg(),
+            pos.arg(),
+            Arg::I32(ri),
             Arg::I32(kvi),
             Arg::I32(ci),
             Arg::I32(di),

@@ -371,8 +371,8 @@ pub fn generate_reusing(
     Ok((out, reused, CachedPrefix { tokens: fed, cache }))
 }
 
-/// [`generate`] on a GPU decoder (its adapter is the one it holds): the prompt runs token by token from
-/// position 0, then sampling and stopping are exactly [`generate`]'s.
+/// [`generate`] on a GPU decoder (its adapter is the one it holds): the prompt is prefilled from position 0,
+/// then sampling and stopping are exactly [`generate`]'s.
 pub fn generate_on_gpu(
     dec: &mut GpuDecoder,
     tok: &Tokenizer,
@@ -391,10 +391,7 @@ pub fn generate_on_gpu(
         )));
     }
     dec.reset()?;
-    let mut logits = Vec::new();
-    for &t in prompt {
-        logits = dec.step(t)?;
-    }
+    let logits = dec.prefill(prompt)?;
     let (out, _) = decode_loop(tok, cfg, logits, on_token, |next| {
         if dec.len() >= ctx {
             return Ok(None);

@@ -131,6 +131,24 @@ fn lora_pairs_apply_unmerged_on_the_gpu() {
     }
 }
 
+/// A fresh adapter (`B = 0`) leaves every logit of the GPU step bitwise the base's, as on the CPU.
+#[test]
+fn a_fresh_adapter_decodes_bitwise_the_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path(), Arch::Qwen3, GgmlDType::Q8_0);
+    let fresh = LoraSet::fresh(&m, LoraConfig::new(4, 8.0, &LoraTarget::ALL), 9).unwrap();
+    for gpu in devices("a_fresh_adapter_decodes_bitwise_the_base") {
+        let mut base = GpuDecoder::new(&gpu, &m, 16, None).unwrap();
+        let mut adapted = GpuDecoder::new(&gpu, &m, 16, Some(&fresh)).unwrap();
+        assert_eq!(
+            gpu_steps(&mut base, &PROMPT),
+            gpu_steps(&mut adapted, &PROMPT),
+            "{}",
+            gpu.describe()
+        );
+    }
+}
+
 /// A recorded step replays exactly what launching kernel by kernel computes.
 #[test]
 fn a_replayed_graph_computes_what_the_launches_do() {
@@ -189,4 +207,35 @@ fn what_the_gpu_step_cannot_run_is_refused_with_the_reason() {
     let e = d.step(3).unwrap_err().to_string();
     assert!(e.contains("full"), "{e}");
     assert_eq!(d.len(), 2);
+}
+
+/// A prompt prefilled in chunks of rows gives the logits of decoding it token by token: the last token's, and
+/// those of the steps after it. Also in two calls (a chat's next turn appended to the cache), and over more
+/// tokens than one chunk holds.
+#[test]
+fn prefill_in_rows_matches_the_cpu_decode() {
+    let dir = tempfile::tempdir().unwrap();
+    let long: Vec<u32> = (0..150).map(|i| (i * 37 % 300) as u32 + 1).collect();
+    for gpu in devices("prefill_in_rows_matches_the_cpu_decode") {
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+            let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
+            let set = random_adapter(&m, 7, false);
+            for lora in [None, Some(&set)] {
+                let what = format!("{arch:?} lora={} on {}", lora.is_some(), gpu.describe());
+                let cpu = cpu_steps(&m, &long, lora);
+                let mut d = GpuDecoder::new(&gpu, &m, 160, lora).unwrap();
+                let last = d.prefill(&long[..140]).unwrap();
+                assert_eq!(d.len(), 140);
+                compare(&what, &[last], &cpu[139..140]);
+                compare(&what, &gpu_steps(&mut d, &long[140..]), &cpu[140..]);
+                // Two turns: 5 tokens, then 6 more after them.
+                d.reset().unwrap();
+                compare(&what, &[d.prefill(&long[..5]).unwrap()], &cpu[4..5]);
+                compare(&what, &[d.prefill(&long[5..11]).unwrap()], &cpu[10..11]);
+                let e = d.prefill(&long[..150]).unwrap_err().to_string();
+                assert!(e.contains("do not fit"), "{e}");
+                assert!(d.prefill(&[]).is_err());
+            }
+        }
+    }
 }

@@ -266,6 +266,47 @@ fn rope_rotates_both_layouts_and_inverts() {
     }
 }
 
+/// Causal attention of `rows` queries at positions `start..start + rows` over the cache, in f64.
+#[allow(clippy::too_many_arguments)]
+fn attention_ref(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    s: AttentionShape,
+    start: usize,
+    rows: usize,
+    scale: f64,
+) -> Vec<f64> {
+    let hd = s.head_dim;
+    let mut want = vec![0f64; rows * s.heads * hd];
+    for r in 0..rows {
+        let n = start + r + 1;
+        for h in 0..s.heads {
+            let kvh = h / (s.heads / s.kv_heads);
+            let base = kvh * s.capacity * hd;
+            let qh = &q[(r * s.heads + h) * hd..][..hd];
+            let scores: Vec<f64> = (0..n)
+                .map(|t| {
+                    (0..hd)
+                        .map(|d| qh[d] as f64 * kc[base + t * hd + d] as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = scores.iter().map(|v| (v - mx).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                want[(r * s.heads + h) * hd + d] = (0..n)
+                    .map(|t| e[t] * vc[base + t * hd + d] as f64)
+                    .sum::<f64>()
+                    / sum;
+            }
+        }
+    }
+    want
+}
+
 #[test]
 fn attention_decode_matches_the_reference() {
     for gpu in devices("attention_decode_matches_the_reference") {
@@ -275,47 +316,49 @@ fn attention_decode_matches_the_reference() {
             head_dim: 64,
             capacity: 40,
         };
-        let len = 29usize;
-        let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let q = random(s.heads * s.head_dim, 9);
-        let kc = random(s.kv_heads * s.capacity * s.head_dim, 10);
-        let vc = random(s.kv_heads * s.capacity * s.head_dim, 11);
         let hd = s.head_dim;
-        let mut want = vec![0f64; s.heads * hd];
-        for h in 0..s.heads {
-            let kvh = h / (s.heads / s.kv_heads);
-            let base = kvh * s.capacity * hd;
-            let scores: Vec<f64> = (0..len)
-                .map(|t| {
-                    (0..hd)
-                        .map(|d| q[h * hd + d] as f64 * kc[base + t * hd + d] as f64)
-                        .sum::<f64>()
-                        * scale as f64
-                })
-                .collect();
-            let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
-            let e: Vec<f64> = scores.iter().map(|v| (v - mx).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            for d in 0..hd {
-                want[h * hd + d] = (0..len)
-                    .map(|t| e[t] * vc[base + t * hd + d] as f64)
-                    .sum::<f64>()
-                    / sum;
-            }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kc = random(s.kv_heads * s.capacity * hd, 10);
+        let vc = random(s.kv_heads * s.capacity * hd, 11);
+        let (kb, vb) = (up(&gpu, &kc), up(&gpu, &vc));
+        // One decode row at position 28 (29 positions read), then a prefill of 7 rows from position 20.
+        for (start, rows) in [(28usize, 1usize), (20, 7)] {
+            let q = random(rows * s.heads * hd, 9 + rows as u64);
+            let want = attention_ref(&q, &kc, &vc, s, start, rows, scale as f64);
+            let qb = up(&gpu, &q);
+            let (ob, pb) = (
+                gpu.zeros(rows * s.heads * hd).unwrap(),
+                up(&gpu, &[start as i32]),
+            );
+            ops::attention_decode(&gpu, &qb, &kb, &vb, &ob, &pb, rows, s, scale).unwrap();
+            close(
+                &format!("attention_decode rows={rows}"),
+                &down(&gpu, &ob),
+                &want,
+                1e-5,
+            );
+            // The position is read on the device: an earlier one changes the result without a new launch shape.
+            gpu.write(&pb, &[5]).unwrap();
+            ops::attention_decode(&gpu, &qb, &kb, &vb, &ob, &pb, rows, s, scale).unwrap();
+            close(
+                &format!("attention_decode rows={rows} at 5"),
+                &down(&gpu, &ob),
+                &attention_ref(&q, &kc, &vc, s, 5, rows, scale as f64),
+                1e-5,
+            );
         }
-        let (qb, kb, vb) = (up(&gpu, &q), up(&gpu, &kc), up(&gpu, &vc));
-        let (ob, lb) = (gpu.zeros(s.heads * hd).unwrap(), up(&gpu, &[len as i32]));
-        ops::attention_decode(&gpu, &qb, &kb, &vb, &ob, &lb, s, scale).unwrap();
-        close("attention_decode", &down(&gpu, &ob), &want, 1e-5);
-        // The length is read on the device: a shorter cache changes the result without a new launch shape.
-        gpu.write(&lb, &[5]).unwrap();
-        ops::attention_decode(&gpu, &qb, &kb, &vb, &ob, &lb, s, scale).unwrap();
-        let got = down(&gpu, &ob);
-        assert!(
-            got.iter()
-                .zip(&want)
-                .any(|(g, w)| (*g as f64 - w).abs() > 1e-3)
+        // Rows past the cache are refused before launching, not read out of bounds.
+        let big = AttentionShape {
+            capacity: ops::ATTENTION_MAX_POSITIONS + 1,
+            ..s
+        };
+        let (qb, ob, pb) = (
+            gpu.zeros::<f32>(s.heads * hd).unwrap(),
+            gpu.zeros::<f32>(s.heads * hd).unwrap(),
+            up(&gpu, &[0i32]),
         );
+        let e = ops::attention_decode(&gpu, &qb, &kb, &vb, &ob, &pb, 1, big, scale).unwrap_err();
+        assert!(e.to_string().contains("positions"), "{e}");
     }
 }
 
@@ -522,15 +565,28 @@ fn add_kv_append_and_advance_write_what_they_name() {
         };
         let cache = gpu.zeros::<f32>(2 * 5 * 8).unwrap();
         let len = up(&gpu, &[0i32]);
-        for step in 0..3 {
+        for step in 0..2 {
             let src: Vec<f32> = (0..16).map(|i| (step * 100 + i) as f32).collect();
-            ops::kv_append(&gpu, &cache, &up(&gpu, &src), &len, s).unwrap();
+            ops::kv_append(&gpu, &cache, &up(&gpu, &src), &len, 1, s).unwrap();
             ops::advance(&gpu, &len, 1).unwrap();
         }
-        assert_eq!(gpu.download(&len).unwrap(), vec![3]);
+        // Two rows at once (a prefill chunk) at positions 2 and 3.
+        let src: Vec<f32> = (0..32).map(|i| (1000 + i) as f32).collect();
+        ops::kv_append(&gpu, &cache, &up(&gpu, &src), &len, 2, s).unwrap();
+        ops::advance(&gpu, &len, 2).unwrap();
+        assert_eq!(gpu.download(&len).unwrap(), vec![4]);
         let c = down(&gpu, &cache);
-        // Head 1, position 2, dim 3 holds step 2's value for index 1·8 + 3.
-        assert_eq!(c[(5 + 2) * 8 + 3], 211.0);
-        assert_eq!(c[3 * 8], 0.0, "position 3 is not written yet");
+        // Head 1, position 1, dim 3 holds step 1's value for index 1·8 + 3.
+        assert_eq!(c[(5 + 1) * 8 + 3], 111.0);
+        // Head 1, position 3 (the chunk's second row), dim 3: row 1's index 16 + 1·8 + 3.
+        assert_eq!(c[(5 + 3) * 8 + 3], 1027.0);
+        assert_eq!(c[4 * 8], 0.0, "position 4 is not written yet");
+
+        // A bias on every row: x[r] += d.
+        let (x, d) = (random(12, 28), random(4, 29));
+        let xb = up(&gpu, &x);
+        ops::add_rows(&gpu, &xb, &up(&gpu, &d), (3, 4)).unwrap();
+        let want: Vec<f64> = (0..12).map(|i| x[i] as f64 + d[i % 4] as f64).collect();
+        close("add_rows", &down(&gpu, &xb), &want, 1e-7);
     }
 }

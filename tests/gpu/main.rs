@@ -12,8 +12,8 @@ mod throughput;
 
 use hearth::gpu::{Device, Gpu};
 
-/// The GPUs this machine opens (cuda:0, rocm:0); prints why when none does.
-pub fn gpus(test: &str) -> Vec<Gpu> {
+/// The GPUs this machine opens (cuda:0, rocm:0), and why each other did not.
+fn open_gpus() -> (Vec<Gpu>, Vec<String>) {
     let mut out = Vec::new();
     let mut why = Vec::new();
     for d in [Device::Cuda(0), Device::Rocm(0)] {
@@ -22,6 +22,12 @@ pub fn gpus(test: &str) -> Vec<Gpu> {
             Err(e) => why.push(format!("{d}: {e}")),
         }
     }
+    (out, why)
+}
+
+/// The GPUs this machine opens; prints why when none does.
+pub fn gpus(test: &str) -> Vec<Gpu> {
+    let (out, why) = open_gpus();
     if out.is_empty() {
         eprintln!("{test}: skipped, no GPU opened ({})", why.join("; "));
     }
@@ -30,7 +36,13 @@ pub fn gpus(test: &str) -> Vec<Gpu> {
 
 /// The GPUs this machine opens, then the emulated device, which every machine has.
 pub fn devices(test: &str) -> Vec<Gpu> {
-    let mut out = gpus(test);
+    let (mut out, why) = open_gpus();
+    if out.is_empty() {
+        eprintln!(
+            "{test}: on the emulated device only, no GPU opened ({})",
+            why.join("; ")
+        );
+    }
     out.push(Gpu::open(Device::Emulated).expect("the emulated device always opens"));
     out
 }

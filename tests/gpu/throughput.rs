@@ -162,9 +162,9 @@ fn decode_step_throughput() {
                     Rotation::Forward,
                 )
                 .unwrap();
-                ops::kv_append(&gpu, &l.kc, &k, &len, att).unwrap();
-                ops::kv_append(&gpu, &l.vc, &v, &len, att).unwrap();
-                ops::attention_decode(&gpu, &q, &l.kc, &l.vc, &ctx, &len, att, scale).unwrap();
+                ops::kv_append(&gpu, &l.kc, &k, &len, 1, att).unwrap();
+                ops::kv_append(&gpu, &l.vc, &v, &len, 1, att).unwrap();
+                ops::attention_decode(&gpu, &q, &l.kc, &l.vc, &ctx, &len, 1, att, scale).unwrap();
                 ops::q8_matmul(&gpu, &l.o, &ctx, &proj, (1, qd, h)).unwrap();
                 ops::add_into(&gpu, &x, &proj, h).unwrap();
                 ops::rms_norm(&gpu, &x, &l.norm2, &normed, (1, h), 1e-5).unwrap();

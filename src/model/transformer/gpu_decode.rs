@@ -58,8 +58,9 @@ impl GpuBlock {
     }
 }
 
-/// The activations of one step, each allocated once.
+/// The activations of a step over up to `rows` tokens, each allocated once.
 struct Scratch {
+    rows: usize,
     x: Buffer<f32>,
     normed: Buffer<f32>,
     q: Buffer<f32>,
@@ -70,10 +71,36 @@ struct Scratch {
     gate: Buffer<f32>,
     up: Buffer<f32>,
     act: Buffer<f32>,
-    logits: Buffer<f32>,
-    /// `x·Aᵀ` of the pair being applied, `[max rank]`.
+    /// `x·Aᵀ` of the pair being applied, `[rows, max rank]`.
     lora_t: Buffer<f32>,
+    /// Each row's position, for RoPE (prefill; a decode step reads the decoder's position).
+    positions: Buffer<i32>,
 }
+
+impl Scratch {
+    fn new(gpu: &Gpu, cfg: &ModelConfig, rows: usize, rank: usize) -> Result<Self> {
+        let (h, hd, ff) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+        Ok(Self {
+            rows,
+            x: gpu.zeros(rows * h)?,
+            normed: gpu.zeros(rows * h)?,
+            q: gpu.zeros(rows * qd)?,
+            k: gpu.zeros(rows * kvd)?,
+            v: gpu.zeros(rows * kvd)?,
+            context: gpu.zeros(rows * qd)?,
+            out: gpu.zeros(rows * h)?,
+            gate: gpu.zeros(rows * ff)?,
+            up: gpu.zeros(rows * ff)?,
+            act: gpu.zeros(rows * ff)?,
+            lora_t: gpu.zeros(rows * rank)?,
+            positions: gpu.zeros(rows)?,
+        })
+    }
+}
+
+/// Prompt tokens per prefill launch: each weight is read once per chunk of rows.
+const PREFILL_ROWS: usize = 64;
 
 /// One sequence's decode on a GPU: the model's weights, its KV cache (`capacity` positions) and the step.
 pub struct GpuDecoder {
@@ -87,11 +114,15 @@ pub struct GpuDecoder {
     sin: Buffer<f32>,
     interleaved: bool,
     capacity: usize,
-    /// The position of the token being decoded, and the positions attention reads (`pos + 1`).
+    /// The position of the next token (a device value, so a recorded step replays at every position).
     pos: Buffer<i32>,
-    len: Buffer<i32>,
     host_len: usize,
+    /// A decode step's activations, and a prefill chunk's (made on first use).
     s: Scratch,
+    prefill: Option<Scratch>,
+    logits: Buffer<f32>,
+    /// The largest rank of the pairs applied (1 without any), for the scratches' `lora_t`.
+    rank: usize,
     /// The recorded step; `None` until the first step, or when the vendor does not capture graphs.
     graph: Option<Graph>,
     capture: bool,
@@ -149,8 +180,7 @@ impl GpuDecoder {
                 "a cache of {capacity} positions (1..={limit} on the GPU for this model)"
             )));
         }
-        let (h, hd, ff) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-        let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+        let kvd = cfg.num_kv_heads * cfg.head_dim;
         let up_f32 = |t: &Tensor| -> Result<Buffer<f32>> { Ok(gpu.upload(&f32s(t)?)?) };
         let proj = |lin: &QLinear, name: String| -> Result<Projection> {
             Ok(Projection {
@@ -183,25 +213,9 @@ impl GpuDecoder {
                 v_cache: gpu.zeros(kvd * capacity)?,
             });
         }
-        let half = hd / 2;
         let table = |t: &Tensor| -> Result<Buffer<f32>> {
             Ok(gpu.upload(&f32s(&t.narrow(0, 0, capacity)?)?)?)
         };
-        let s = Scratch {
-            x: gpu.zeros(h)?,
-            normed: gpu.zeros(h)?,
-            q: gpu.zeros(qd)?,
-            k: gpu.zeros(kvd)?,
-            v: gpu.zeros(kvd)?,
-            context: gpu.zeros(qd)?,
-            out: gpu.zeros(h)?,
-            gate: gpu.zeros(ff)?,
-            up: gpu.zeros(ff)?,
-            act: gpu.zeros(ff)?,
-            logits: gpu.zeros(cfg.vocab_size)?,
-            lora_t: gpu.zeros(1)?,
-        };
-        debug_assert_eq!(model.rope.cos.dim(1)?, half);
         let mut dec = Self {
             gpu: gpu.clone(),
             embed: model.embed.clone(),
@@ -211,11 +225,13 @@ impl GpuDecoder {
             sin: table(&model.rope.sin)?,
             interleaved: model.rope.interleaved,
             pos: gpu.upload(&[0i32])?,
-            len: gpu.upload(&[1i32])?,
             host_len: 0,
             blocks,
             capacity,
-            s,
+            s: Scratch::new(gpu, &cfg, 1, 1)?,
+            prefill: None,
+            logits: gpu.zeros(cfg.vocab_size)?,
+            rank: 1,
             graph: None,
             capture: true,
             config: cfg,
@@ -249,8 +265,12 @@ impl GpuDecoder {
                 };
             }
         }
-        if self.s.lora_t.len() < max_rank {
+        if max_rank > self.rank {
+            self.rank = max_rank;
             self.s.lora_t = self.gpu.zeros(max_rank)?;
+            if let Some(p) = &mut self.prefill {
+                p.lora_t = self.gpu.zeros(p.rows * max_rank)?;
+            }
         }
         Ok(())
     }
@@ -283,9 +303,45 @@ impl GpuDecoder {
     /// Starts a new sequence (the cache's old contents are overwritten as it fills again).
     pub fn reset(&mut self) -> Result<()> {
         self.gpu.write(&self.pos, &[0])?;
-        self.gpu.write(&self.len, &[1])?;
         self.host_len = 0;
         Ok(())
+    }
+
+    /// Runs `tokens` from the next position and returns the last one's logits: all but the last in chunks of
+    /// rows (each weight read once per chunk), the last as a decode step.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let Some((&last, rest)) = tokens.split_last() else {
+            return Err(ModelError::Input("gpu prefill: no tokens".into()));
+        };
+        if self.host_len + tokens.len() > self.capacity {
+            return Err(ModelError::Input(format!(
+                "gpu prefill: {} tokens after {} do not fit a cache of {} positions",
+                tokens.len(),
+                self.host_len,
+                self.capacity
+            )));
+        }
+        let h = self.config.hidden_size;
+        for chunk in rest.chunks(PREFILL_ROWS) {
+            let rows = chunk.len();
+            if self.prefill.is_none() {
+                let s = Scratch::new(&self.gpu, &self.config, PREFILL_ROWS, self.rank)?;
+                self.prefill = Some(s);
+            }
+            let s = self.prefill.as_ref().expect("made above");
+            let mut x = f32s(&self.embed.embedding(&Tensor::new(chunk, &Device::Cpu)?)?)?;
+            x.resize(s.rows * h, 0.0);
+            self.gpu.write(&s.x, &x)?;
+            let mut positions: Vec<i32> = (self.host_len..self.host_len + rows)
+                .map(|p| p as i32)
+                .collect();
+            positions.resize(s.rows, 0);
+            self.gpu.write(&s.positions, &positions)?;
+            self.launch_layers(s, rows, &s.positions)?;
+            ops::advance(&self.gpu, &self.pos, rows as i32)?;
+            self.host_len += rows;
+        }
+        self.step(last)
     }
 
     /// Logits `[vocab]` for `token` at the next position, appending its keys and values to the cache.
@@ -319,32 +375,55 @@ impl GpuDecoder {
             None => self.launch_step()?,
         }
         self.host_len += 1;
-        Ok(self.gpu.download(&self.s.logits)?)
+        Ok(self.gpu.download(&self.logits)?)
     }
 
-    /// `y = W·x (+ scale·B·A·x)` for one projection `[n, k]`.
+    /// `y = W·x (+ scale·B·A·x)` for one projection `[n, k]` over `rows` rows.
     fn project(
         &self,
         p: &Projection,
-        x: &Buffer<f32>,
-        y: &Buffer<f32>,
-        (k, n): (usize, usize),
+        s: &Scratch,
+        (x, y): (&Buffer<f32>, &Buffer<f32>),
+        (rows, k, n): (usize, usize, usize),
     ) -> std::result::Result<(), crate::gpu::GpuError> {
-        ops::q8_matmul(&self.gpu, &p.w, x, y, (1, k, n))?;
+        ops::q8_matmul(&self.gpu, &p.w, x, y, (rows, k, n))?;
         if let Some(l) = &p.lora {
             let shape = LoraShape {
-                m: 1,
+                m: rows,
                 k,
                 rank: l.rank,
                 n,
             };
-            ops::lora_forward(&self.gpu, x, &l.a, &l.b, &self.s.lora_t, y, shape, l.scale)?;
+            ops::lora_forward(&self.gpu, x, &l.a, &l.b, &s.lora_t, y, shape, l.scale)?;
         }
         Ok(())
     }
 
-    /// Every launch of one step, in the order of [`Transformer::decode_token`].
+    /// One decode step: the layers over the step's one row at the decoder's position, the head, and the
+    /// position moved on.
     fn launch_step(&self) -> std::result::Result<(), crate::gpu::GpuError> {
+        let (g, s, cfg) = (&self.gpu, &self.s, &self.config);
+        let h = cfg.hidden_size;
+        self.launch_layers(s, 1, &self.pos)?;
+        ops::rms_norm(g, &s.x, &self.norm, &s.normed, (1, h), cfg.rms_eps)?;
+        ops::q8_matmul(
+            g,
+            &self.head,
+            &s.normed,
+            &self.logits,
+            (1, h, cfg.vocab_size),
+        )?;
+        ops::advance(g, &self.pos, 1)
+    }
+
+    /// Every block over `rows` tokens in `s.x` at positions `pos[0]..` (RoPE reads each row's position from
+    /// `rope_pos`), in the order of [`Transformer::decode_token`], appending their keys and values.
+    fn launch_layers(
+        &self,
+        s: &Scratch,
+        rows: usize,
+        rope_pos: &Buffer<i32>,
+    ) -> std::result::Result<(), crate::gpu::GpuError> {
         let cfg = &self.config;
         let (h, hd, ff, eps) = (
             cfg.hidden_size,
@@ -360,53 +439,50 @@ impl GpuDecoder {
             head_dim: hd,
             capacity: self.capacity,
         };
-        let (g, s) = (&self.gpu, &self.s);
+        let g = &self.gpu;
         let rope = |x: &Buffer<f32>, heads: usize| {
             ops::rope(
                 g,
                 x,
                 &self.cos,
                 &self.sin,
-                &self.pos,
-                (1, heads, hd),
+                rope_pos,
+                (rows, heads, hd),
                 self.interleaved,
                 Rotation::Forward,
             )
         };
+        let scale = 1.0 / (hd as f32).sqrt();
         for b in &self.blocks {
-            ops::rms_norm(g, &s.x, &b.attn_norm, &s.normed, (1, h), eps)?;
-            self.project(&b.q, &s.normed, &s.q, (h, qd))?;
-            self.project(&b.k, &s.normed, &s.k, (h, kvd))?;
-            self.project(&b.v, &s.normed, &s.v, (h, kvd))?;
+            ops::rms_norm(g, &s.x, &b.attn_norm, &s.normed, (rows, h), eps)?;
+            self.project(&b.q, s, (&s.normed, &s.q), (rows, h, qd))?;
+            self.project(&b.k, s, (&s.normed, &s.k), (rows, h, kvd))?;
+            self.project(&b.v, s, (&s.normed, &s.v), (rows, h, kvd))?;
             if let Some([bq, bk, bv]) = &b.bias {
-                ops::add_into(g, &s.q, bq, qd)?;
-                ops::add_into(g, &s.k, bk, kvd)?;
-                ops::add_into(g, &s.v, bv, kvd)?;
+                ops::add_rows(g, &s.q, bq, (rows, qd))?;
+                ops::add_rows(g, &s.k, bk, (rows, kvd))?;
+                ops::add_rows(g, &s.v, bv, (rows, kvd))?;
             }
             if let Some((qn, kn)) = &b.qk_norm {
-                ops::rms_norm(g, &s.q, qn, &s.q, (nh, hd), eps)?;
-                ops::rms_norm(g, &s.k, kn, &s.k, (nkv, hd), eps)?;
+                ops::rms_norm(g, &s.q, qn, &s.q, (rows * nh, hd), eps)?;
+                ops::rms_norm(g, &s.k, kn, &s.k, (rows * nkv, hd), eps)?;
             }
             rope(&s.q, nh)?;
             rope(&s.k, nkv)?;
-            ops::kv_append(g, &b.k_cache, &s.k, &self.pos, att)?;
-            ops::kv_append(g, &b.v_cache, &s.v, &self.pos, att)?;
-            let scale = 1.0 / (hd as f32).sqrt();
+            ops::kv_append(g, &b.k_cache, &s.k, &self.pos, rows, att)?;
+            ops::kv_append(g, &b.v_cache, &s.v, &self.pos, rows, att)?;
             ops::attention_decode(
-                g, &s.q, &b.k_cache, &b.v_cache, &s.context, &self.len, att, scale,
+                g, &s.q, &b.k_cache, &b.v_cache, &s.context, &self.pos, rows, att, scale,
             )?;
-            self.project(&b.o, &s.context, &s.out, (qd, h))?;
-            ops::add_into(g, &s.x, &s.out, h)?;
-            ops::rms_norm(g, &s.x, &b.ffn_norm, &s.normed, (1, h), eps)?;
-            self.project(&b.gate, &s.normed, &s.gate, (h, ff))?;
-            self.project(&b.up, &s.normed, &s.up, (h, ff))?;
-            ops::silu_mul(g, &s.gate, &s.up, &s.act, ff)?;
-            self.project(&b.down, &s.act, &s.out, (ff, h))?;
-            ops::add_into(g, &s.x, &s.out, h)?;
+            self.project(&b.o, s, (&s.context, &s.out), (rows, qd, h))?;
+            ops::add_into(g, &s.x, &s.out, rows * h)?;
+            ops::rms_norm(g, &s.x, &b.ffn_norm, &s.normed, (rows, h), eps)?;
+            self.project(&b.gate, s, (&s.normed, &s.gate), (rows, h, ff))?;
+            self.project(&b.up, s, (&s.normed, &s.up), (rows, h, ff))?;
+            ops::silu_mul(g, &s.gate, &s.up, &s.act, rows * ff)?;
+            self.project(&b.down, s, (&s.act, &s.out), (rows, ff, h))?;
+            ops::add_into(g, &s.x, &s.out, rows * h)?;
         }
-        ops::rms_norm(g, &s.x, &self.norm, &s.normed, (1, h), eps)?;
-        ops::q8_matmul(g, &self.head, &s.normed, &s.logits, (1, h, cfg.vocab_size))?;
-        ops::advance(g, &self.pos, 1)?;
-        ops::advance(g, &self.len, 1)
+        Ok(())
     }
 }
