@@ -125,12 +125,10 @@ impl EvalActor {
                 .params
                 .base(&self.ctx.data_dir, &self.ctx.resources.get::<BaseCache>())?;
             let p = &self.params;
-            self.gate = Some(Gate::new(
-                base,
-                &self.ctx.data_dir,
-                p.probes.clone(),
-                p.gate.clone(),
-            ));
+            self.gate = Some(
+                Gate::new(base, &self.ctx.data_dir, p.probes.clone(), p.gate.clone())
+                    .with_device(p.device),
+            );
         }
         let (Some(pool), Some(gate)) = (&self.pool, &mut self.gate) else {
             unreachable!("both made above")

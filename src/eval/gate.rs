@@ -30,6 +30,9 @@ pub struct EvalSettings {
     pub gate: GateConfig,
     /// Which deltas are kept once judged; the gate prunes the rest after each verdict and at start.
     pub retention: crate::store::DeltaRetention,
+    /// Where the legs' greedy answers are generated (`cpu`, `cuda:N`, `rocm:N`, `auto`, `emulated`): name the
+    /// serve node's device, so that what is judged is what is served.
+    pub device: crate::gpu::Device,
 }
 
 pub struct Gate {
@@ -40,6 +43,8 @@ pub struct Gate {
     cfg: GateConfig,
     /// The served state's scores, keyed by what they were computed on (served delta, probes).
     baseline: Option<(String, Scores)>,
+    gpu: Option<std::sync::Mutex<crate::model::GpuDecoder>>,
+    device: crate::model::DeviceStatus,
 }
 
 impl Gate {
@@ -50,7 +55,29 @@ impl Gate {
             probes,
             cfg,
             baseline: None,
+            gpu: None,
+            device: crate::model::DeviceStatus {
+                running_on: "cpu".into(),
+                notice: None,
+            },
         }
+    }
+
+    /// Generates the legs' greedy answers on `device`; where it does not open (or does not cover the base),
+    /// on the CPU, with the reason in [`Gate::device`] and the log.
+    pub fn with_device(mut self, device: crate::gpu::Device) -> Self {
+        let (gpu, status) = crate::model::GpuDecoder::open(device, &self.base.model);
+        if let Some(notice) = &status.notice {
+            tracing::warn!("gate: {notice}");
+        }
+        self.gpu = gpu.map(std::sync::Mutex::new);
+        self.device = status;
+        self
+    }
+
+    /// Where the legs' answers are generated.
+    pub fn device(&self) -> &crate::model::DeviceStatus {
+        &self.device
     }
 
     /// Candidates the store holds without a verdict: trained before a crash, or while no gate ran.
@@ -119,7 +146,7 @@ impl Gate {
             provenance.recipe.holdout_fraction,
             cfg.max_personal_probes,
         );
-        let ev = Evaluator::new(&base.model, &base.tok, &probes, cfg);
+        let ev = Evaluator::new(&base.model, &base.tok, &probes, cfg).with_gpu(self.gpu.as_ref());
         let key = format!(
             "{:?}/{}/{probe_sha}",
             served.delta_id,

@@ -459,6 +459,8 @@ pub struct Evaluator<'m> {
     cfg: &'m GateConfig,
     pad: u32,
     max_len: usize,
+    /// Where greedy answers are generated when given (see [`Evaluator::with_gpu`]).
+    gpu: Option<&'m std::sync::Mutex<crate::model::GpuDecoder>>,
 }
 
 /// Phrases that mark an answer as a refusal.
@@ -543,7 +545,15 @@ impl<'m> Evaluator<'m> {
             cfg,
             pad,
             max_len: model.max_positions().min(512),
+            gpu: None,
         }
+    }
+
+    /// Generates the legs' greedy answers on this GPU decoder (of the same model), as a server on it answers;
+    /// likelihoods and sampled completions stay on the CPU.
+    pub fn with_gpu(mut self, gpu: Option<&'m std::sync::Mutex<crate::model::GpuDecoder>>) -> Self {
+        self.gpu = gpu;
+        self
     }
 
     /// `(sum of scored log-probs, scored tokens)` per sequence, in batches.
@@ -657,6 +667,13 @@ impl<'m> Evaluator<'m> {
     ) -> Result<String> {
         let ids = encode_chat(self.tok, messages, true)?.ids;
         let cfg = GenerateConfig::greedy(self.tok, max_tokens);
+        if let Some(gpu) = self.gpu {
+            let mut dec = gpu.lock().unwrap_or_else(|p| p.into_inner());
+            dec.set_adapter(lora)?;
+            return Ok(
+                crate::model::generate_on_gpu(&mut dec, self.tok, &ids, &cfg, |_| true)?.text,
+            );
+        }
         Ok(generate(self.model, self.tok, &ids, lora, &cfg, |_| true)?.text)
     }
 

@@ -52,7 +52,7 @@ pub fn configure_candle_threads() {
     }
 }
 pub use transformer::{
-    GpuDecoder, KvCache, KvPrecision, MAX_POSITIONS, QLinear, Targets, Transformer,
+    DeviceStatus, GpuDecoder, KvCache, KvPrecision, MAX_POSITIONS, QLinear, Targets, Transformer,
 };
 
 /// Everything that can go wrong loading or running a model. Variants name the file, key or tensor

@@ -350,54 +350,12 @@ pub struct Engine {
     prompt_cache: PromptCache,
     /// The GPU decoder generation runs on, with the adapter snapshot it holds; `None` on the CPU.
     gpu: Option<Mutex<GpuSlot>>,
-    device: DeviceStatus,
+    device: crate::model::DeviceStatus,
 }
 
 struct GpuSlot {
     decoder: crate::model::GpuDecoder,
     adapter: Option<Arc<LoraSet>>,
-}
-
-/// Where generation runs, and why not where the settings asked when it fell back to the CPU.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DeviceStatus {
-    /// `cpu`, or the GPU's name.
-    pub running_on: String,
-    pub notice: Option<String>,
-}
-
-/// Opens `device` and uploads `model` to it; the CPU, with the reason, when either step fails.
-fn open_device(
-    device: crate::gpu::Device,
-    model: &Transformer,
-) -> (Option<Mutex<GpuSlot>>, DeviceStatus) {
-    let cpu = |notice| DeviceStatus {
-        running_on: "cpu".into(),
-        notice,
-    };
-    let gpu = match device.open() {
-        crate::gpu::Opened::Cpu(notice) => return (None, cpu(notice)),
-        crate::gpu::Opened::Gpu(g) => g,
-    };
-    let capacity = model
-        .max_positions()
-        .min(crate::gpu::ops::ATTENTION_MAX_POSITIONS);
-    match crate::model::GpuDecoder::new(&gpu, model, capacity, None) {
-        Ok(decoder) => (
-            Some(Mutex::new(GpuSlot {
-                decoder,
-                adapter: None,
-            })),
-            DeviceStatus {
-                running_on: format!("{device}: {}", gpu.describe()),
-                notice: None,
-            },
-        ),
-        Err(e) => (
-            None,
-            cpu(Some(format!("device {device}: {e}; running on the CPU"))),
-        ),
-    }
 }
 
 /// Finished requests' KV caches, most recently used first, within a byte budget. A request takes the entry
@@ -849,7 +807,7 @@ impl Engine {
     }
 
     /// Where generation runs (see [`ServeConfig::device`]).
-    pub fn device(&self) -> &DeviceStatus {
+    pub fn device(&self) -> &crate::model::DeviceStatus {
         &self.device
     }
 
@@ -1020,7 +978,13 @@ impl Server {
         let (events, events_rx) = crossbeam_channel::bounded(EVENT_BUFFER);
         // Distinguishes ids across restarts of the process, so a re-used counter never repeats an id.
         let id_prefix = format!("{:x}", now_unix_ms() % 0xffff_ffff);
-        let (gpu, device) = open_device(config.device, &model);
+        let (gpu, device) = crate::model::GpuDecoder::open(config.device, &model);
+        let gpu = gpu.map(|decoder| {
+            Mutex::new(GpuSlot {
+                decoder,
+                adapter: None,
+            })
+        });
         if let Some(notice) = &device.notice {
             tracing::warn!("{notice}");
         }

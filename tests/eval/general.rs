@@ -322,3 +322,53 @@ fn a_user_fact_delta_on_a_real_model() {
         base.general_correct, cand.general_correct, cand.general_total, leg.passed, leg.note
     );
 }
+
+/// With a GPU decoder (the emulated device here) the general leg's answers are generated on it, as a server on
+/// that device answers: a delta taught the probes passes them there as on the CPU, the broken one fails the
+/// same two, and the base (no adapter, after both) answers as it did before them.
+#[test]
+fn the_general_leg_generates_on_the_device_it_is_given() {
+    use hearth::gpu::{Device, Gpu};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny_with(dir.path(), false);
+    let set = probes();
+    let cfg = GateConfig {
+        general_max_tokens: 12,
+        ..GateConfig::default()
+    };
+    let served = train(&m, &tok, None, &answers(&set, 0), 60);
+    let broken = train(&m, &tok, Some(&served), &answers(&set, 2), 40);
+    let gpu = Gpu::open(Device::Emulated).unwrap();
+    let dec = std::sync::Mutex::new(hearth::model::GpuDecoder::new(&gpu, &m, 256, None).unwrap());
+    let on_cpu = Evaluator::new(&m, &tok, &set, &cfg);
+    let on_gpu = Evaluator::new(&m, &tok, &set, &cfg).with_gpu(Some(&dec));
+    let passed = |ev: &Evaluator, lora: Option<&LoraSet>| -> Vec<bool> {
+        let a = ev.general_answers(lora).unwrap();
+        eprintln!("{a:?}");
+        a.into_iter().map(|(_, _, ok)| ok).collect()
+    };
+    let base_before = on_gpu.general_answers(None).unwrap();
+    // The answers came from the decoder: it holds the last one's positions.
+    assert!(!dec.lock().unwrap().is_empty());
+    assert_eq!(passed(&on_gpu, Some(&served)), vec![true; TAUGHT.len()]);
+    assert_eq!(
+        passed(&on_gpu, Some(&broken)),
+        passed(&on_cpu, Some(&broken))
+    );
+    assert_eq!(
+        passed(&on_gpu, Some(&broken))
+            .iter()
+            .filter(|ok| !**ok)
+            .count(),
+        2
+    );
+    assert_eq!(on_gpu.general_answers(None).unwrap(), base_before);
+
+    // The eval node's `device` reaches the settings; the default is the CPU.
+    let s: hearth::actors::eval::EvalParams = ron::from_str("(device: \"emulated\")").unwrap();
+    assert_eq!(s.device, Device::Emulated);
+    assert_eq!(
+        hearth::actors::eval::EvalParams::default().device,
+        Device::Cpu
+    );
+}

@@ -239,3 +239,29 @@ fn prefill_in_rows_matches_the_cpu_decode() {
         }
     }
 }
+
+/// What a serve or eval node's `device` gives: a decoder on a device that opens and covers the model; the CPU,
+/// with the reason, otherwise; the CPU without a notice when asked for.
+#[test]
+fn opening_a_device_says_where_generation_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path(), Arch::Llama, GgmlDType::Q8_0);
+    let (dec, status) = GpuDecoder::open(GpuDevice::Emulated, &m);
+    assert!(dec.is_some() && status.notice.is_none(), "{status:?}");
+    assert!(status.running_on.starts_with("emulated: "), "{status:?}");
+    let (dec, status) = GpuDecoder::open(GpuDevice::Cpu, &m);
+    assert!(dec.is_none() && status.notice.is_none() && status.running_on == "cpu");
+    let (dec, status) = GpuDecoder::open(GpuDevice::Cuda(7), &m);
+    if dec.is_none() {
+        let notice = status.notice.unwrap();
+        assert!(notice.starts_with("device cuda:7: "), "{notice}");
+    }
+    let gemma = tiny(dir.path(), Arch::Gemma3, GgmlDType::Q8_0);
+    let (dec, status) = GpuDecoder::open(GpuDevice::Emulated, &gemma);
+    assert!(dec.is_none() && status.running_on == "cpu");
+    let notice = status.notice.unwrap();
+    assert!(
+        notice.starts_with("device emulated: ") && notice.contains("gemma3"),
+        "{notice}"
+    );
+}

@@ -128,6 +128,14 @@ pub struct GpuDecoder {
     capture: bool,
 }
 
+/// Where a model's generation runs, and why not where it was asked to when it fell back to the CPU.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceStatus {
+    /// `cpu`, or the device and the GPU's name.
+    pub running_on: String,
+    pub notice: Option<String>,
+}
+
 fn unsupported(what: impl std::fmt::Display) -> ModelError {
     ModelError::Input(format!("gpu decode: {what}"))
 }
@@ -156,6 +164,34 @@ fn f32s(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 impl GpuDecoder {
+    /// A decoder for `model` on `device` with a cache as long as the model's context allows (or the attention
+    /// kernel holds); `None`, with the reason in the status, when the device does not open or the step does not
+    /// cover the model: generation then stays on the CPU.
+    pub fn open(device: crate::gpu::Device, model: &Transformer) -> (Option<Self>, DeviceStatus) {
+        let cpu = |notice| DeviceStatus {
+            running_on: "cpu".into(),
+            notice,
+        };
+        let gpu = match device.open() {
+            crate::gpu::Opened::Cpu(notice) => return (None, cpu(notice)),
+            crate::gpu::Opened::Gpu(g) => g,
+        };
+        let capacity = model.max_positions().min(ops::ATTENTION_MAX_POSITIONS);
+        match Self::new(&gpu, model, capacity, None) {
+            Ok(d) => (
+                Some(d),
+                DeviceStatus {
+                    running_on: format!("{device}: {}", gpu.describe()),
+                    notice: None,
+                },
+            ),
+            Err(e) => (
+                None,
+                cpu(Some(format!("device {device}: {e}; running on the CPU"))),
+            ),
+        }
+    }
+
     /// Uploads `model`'s weights to `gpu` with room for `capacity` positions, and `lora`'s pairs if given.
     pub fn new(
         gpu: &Gpu,
