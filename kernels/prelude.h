@@ -38,6 +38,9 @@ static __device__ __forceinline__ float hearth_shfl_xor(float v, int mask) {
 }
 #define HEARTH_EXP(x) __builtin_expf(x)
 #define HEARTH_SQRT(x) __builtin_sqrtf(x)
+#define HEARTH_ROUND(x) __builtin_roundf(x)
+#define HEARTH_FABS(x) __builtin_fabsf(x)
+#define HEARTH_FMAX(a, b) __builtin_fmaxf(a, b)
 #else
 #define HEARTH_TID_X ((int)threadIdx.x)
 #define HEARTH_BID_X ((int)blockIdx.x)
@@ -54,6 +57,9 @@ static __device__ __forceinline__ float hearth_shfl_xor(float v, int mask) {
 #endif
 #define HEARTH_EXP(x) expf(x)
 #define HEARTH_SQRT(x) sqrtf(x)
+#define HEARTH_ROUND(x) roundf(x)
+#define HEARTH_FABS(x) fabsf(x)
+#define HEARTH_FMAX(a, b) fmaxf(a, b)
 #endif
 
 // A GGUF f16 (IEEE binary16, little-endian bits) as f32.
@@ -64,6 +70,17 @@ static __device__ __forceinline__ float hearth_f16(u16 bits) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
     return f;
+#endif
+}
+
+// x rounded to the nearest f16 and back: a Q8_0 scale as a block stores it.
+static __device__ __forceinline__ float hearth_round_f16(float x) {
+#if defined(HEARTH_HIP)
+    return (float)(_Float16)x;
+#else
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return hearth_f16(h);
 #endif
 }
 

@@ -251,6 +251,12 @@ impl Memory<'_> {
         Ok(())
     }
 
+    fn write_bytes(&mut self, ptr: u64, data: &[u8]) -> Result<(), GpuError> {
+        self.bytes(ptr, data.len())?;
+        self.0.get_mut(&ptr).expect("read above")[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
     fn write_i32(&mut self, ptr: u64, f: impl FnOnce(&mut i32)) -> Result<(), GpuError> {
         let mut v = self.i32s(ptr, 1)?[0];
         f(&mut v);
@@ -301,6 +307,52 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
                 for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n_out)) {
                     for (wr, y) in w.chunks_exact(k).zip(yr) {
                         *y = wr.iter().zip(xr).map(|(w, x)| w * x).sum();
+                    }
+                }
+                Ok(())
+            })
+        }
+        "quantize_q8" => {
+            let nb = a.int(3)?;
+            let x = m.f32s(a.ptr(0)?, nb * QK)?;
+            let (mut q, mut d) = (vec![0u8; nb * QK], vec![0f32; nb]);
+            for ((xb, qb), d) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(&mut d) {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale = amax / 127.0;
+                let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+                for (q, v) in qb.iter_mut().zip(xb) {
+                    *q = (v * inv).round() as i8 as u8;
+                }
+                *d = f16::from_f32(scale).to_f32();
+            }
+            m.write_bytes(a.ptr(1)?, &q)?;
+            m.write_f32(a.ptr(2)?, nb, |out| {
+                out.copy_from_slice(&d);
+                Ok(())
+            })
+        }
+        "q8_matmul_q8" => {
+            let (n_out, k, rows) = (a.int(4)?, a.int(5)?, a.int(6)?);
+            let nb = k / QK;
+            let w = m.bytes(a.ptr(0)?, n_out * nb * Q8_BYTES)?.to_vec();
+            let q = m.bytes(a.ptr(1)?, rows * k)?.to_vec();
+            let d = m.f32s(a.ptr(2)?, rows * nb)?;
+            m.write_f32(a.ptr(3)?, rows * n_out, |y| {
+                for r in 0..rows {
+                    for o in 0..n_out {
+                        let mut acc = 0f32;
+                        for b in 0..nb {
+                            let blk = &w[(o * nb + b) * Q8_BYTES..][..Q8_BYTES];
+                            let dw = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+                            let xq = &q[r * k + b * QK..][..QK];
+                            let isum: i32 = blk[2..]
+                                .iter()
+                                .zip(xq)
+                                .map(|(&w, &x)| (w as i8) as i32 * (x as i8) as i32)
+                                .sum();
+                            acc += isum as f32 * (dw * d[r * nb + b]);
+                        }
+                        y[r * n_out + o] = acc;
                     }
                 }
                 Ok(())

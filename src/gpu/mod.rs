@@ -155,6 +155,7 @@ macro_rules! kernel {
 /// Every kernel source, in the order `ops` names them.
 pub const KERNELS: &[Kernel] = &[
     kernel!("q8_matmul", ["q8_matmul"]),
+    kernel!("q8_matmul_q8", ["quantize_q8", "q8_matmul_q8"]),
     kernel!("q8_matmul_t", ["q8_matmul_t"]),
     kernel!(
         "rms_norm",
@@ -452,7 +453,7 @@ macro_rules! pod {
         }
     )*};
 }
-pod!(u8, i32, f32);
+pod!(u8, i8, i32, f32);
 
 /// Device memory of `len` values, freed on drop.
 pub struct Buffer<T: Pod> {

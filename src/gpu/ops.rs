@@ -83,6 +83,67 @@ pub fn q8_matmul(
     )
 }
 
+/// Quantizes `x` `[m, k]` as [`q8_matmul_q8`] reads it: each 32 values as a Q8_0 block (scale `amax / 127`,
+/// rounded half away from zero), `q` `[m, k]` and the f16-rounded scales `d` `[m, k / 32]`, as the CPU path
+/// quantizes a projection's input.
+pub fn quantize_q8(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    q: &Buffer<i8>,
+    d: &Buffer<f32>,
+    (m, k): (usize, usize),
+) -> Result<(), GpuError> {
+    const OP: &str = "quantize_q8";
+    if !k.is_multiple_of(QK) {
+        return Err(GpuError::Shape {
+            op: OP,
+            reason: format!("k = {k} is not a multiple of {QK}"),
+        });
+    }
+    let nb = dim(OP, "m · k / 32", m * k / QK)?;
+    need(OP, "x", x, m * k)?;
+    need(OP, "q", q, m * k)?;
+    need(OP, "d", d, m * k / QK)?;
+    gpu.launch(
+        OP,
+        (blocks(m * k / QK), 1, 1),
+        BLOCK,
+        0,
+        &[x.arg(), q.arg(), d.arg(), Arg::I32(nb)],
+    )
+}
+
+/// `y[r][o] = Σ_blocks d_w · d_x · Σ_j w_q · x_q` for a Q8_0 weight `[n_out, k]` in its GGUF bytes and rows
+/// quantized by [`quantize_q8`]: the serving product, in the CPU path's precision.
+pub fn q8_matmul_q8(
+    gpu: &Gpu,
+    w: &Buffer<u8>,
+    (q, d): (&Buffer<i8>, &Buffer<f32>),
+    y: &Buffer<f32>,
+    (m, k, n_out): (usize, usize, usize),
+) -> Result<(), GpuError> {
+    const OP: &str = "q8_matmul_q8";
+    let (mi, ki, ni) = q8_dims(OP, w, (m, k, n_out))?;
+    need(OP, "q", q, m * k)?;
+    need(OP, "d", d, m * k / QK)?;
+    need(OP, "y", y, m * n_out)?;
+    gpu.launch(
+        OP,
+        (n_out as u32, m.div_ceil(ROWS) as u32, 1),
+        BLOCK,
+        0,
+        &[
+            w.arg(),
+            q.arg(),
+            d.arg(),
+            y.arg(),
+            Arg::I32(ni),
+            Arg::I32(ki),
+            Arg::I32(mi),
+        ],
+    )
+}
+
 /// Training's product with a Q8_0 weight's transpose: `dx[r][i] = Σ_o dy[r][o] · W[o][i]`, `W` `[n_out, k]`
 /// in its GGUF bytes, `dy` `[m, n_out]`, `dx` `[m, k]`.
 pub fn q8_matmul_t(

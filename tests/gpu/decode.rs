@@ -59,25 +59,48 @@ fn random_adapter(m: &Transformer, seed: u64, rslora: bool) -> LoraSet {
     set
 }
 
-/// Max |a - b| over the largest |b|, per step; and whether the likeliest token agrees.
-fn compare(what: &str, gpu: &[Vec<f32>], cpu: &[Vec<f32>]) {
-    assert_eq!(gpu.len(), cpu.len());
-    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
-        assert_eq!(g.len(), c.len(), "{what} step {i}: vocabulary");
+/// Steps compared, and how many agreed to the order of float additions.
+#[derive(Default)]
+struct Tally {
+    steps: usize,
+    exact: usize,
+}
+
+impl Tally {
+    /// Both paths quantize each product's input to int8 alike, so they differ in the order of float additions
+    /// (relative error about 1e-7) until a value lands that close to a rounding boundary and one path rounds
+    /// it the other way: one int8 step of one input, which moves that step's logits (and, through the cache,
+    /// the rest of the sequence's) by up to a few 1e-2. Each step must be within that, and at least half exact:
+    /// a path off by anything systematic (an f32 product where the CPU's is int8) is off at every step.
+    fn compare(&mut self, what: &str, gpu: &[Vec<f32>], cpu: &[Vec<f32>]) {
+        assert_eq!(gpu.len(), cpu.len());
+        for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+            assert_eq!(g.len(), c.len(), "{what} step {i}: vocabulary");
+            assert!(
+                g.iter().all(|v| v.is_finite()),
+                "{what} step {i}: non-finite logits"
+            );
+            let scale = c.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+            let err = g.iter().zip(c).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+            assert!(err < 5e-2, "{what} step {i}: relative error {err}");
+            self.steps += 1;
+            self.exact += usize::from(err < 1e-5);
+            let top = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+            let (tg, tc) = (top(g), top(c));
+            // Only a tie within that error may pick another token.
+            assert!(
+                tg == tc || (c[tc] - c[tg]).abs() < err.max(1e-5) * 2.0 * scale,
+                "{what} step {i}: top token {tg} against the CPU's {tc}"
+            );
+        }
+    }
+
+    fn check(&self, what: &str) {
         assert!(
-            g.iter().all(|v| v.is_finite()),
-            "{what} step {i}: non-finite logits"
-        );
-        let scale = c.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-        let err = g.iter().zip(c).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
-        // The CPU path quantizes each projection's input to int8; the kernels multiply it in f32.
-        assert!(err < 3e-2, "{what} step {i}: relative error {err}");
-        let top = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
-        let (tg, tc) = (top(g), top(c));
-        // A near-tie may flip under int8 rounding; then the two tokens' logits must be that close.
-        assert!(
-            tg == tc || (c[tc] - c[tg]).abs() < 2e-2 * scale,
-            "{what} step {i}: top token {tg} against the CPU's {tc}"
+            self.exact * 2 >= self.steps,
+            "{what}: {} of {} steps agree to the order of additions",
+            self.exact,
+            self.steps
         );
     }
 }
@@ -86,18 +109,20 @@ fn compare(what: &str, gpu: &[Vec<f32>], cpu: &[Vec<f32>]) {
 fn the_gpu_step_matches_the_cpu_decode_for_each_architecture() {
     let dir = tempfile::tempdir().unwrap();
     for gpu in devices("the_gpu_step_matches_the_cpu_decode_for_each_architecture") {
+        let mut t = Tally::default();
         for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Phi3] {
             let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
             let what = format!("{arch:?} on {}", gpu.describe());
             let cpu = cpu_steps(&m, &PROMPT, None);
             let mut d = GpuDecoder::new(&gpu, &m, 32, None).unwrap();
-            compare(&what, &gpu_steps(&mut d, &PROMPT), &cpu);
+            t.compare(&what, &gpu_steps(&mut d, &PROMPT), &cpu);
             assert_eq!(d.len(), PROMPT.len());
             // A new sequence starts at position 0 again, over the old cache contents.
             d.reset().unwrap();
             let again = gpu_steps(&mut d, &PROMPT[..3]);
-            compare(&format!("{what}, after reset"), &again, &cpu[..3]);
+            t.compare(&format!("{what}, after reset"), &again, &cpu[..3]);
         }
+        t.check(&gpu.describe());
     }
 }
 
@@ -105,6 +130,7 @@ fn the_gpu_step_matches_the_cpu_decode_for_each_architecture() {
 fn lora_pairs_apply_unmerged_on_the_gpu() {
     let dir = tempfile::tempdir().unwrap();
     for gpu in devices("lora_pairs_apply_unmerged_on_the_gpu") {
+        let mut t = Tally::default();
         for (arch, rslora) in [(Arch::Llama, false), (Arch::Qwen3, true)] {
             let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
             let set = random_adapter(&m, 5, rslora);
@@ -118,16 +144,17 @@ fn lora_pairs_apply_unmerged_on_the_gpu() {
                 .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
             assert!(moved > 0.1, "{what}: the adapter changes little ({moved})");
             let mut d = GpuDecoder::new(&gpu, &m, 16, Some(&set)).unwrap();
-            compare(&what, &gpu_steps(&mut d, &PROMPT), &cpu);
+            t.compare(&what, &gpu_steps(&mut d, &PROMPT), &cpu);
             // Swapping the adapter out serves the base.
             d.set_adapter(None).unwrap();
             d.reset().unwrap();
-            compare(
+            t.compare(
                 &format!("{what}, adapter removed"),
                 &gpu_steps(&mut d, &PROMPT),
                 &base,
             );
         }
+        t.check(&gpu.describe());
     }
 }
 
@@ -217,6 +244,7 @@ fn prefill_in_rows_matches_the_cpu_decode() {
     let dir = tempfile::tempdir().unwrap();
     let long: Vec<u32> = (0..150).map(|i| (i * 37 % 300) as u32 + 1).collect();
     for gpu in devices("prefill_in_rows_matches_the_cpu_decode") {
+        let mut t = Tally::default();
         for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
             let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
             let set = random_adapter(&m, 7, false);
@@ -226,17 +254,18 @@ fn prefill_in_rows_matches_the_cpu_decode() {
                 let mut d = GpuDecoder::new(&gpu, &m, 160, lora).unwrap();
                 let last = d.prefill(&long[..140]).unwrap();
                 assert_eq!(d.len(), 140);
-                compare(&what, &[last], &cpu[139..140]);
-                compare(&what, &gpu_steps(&mut d, &long[140..]), &cpu[140..]);
+                t.compare(&what, &[last], &cpu[139..140]);
+                t.compare(&what, &gpu_steps(&mut d, &long[140..]), &cpu[140..]);
                 // Two turns: 5 tokens, then 6 more after them.
                 d.reset().unwrap();
-                compare(&what, &[d.prefill(&long[..5]).unwrap()], &cpu[4..5]);
-                compare(&what, &[d.prefill(&long[5..11]).unwrap()], &cpu[10..11]);
+                t.compare(&what, &[d.prefill(&long[..5]).unwrap()], &cpu[4..5]);
+                t.compare(&what, &[d.prefill(&long[5..11]).unwrap()], &cpu[10..11]);
                 let e = d.prefill(&long[..150]).unwrap_err().to_string();
                 assert!(e.contains("do not fit"), "{e}");
                 assert!(d.prefill(&[]).is_err());
             }
         }
+        t.check(&gpu.describe());
     }
 }
 

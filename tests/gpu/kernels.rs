@@ -109,6 +109,59 @@ fn q8_matmul_matches_the_dequantized_product() {
     }
 }
 
+/// The serving product with int8 activations against the CPU path's own: each row quantized by
+/// `q8::QuantizedRows` and multiplied by `q8::matvec_quantized_many`. Both round alike, so they differ in the
+/// order of float additions only.
+#[test]
+fn q8_matmul_q8_matches_the_cpu_int8_product() {
+    for gpu in devices("q8_matmul_q8_matches_the_cpu_int8_product") {
+        for (m, k, n) in [(1, 576, 96), (11, 1536, 40), (8, 64, 3)] {
+            let bytes = quantize(&random(n * k, 3), k);
+            let mut x = random(m * k, 4);
+            // A zero block and a large one: a zero scale, and values far from the rest.
+            x[..32].iter_mut().for_each(|v| *v = 0.0);
+            x[32..64].iter_mut().for_each(|v| *v *= 300.0);
+            let mut want = Vec::with_capacity(m * n);
+            for row in x.chunks(k) {
+                let q = q8::QuantizedRows::new(row, k).unwrap();
+                let mut y = vec![0f32; n];
+                q8::matvec_quantized_many(&q, &mut [(&bytes[..], &mut y[..])]).unwrap();
+                want.extend(y.iter().map(|&v| v as f64));
+            }
+            let (wb, xb, yb) = (up(&gpu, &bytes), up(&gpu, &x), gpu.zeros(m * n).unwrap());
+            let (qb, db) = (
+                gpu.zeros::<i8>(m * k).unwrap(),
+                gpu.zeros::<f32>(m * k / 32).unwrap(),
+            );
+            ops::quantize_q8(&gpu, &xb, &qb, &db, (m, k)).unwrap();
+            ops::q8_matmul_q8(&gpu, &wb, (&qb, &db), &yb, (m, k, n)).unwrap();
+            close(
+                &format!("q8_matmul_q8 {m}x{k}x{n}"),
+                &down(&gpu, &yb),
+                &want,
+                1e-5,
+            );
+            // The int8 product is not the f32 one: an f32 kernel would fail the check above.
+            let mut w = vec![0f32; n * k];
+            q8::dequantize(&bytes, k, &mut w).unwrap();
+            let scale = want.iter().fold(1f64, |a, v| a.max(v.abs()));
+            let off = (0..m * n)
+                .map(|i| {
+                    let (r, o) = (i / n, i % n);
+                    let f: f64 = (0..k)
+                        .map(|j| x[r * k + j] as f64 * w[o * k + j] as f64)
+                        .sum();
+                    (f - want[i]).abs()
+                })
+                .fold(0f64, f64::max);
+            assert!(off > 1e-5 * scale, "{m}x{k}x{n}: {off}");
+        }
+        let (qb, db) = (gpu.zeros::<i8>(64).unwrap(), gpu.zeros::<f32>(2).unwrap());
+        let e = ops::quantize_q8(&gpu, &up(&gpu, &[0f32; 48]), &qb, &db, (1, 48)).unwrap_err();
+        assert!(e.to_string().contains("multiple of 32"), "{e}");
+    }
+}
+
 #[test]
 fn q8_matmul_t_matches_the_dequantized_transpose_product() {
     for gpu in devices("q8_matmul_t_matches_the_dequantized_transpose_product") {

@@ -5,6 +5,9 @@
 //! so it is recorded once as a graph and replayed per token where the vendor captures graphs; elsewhere it
 //! launches kernel by kernel. Only the token's embedding row goes up and the logits come back.
 //!
+//! The weight products quantize their input to int8 per 32 values, as the CPU path does, so the two agree to
+//! the order of float additions.
+//!
 //! Covered: the llama, qwen2 (q/k/v biases), qwen3 (q/k norms) and phi3 architectures with Q8_0 weights (load
 //! with `requantize: Q8_0` for other types), plain LoRA and rsLoRA pairs. Gemma 3 and DoRA are refused with
 //! the reason, so that a caller can stay on the CPU.
@@ -14,6 +17,7 @@ use candle_core::quantized::GgmlDType;
 use super::*;
 use crate::gpu::ops::{self, AttentionShape, LoraShape, Rotation};
 use crate::gpu::{Buffer, Gpu, Graph};
+use crate::model::q8::QK8_0;
 
 /// A projection's weight and the LoRA pair on it, if any.
 struct Projection {
@@ -75,14 +79,21 @@ struct Scratch {
     lora_t: Buffer<f32>,
     /// Each row's position, for RoPE (prefill; a decode step reads the decoder's position).
     positions: Buffer<i32>,
+    /// The input of the products being run, quantized as the CPU path quantizes it: int8 values and a scale
+    /// per 32, for the widest input (`[rows, max(hidden, q, ffn)]`).
+    xq: Buffer<i8>,
+    xd: Buffer<f32>,
 }
 
 impl Scratch {
     fn new(gpu: &Gpu, cfg: &ModelConfig, rows: usize, rank: usize) -> Result<Self> {
         let (h, hd, ff) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+        let widest = h.max(qd).max(ff);
         Ok(Self {
             rows,
+            xq: gpu.zeros(rows * widest)?,
+            xd: gpu.zeros(rows * widest.div_ceil(QK8_0))?,
             x: gpu.zeros(rows * h)?,
             normed: gpu.zeros(rows * h)?,
             q: gpu.zeros(rows * qd)?,
@@ -414,7 +425,18 @@ impl GpuDecoder {
         Ok(self.gpu.download(&self.logits)?)
     }
 
-    /// `y = W·x (+ scale·B·A·x)` for one projection `[n, k]` over `rows` rows.
+    /// Quantizes `x` `[rows, k]` into the scratch's int8 input, which the next products read.
+    fn quantize(
+        &self,
+        s: &Scratch,
+        x: &Buffer<f32>,
+        (rows, k): (usize, usize),
+    ) -> std::result::Result<(), crate::gpu::GpuError> {
+        ops::quantize_q8(&self.gpu, x, &s.xq, &s.xd, (rows, k))
+    }
+
+    /// `y = W·x (+ scale·B·A·x)` for one projection `[n, k]` over `rows` rows: the weight product on `x` as
+    /// [`Self::quantize`] left it in the scratch, the LoRA delta on `x` in f32 (as on the CPU).
     fn project(
         &self,
         p: &Projection,
@@ -422,7 +444,7 @@ impl GpuDecoder {
         (x, y): (&Buffer<f32>, &Buffer<f32>),
         (rows, k, n): (usize, usize, usize),
     ) -> std::result::Result<(), crate::gpu::GpuError> {
-        ops::q8_matmul(&self.gpu, &p.w, x, y, (rows, k, n))?;
+        ops::q8_matmul_q8(&self.gpu, &p.w, (&s.xq, &s.xd), y, (rows, k, n))?;
         if let Some(l) = &p.lora {
             let shape = LoraShape {
                 m: rows,
@@ -442,10 +464,11 @@ impl GpuDecoder {
         let h = cfg.hidden_size;
         self.launch_layers(s, 1, &self.pos)?;
         ops::rms_norm(g, &s.x, &self.norm, &s.normed, (1, h), cfg.rms_eps)?;
-        ops::q8_matmul(
+        self.quantize(s, &s.normed, (1, h))?;
+        ops::q8_matmul_q8(
             g,
             &self.head,
-            &s.normed,
+            (&s.xq, &s.xd),
             &self.logits,
             (1, h, cfg.vocab_size),
         )?;
@@ -491,6 +514,7 @@ impl GpuDecoder {
         let scale = 1.0 / (hd as f32).sqrt();
         for b in &self.blocks {
             ops::rms_norm(g, &s.x, &b.attn_norm, &s.normed, (rows, h), eps)?;
+            self.quantize(s, &s.normed, (rows, h))?;
             self.project(&b.q, s, (&s.normed, &s.q), (rows, h, qd))?;
             self.project(&b.k, s, (&s.normed, &s.k), (rows, h, kvd))?;
             self.project(&b.v, s, (&s.normed, &s.v), (rows, h, kvd))?;
@@ -510,12 +534,15 @@ impl GpuDecoder {
             ops::attention_decode(
                 g, &s.q, &b.k_cache, &b.v_cache, &s.context, &self.pos, rows, att, scale,
             )?;
+            self.quantize(s, &s.context, (rows, qd))?;
             self.project(&b.o, s, (&s.context, &s.out), (rows, qd, h))?;
             ops::add_into(g, &s.x, &s.out, rows * h)?;
             ops::rms_norm(g, &s.x, &b.ffn_norm, &s.normed, (rows, h), eps)?;
+            self.quantize(s, &s.normed, (rows, h))?;
             self.project(&b.gate, s, (&s.normed, &s.gate), (rows, h, ff))?;
             self.project(&b.up, s, (&s.normed, &s.up), (rows, h, ff))?;
             ops::silu_mul(g, &s.gate, &s.up, &s.act, rows * ff)?;
+            self.quantize(s, &s.act, (rows, ff))?;
             self.project(&b.down, s, (&s.act, &s.out), (rows, ff, h))?;
             ops::add_into(g, &s.x, &s.out, rows * h)?;
         }
