@@ -1,7 +1,8 @@
 //! Decode-step throughput of the kernels alone at real model shapes (ignored: run on a lent GPU by
 //! `scripts/gpu_device_check.sh`). One step is what a decode step on the GPU launches per token: per layer
-//! norm, q/k/v, rope, cache append, attention, output projection, residual, norm, gate/up, SiLU·mul, down,
-//! residual; then the final norm and the head. Weights are random Q8_0 of the model's sizes: the time
+//! norm, int8 quantization of its output, q/k/v, rope, cache append, attention, quantization, output projection,
+//! residual, norm, quantization, gate/up, SiLU·mul, quantization, down, residual; then the final norm and the
+//! head. Weights are random Q8_0 of the model's sizes: the time
 //! depends on the bytes read and the launches, not on the values.
 //!
 //! `HEARTH_GPU_SHAPE` picks `smollm2-135m` (default) or `smollm2-1.7b`; `HEARTH_GPU_STEPS` the steps timed.
@@ -131,15 +132,27 @@ fn decode_step_throughput() {
             gpu.zeros::<f32>(s.ffn).unwrap(),
         );
         let logits = gpu.zeros::<f32>(s.vocab).unwrap();
+        let widest = h.max(qd).max(s.ffn);
+        let (xq, xd) = (
+            gpu.zeros::<i8>(widest).unwrap(),
+            gpu.zeros::<f32>(widest / 32).unwrap(),
+        );
+        // Each stage's input quantized to int8 once, then its products, as `GpuDecoder` runs them.
+        let quant =
+            |x: &Buffer<f32>, k: usize| ops::quantize_q8(&gpu, x, &xq, &xd, (1, k)).unwrap();
+        let mm = |w: &Buffer<u8>, y: &Buffer<f32>, k: usize, n: usize| {
+            ops::q8_matmul_q8(&gpu, w, (&xq, &xd), y, (1, k, n)).unwrap()
+        };
         let len = gpu.upload(&[0i32]).unwrap();
         let scale = 1.0 / (hd as f32).sqrt();
         let mut launches = 0usize;
         let step = |launches: &mut usize| {
             for l in &layers {
                 ops::rms_norm(&gpu, &x, &l.norm1, &normed, (1, h), 1e-5).unwrap();
-                ops::q8_matmul(&gpu, &l.q, &normed, &q, (1, h, qd)).unwrap();
-                ops::q8_matmul(&gpu, &l.k, &normed, &k, (1, h, kvd)).unwrap();
-                ops::q8_matmul(&gpu, &l.v, &normed, &v, (1, h, kvd)).unwrap();
+                quant(&normed, h);
+                mm(&l.q, &q, h, qd);
+                mm(&l.k, &k, h, kvd);
+                mm(&l.v, &v, h, kvd);
                 ops::rope(
                     &gpu,
                     &q,
@@ -165,20 +178,24 @@ fn decode_step_throughput() {
                 ops::kv_append(&gpu, &l.kc, &k, &len, 1, att).unwrap();
                 ops::kv_append(&gpu, &l.vc, &v, &len, 1, att).unwrap();
                 ops::attention_decode(&gpu, &q, &l.kc, &l.vc, &ctx, &len, 1, att, scale).unwrap();
-                ops::q8_matmul(&gpu, &l.o, &ctx, &proj, (1, qd, h)).unwrap();
+                quant(&ctx, qd);
+                mm(&l.o, &proj, qd, h);
                 ops::add_into(&gpu, &x, &proj, h).unwrap();
                 ops::rms_norm(&gpu, &x, &l.norm2, &normed, (1, h), 1e-5).unwrap();
-                ops::q8_matmul(&gpu, &l.gate, &normed, &g, (1, h, s.ffn)).unwrap();
-                ops::q8_matmul(&gpu, &l.up, &normed, &u, (1, h, s.ffn)).unwrap();
+                quant(&normed, h);
+                mm(&l.gate, &g, h, s.ffn);
+                mm(&l.up, &u, h, s.ffn);
                 ops::silu_mul(&gpu, &g, &u, &act, s.ffn).unwrap();
-                ops::q8_matmul(&gpu, &l.down, &act, &proj, (1, s.ffn, h)).unwrap();
+                quant(&act, s.ffn);
+                mm(&l.down, &proj, s.ffn, h);
                 ops::add_into(&gpu, &x, &proj, h).unwrap();
-                *launches += 16;
+                *launches += 20;
             }
             ops::rms_norm(&gpu, &x, &final_norm, &normed, (1, h), 1e-5).unwrap();
-            ops::q8_matmul(&gpu, &head, &normed, &logits, (1, h, s.vocab)).unwrap();
+            quant(&normed, h);
+            mm(&head, &logits, h, s.vocab);
             ops::advance(&gpu, &len, 1).unwrap();
-            *launches += 3;
+            *launches += 4;
         };
         // Warm-up compiles and loads every kernel.
         for _ in 0..3 {
