@@ -671,7 +671,9 @@ impl<'m> Evaluator<'m> {
             let mut dec = gpu.lock().unwrap_or_else(|p| p.into_inner());
             dec.set_adapter(lora)?;
             return Ok(
-                crate::model::generate_on_gpu(&mut dec, self.tok, &ids, &cfg, |_| true)?.text,
+                crate::model::generate_on_gpu(&mut dec, self.tok, &ids, &cfg, |_| true)?
+                    .0
+                    .text,
             );
         }
         Ok(generate(self.model, self.tok, &ids, lora, &cfg, |_| true)?.text)

@@ -371,15 +371,16 @@ pub fn generate_reusing(
     Ok((out, reused, CachedPrefix { tokens: fed, cache }))
 }
 
-/// [`generate`] on a GPU decoder (its adapter is the one it holds): the prompt is prefilled from position 0,
-/// then sampling and stopping are exactly [`generate`]'s.
+/// [`generate`] on a GPU decoder (its adapter is the one it holds), as [`generate_reusing`] with the decoder's
+/// cache: the positions the prompt starts with are kept, the rest of it is prefilled, then sampling and
+/// stopping are exactly [`generate`]'s. Returns the output and how many prompt positions were reused.
 pub fn generate_on_gpu(
     dec: &mut GpuDecoder,
     tok: &Tokenizer,
     prompt: &[u32],
     cfg: &GenerateConfig,
     on_token: impl FnMut(TokenEvent<'_>) -> bool,
-) -> Result<GenerateOutput> {
+) -> Result<(GenerateOutput, usize)> {
     if prompt.is_empty() {
         return Err(ModelError::Input("empty prompt".into()));
     }
@@ -390,15 +391,16 @@ pub fn generate_on_gpu(
             prompt.len()
         )));
     }
-    dec.reset()?;
-    let logits = dec.prefill(prompt)?;
+    let keep = reusable_positions(dec.tokens(), prompt);
+    dec.truncate(keep)?;
+    let logits = dec.prefill(&prompt[keep..])?;
     let (out, _) = decode_loop(tok, cfg, logits, on_token, |next| {
         if dec.len() >= ctx {
             return Ok(None);
         }
         dec.step(next).map(Some)
     })?;
-    Ok(out)
+    Ok((out, keep))
 }
 
 /// Samples from `logits`, streams text, and feeds each kept token to `next_logits` for the next logits (`None`: the

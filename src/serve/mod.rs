@@ -826,14 +826,7 @@ impl Engine {
             slot.decoder.set_adapter(job.lora.as_deref())?;
             slot.adapter = job.lora.clone();
         }
-        let out = crate::model::generate_on_gpu(
-            &mut slot.decoder,
-            &self.tok,
-            &job.ids,
-            &job.cfg,
-            on_token,
-        )?;
-        Ok((out, 0))
+        crate::model::generate_on_gpu(&mut slot.decoder, &self.tok, &job.ids, &job.cfg, on_token)
     }
 
     fn run_job(&self, job: Job) {

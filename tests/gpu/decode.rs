@@ -294,3 +294,34 @@ fn opening_a_device_says_where_generation_runs() {
         "{notice}"
     );
 }
+
+/// A prompt that starts with what the decoder's cache holds (a chat's next turn) prefills only the rest, and
+/// answers as a fresh decoder does; a new adapter starts over.
+#[test]
+fn a_prompt_that_extends_the_cached_one_reuses_it() {
+    use hearth::model::{GenerateConfig, generate_on_gpu};
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = TinySpec::new(Arch::Llama);
+    spec.dtype = GgmlDType::Q8_0;
+    let path = dir.path().join("reuse.gguf");
+    write_tiny_model(&path, &spec).unwrap();
+    let (m, tok) = hearth::model::load(&path).unwrap();
+    let greedy = GenerateConfig::greedy(&tok, 8);
+    for gpu in devices("a_prompt_that_extends_the_cached_one_reuses_it") {
+        let mut d = GpuDecoder::new(&gpu, &m, 128, None).unwrap();
+        let first: Vec<u32> = PROMPT.to_vec();
+        let (out, reused) = generate_on_gpu(&mut d, &tok, &first, &greedy, |_| true).unwrap();
+        assert_eq!(reused, 0);
+        let mut second = first.clone();
+        second.extend(&out.tokens);
+        second.extend([33, 34, 35]);
+        let (again, reused) = generate_on_gpu(&mut d, &tok, &second, &greedy, |_| true).unwrap();
+        assert!(reused >= first.len(), "{reused}");
+        let mut fresh = GpuDecoder::new(&gpu, &m, 128, None).unwrap();
+        let (want, _) = generate_on_gpu(&mut fresh, &tok, &second, &greedy, |_| true).unwrap();
+        assert_eq!(again.tokens, want.tokens, "{}", gpu.describe());
+        d.set_adapter(None).unwrap();
+        let (_, reused) = generate_on_gpu(&mut d, &tok, &second, &greedy, |_| true).unwrap();
+        assert_eq!(reused, 0, "a new adapter reused the cache");
+    }
+}

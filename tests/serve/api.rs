@@ -1057,6 +1057,10 @@ fn the_device_option_moves_generation_and_says_where() {
         };
         // The base, the adapter, then the base again.
         let out = vec![text("tiny"), text("a"), text("tiny")];
+        // The same chat once more reuses the cached prompt, on either device.
+        let r = chat(addr, "tiny", "hello there", 12);
+        let cached = json_of(&r)["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
+        assert!(cached.as_u64().unwrap() > 0, "{}", r.body);
         server.shutdown();
         (status, out)
     };
@@ -1072,6 +1076,7 @@ fn the_device_option_moves_generation_and_says_where() {
         let greedy = GenerateConfig::greedy(&tok, 12);
         hearth::model::generate_on_gpu(&mut dec, &tok, &ids, &greedy, |_| true)
             .unwrap()
+            .0
             .text
     };
     let (base, adapted) = (direct(None), direct(Some(&set)));

@@ -127,7 +127,8 @@ pub struct GpuDecoder {
     capacity: usize,
     /// The position of the next token (a device value, so a recorded step replays at every position).
     pos: Buffer<i32>,
-    host_len: usize,
+    /// The token at each position the cache holds.
+    tokens: Vec<u32>,
     /// A decode step's activations, and a prefill chunk's (made on first use).
     s: Scratch,
     prefill: Option<Scratch>,
@@ -272,7 +273,7 @@ impl GpuDecoder {
             sin: table(&model.rope.sin)?,
             interleaved: model.rope.interleaved,
             pos: gpu.upload(&[0i32])?,
-            host_len: 0,
+            tokens: Vec::new(),
             blocks,
             capacity,
             s: Scratch::new(gpu, &cfg, 1, 1)?,
@@ -287,9 +288,11 @@ impl GpuDecoder {
         Ok(dec)
     }
 
-    /// Replaces the LoRA pairs applied (none with `None`); the cache is kept, as a CPU decode keeps it.
+    /// Replaces the LoRA pairs applied (none with `None`) and starts a new sequence: keys and values cached
+    /// under other pairs are not reused.
     pub fn set_adapter(&mut self, lora: Option<&LoraSet>) -> Result<()> {
         self.graph = None;
+        self.reset()?;
         let mut max_rank = 1;
         for (l, blk) in self.blocks.iter_mut().enumerate() {
             for t in LoraTarget::ALL {
@@ -331,11 +334,24 @@ impl GpuDecoder {
 
     /// Positions decoded so far.
     pub fn len(&self) -> usize {
-        self.host_len
+        self.tokens.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.host_len == 0
+        self.tokens.is_empty()
+    }
+
+    /// The token at each position the cache holds, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Keeps the first `keep` positions (a prompt that starts with them reuses their keys and values).
+    pub fn truncate(&mut self, keep: usize) -> Result<()> {
+        let keep = keep.min(self.tokens.len());
+        self.gpu.write(&self.pos, &[keep as i32])?;
+        self.tokens.truncate(keep);
+        Ok(())
     }
 
     pub fn capacity(&self) -> usize {
@@ -349,9 +365,7 @@ impl GpuDecoder {
 
     /// Starts a new sequence (the cache's old contents are overwritten as it fills again).
     pub fn reset(&mut self) -> Result<()> {
-        self.gpu.write(&self.pos, &[0])?;
-        self.host_len = 0;
-        Ok(())
+        self.truncate(0)
     }
 
     /// Runs `tokens` from the next position and returns the last one's logits: all but the last in chunks of
@@ -360,11 +374,11 @@ impl GpuDecoder {
         let Some((&last, rest)) = tokens.split_last() else {
             return Err(ModelError::Input("gpu prefill: no tokens".into()));
         };
-        if self.host_len + tokens.len() > self.capacity {
+        if self.tokens.len() + tokens.len() > self.capacity {
             return Err(ModelError::Input(format!(
                 "gpu prefill: {} tokens after {} do not fit a cache of {} positions",
                 tokens.len(),
-                self.host_len,
+                self.tokens.len(),
                 self.capacity
             )));
         }
@@ -379,14 +393,13 @@ impl GpuDecoder {
             let mut x = f32s(&self.embed.embedding(&Tensor::new(chunk, &Device::Cpu)?)?)?;
             x.resize(s.rows * h, 0.0);
             self.gpu.write(&s.x, &x)?;
-            let mut positions: Vec<i32> = (self.host_len..self.host_len + rows)
-                .map(|p| p as i32)
-                .collect();
+            let start = self.tokens.len();
+            let mut positions: Vec<i32> = (start..start + rows).map(|p| p as i32).collect();
             positions.resize(s.rows, 0);
             self.gpu.write(&s.positions, &positions)?;
             self.launch_layers(s, rows, &s.positions)?;
             ops::advance(&self.gpu, &self.pos, rows as i32)?;
-            self.host_len += rows;
+            self.tokens.extend_from_slice(chunk);
         }
         self.step(last)
     }
@@ -399,7 +412,7 @@ impl GpuDecoder {
                 self.config.vocab_size
             )));
         }
-        if self.host_len >= self.capacity {
+        if self.tokens.len() >= self.capacity {
             return Err(ModelError::Input(format!(
                 "gpu decode: the cache holds {} positions and is full",
                 self.capacity
@@ -421,7 +434,7 @@ impl GpuDecoder {
             Some(g) => g.replay()?,
             None => self.launch_step()?,
         }
-        self.host_len += 1;
+        self.tokens.push(token);
         Ok(self.gpu.download(&self.logits)?)
     }
 
