@@ -311,7 +311,8 @@ impl CachedPrefix {
     }
 }
 
-fn reusable_positions(cached: &[u32], prompt: &[u32]) -> usize {
+/// How many leading positions of `cached` a `prompt` may keep: those it shares, leaving its last token to run.
+pub fn reusable_positions(cached: &[u32], prompt: &[u32]) -> usize {
     let common = cached
         .iter()
         .zip(prompt)

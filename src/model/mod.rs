@@ -22,7 +22,7 @@ pub use base::{Base, BaseCache, Requantize};
 pub use chat::{ChatFamily, ChatMessage, ChatPrompt, ChatTemplate, Role, encode_chat, render_chat};
 pub use generate::{
     CachedPrefix, GenerateConfig, GenerateOutput, Sampler, StopReason, TokenEvent, generate,
-    generate_on_gpu, generate_reusing,
+    generate_on_gpu, generate_reusing, reusable_positions,
 };
 pub use gguf::{Arch, GgufFile, ModelConfig, TinySpec, write_tiny_model};
 pub use lora::{AdapterRegistry, LoraConfig, LoraPair, LoraSet, LoraTarget};
@@ -52,7 +52,8 @@ pub fn configure_candle_threads() {
     }
 }
 pub use transformer::{
-    DeviceStatus, GpuDecoder, KvCache, KvPrecision, MAX_POSITIONS, QLinear, Targets, Transformer,
+    DeviceStatus, GpuDecoder, GpuModel, KvCache, KvPrecision, MAX_POSITIONS, QLinear, Targets,
+    Transformer,
 };
 
 /// Everything that can go wrong loading or running a model. Variants name the file, key or tensor

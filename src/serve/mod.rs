@@ -349,7 +349,9 @@ pub struct Engine {
     closing: AtomicBool,
     prompt_cache: PromptCache,
     /// The GPU decoder generation runs on, with the adapter snapshot it holds; `None` on the CPU.
-    gpu: Option<Mutex<GpuSlot>>,
+    /// The GPU decoders generation runs on, one per generation thread over one copy of the weights, each with
+    /// the adapter snapshot it holds; empty on the CPU.
+    gpu: Vec<Mutex<GpuSlot>>,
     device: crate::model::DeviceStatus,
 }
 
@@ -814,11 +816,22 @@ impl Engine {
     /// One request on the GPU decoder, switching it to the request's adapter snapshot first.
     fn generate_on_gpu(
         &self,
-        slot: &Mutex<GpuSlot>,
         job: &Job,
         on_token: impl FnMut(crate::model::TokenEvent<'_>) -> bool,
     ) -> Result<(crate::model::GenerateOutput, usize), crate::model::ModelError> {
-        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        // Of the free decoders (there are as many as generation threads), the one whose cache shares the most
+        // of this prompt under this adapter.
+        let mut slot = {
+            let free = self.gpu.iter().filter_map(|m| m.try_lock().ok());
+            let score = |s: &GpuSlot| match PromptCache::same_adapter(&s.adapter, &job.lora) {
+                true => 1 + crate::model::reusable_positions(s.decoder.tokens(), &job.ids),
+                false => 0,
+            };
+            match free.max_by_key(|s| score(s)) {
+                Some(s) => s,
+                None => self.gpu[0].lock().unwrap_or_else(|p| p.into_inner()),
+            }
+        };
         if !PromptCache::same_adapter(&slot.adapter, &job.lora) {
             // Cleared first: a failed upload must not leave the old snapshot's name on other pairs.
             slot.adapter = None;
@@ -841,9 +854,9 @@ impl Engine {
             }
             !pipe.is_cancelled()
         };
-        let result = match &self.gpu {
-            Some(slot) => self.generate_on_gpu(slot, &job, on_token),
-            None => crate::model::generate_reusing(
+        let result = match self.gpu.is_empty() {
+            false => self.generate_on_gpu(&job, on_token),
+            true => crate::model::generate_reusing(
                 &self.model,
                 &self.tok,
                 &job.ids,
@@ -972,12 +985,30 @@ impl Server {
         // Distinguishes ids across restarts of the process, so a re-used counter never repeats an id.
         let id_prefix = format!("{:x}", now_unix_ms() % 0xffff_ffff);
         let (gpu, device) = crate::model::GpuDecoder::open(config.device, &model);
-        let gpu = gpu.map(|decoder| {
-            Mutex::new(GpuSlot {
-                decoder,
-                adapter: None,
+        let mut slots = Vec::new();
+        if let Some(first) = gpu {
+            let weights = first.model().clone();
+            slots.push(first);
+            for _ in 1..config.threads.max(1) {
+                match crate::model::GpuDecoder::on(weights.clone(), None) {
+                    Ok(d) => slots.push(d),
+                    Err(e) => {
+                        // Fewer sequences at once on the GPU, rather than none.
+                        tracing::warn!(error = %e, decoders = slots.len(), "no further GPU decoder");
+                        break;
+                    }
+                }
+            }
+        }
+        let gpu = slots
+            .into_iter()
+            .map(|decoder| {
+                Mutex::new(GpuSlot {
+                    decoder,
+                    adapter: None,
+                })
             })
-        });
+            .collect();
         if let Some(notice) = &device.notice {
             tracing::warn!("{notice}");
         }

@@ -325,3 +325,31 @@ fn a_prompt_that_extends_the_cached_one_reuses_it() {
         assert_eq!(reused, 0, "a new adapter reused the cache");
     }
 }
+
+/// Decoders over one upload of the weights (a server's generation threads) keep their own caches and pairs:
+/// interleaved, each computes what a decoder alone computes.
+#[test]
+fn sequences_over_one_copy_of_the_weights_stay_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path(), Arch::Qwen2, GgmlDType::Q8_0);
+    let set = random_adapter(&m, 3, false);
+    for gpu in devices("sequences_over_one_copy_of_the_weights_stay_apart") {
+        let alone_base = gpu_steps(&mut GpuDecoder::new(&gpu, &m, 16, None).unwrap(), &PROMPT);
+        let alone_lora = gpu_steps(
+            &mut GpuDecoder::new(&gpu, &m, 16, Some(&set)).unwrap(),
+            &PROMPT[2..],
+        );
+        let weights = std::sync::Arc::new(hearth::model::GpuModel::new(&gpu, &m, 16).unwrap());
+        let mut a = GpuDecoder::on(weights.clone(), None).unwrap();
+        let mut b = GpuDecoder::on(weights, Some(&set)).unwrap();
+        let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+        for (i, &t) in PROMPT.iter().enumerate() {
+            got_a.push(a.step(t).unwrap());
+            if i >= 2 {
+                got_b.push(b.step(t).unwrap());
+            }
+        }
+        assert_eq!(got_a, alone_base, "{}", gpu.describe());
+        assert_eq!(got_b, alone_lora, "{}", gpu.describe());
+    }
+}

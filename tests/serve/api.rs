@@ -1037,8 +1037,10 @@ fn the_device_option_moves_generation_and_says_where() {
     let answers = |device: Dev| {
         let server = Server::load(
             &path,
+            // Two generation threads: on a GPU, two decoders over one copy of the weights.
             ServeConfig {
                 device,
+                threads: 2,
                 ..config(4)
             },
         )
@@ -1057,7 +1059,8 @@ fn the_device_option_moves_generation_and_says_where() {
         };
         // The base, the adapter, then the base again.
         let out = vec![text("tiny"), text("a"), text("tiny")];
-        // The same chat once more reuses the cached prompt, on either device.
+        // The same chat once more reuses the cached prompt, on either device (on the GPU, the decoder that
+        // holds it is chosen).
         let r = chat(addr, "tiny", "hello there", 12);
         let cached = json_of(&r)["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
         assert!(cached.as_u64().unwrap() > 0, "{}", r.body);

@@ -19,12 +19,6 @@ use crate::gpu::ops::{self, AttentionShape, LoraShape, Rotation};
 use crate::gpu::{Buffer, Gpu, Graph};
 use crate::model::q8::QK8_0;
 
-/// A projection's weight and the LoRA pair on it, if any.
-struct Projection {
-    w: Buffer<u8>,
-    lora: Option<GpuLora>,
-}
-
 struct GpuLora {
     a: Buffer<f32>,
     b: Buffer<f32>,
@@ -32,34 +26,40 @@ struct GpuLora {
     scale: f32,
 }
 
+/// One block's frozen weights on the device.
 struct GpuBlock {
     attn_norm: Buffer<f32>,
     ffn_norm: Buffer<f32>,
     qk_norm: Option<(Buffer<f32>, Buffer<f32>)>,
     bias: Option<[Buffer<f32>; 3]>,
-    q: Projection,
-    k: Projection,
-    v: Projection,
-    o: Projection,
-    gate: Projection,
-    up: Projection,
-    down: Projection,
-    k_cache: Buffer<f32>,
-    v_cache: Buffer<f32>,
+    /// The projections in [`LoraTarget::ALL`]'s order (q, k, v, o, gate, up, down), Q8_0 in GGUF layout.
+    proj: [Buffer<u8>; 7],
 }
 
-impl GpuBlock {
-    fn projection_mut(&mut self, t: LoraTarget) -> &mut Projection {
-        match t {
-            LoraTarget::Q => &mut self.q,
-            LoraTarget::K => &mut self.k,
-            LoraTarget::V => &mut self.v,
-            LoraTarget::O => &mut self.o,
-            LoraTarget::Gate => &mut self.gate,
-            LoraTarget::Up => &mut self.up,
-            LoraTarget::Down => &mut self.down,
-        }
-    }
+/// A block's LoRA pairs, in [`LoraTarget::ALL`]'s order.
+type BlockPairs = [Option<GpuLora>; 7];
+
+/// The index of `t` in [`LoraTarget::ALL`].
+fn slot(t: LoraTarget) -> usize {
+    LoraTarget::ALL
+        .iter()
+        .position(|&x| x == t)
+        .expect("every target is in ALL")
+}
+
+/// A model's frozen weights on a GPU, shared by every [`GpuDecoder`] over it (one per concurrent sequence).
+pub struct GpuModel {
+    gpu: Gpu,
+    config: ModelConfig,
+    embed: Weight,
+    blocks: Vec<GpuBlock>,
+    norm: Buffer<f32>,
+    head: Buffer<u8>,
+    cos: Buffer<f32>,
+    sin: Buffer<f32>,
+    interleaved: bool,
+    /// The longest sequence a decoder over it holds (the RoPE tables' length).
+    capacity: usize,
 }
 
 /// The activations of a step over up to `rows` tokens, each allocated once.
@@ -113,18 +113,12 @@ impl Scratch {
 /// Prompt tokens per prefill launch: each weight is read once per chunk of rows.
 const PREFILL_ROWS: usize = 64;
 
-/// One sequence's decode on a GPU: the model's weights, its KV cache (`capacity` positions) and the step.
+/// One sequence's decode on a GPU: its KV cache, its LoRA pairs and the step, over a shared [`GpuModel`].
 pub struct GpuDecoder {
-    gpu: Gpu,
-    config: ModelConfig,
-    embed: Weight,
-    blocks: Vec<GpuBlock>,
-    norm: Buffer<f32>,
-    head: Buffer<u8>,
-    cos: Buffer<f32>,
-    sin: Buffer<f32>,
-    interleaved: bool,
-    capacity: usize,
+    model: std::sync::Arc<GpuModel>,
+    /// Keys and values per block, `[kv_heads, capacity, head_dim]` each.
+    caches: Vec<(Buffer<f32>, Buffer<f32>)>,
+    pairs: Vec<BlockPairs>,
     /// The position of the next token (a device value, so a recorded step replays at every position).
     pos: Buffer<i32>,
     /// The token at each position the cache holds.
@@ -175,6 +169,86 @@ fn f32s(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
+impl GpuModel {
+    /// Uploads `model`'s weights to `gpu` for sequences of up to `capacity` positions.
+    pub fn new(gpu: &Gpu, model: &Transformer, capacity: usize) -> Result<Self> {
+        let cfg = model.config().clone();
+        if cfg.arch == Arch::Gemma3 {
+            return Err(unsupported(
+                "gemma3 (scaled embeddings, post-norms, GELU, sliding layers) has no GPU step yet",
+            ));
+        }
+        if cfg.query_scale != 1.0 || model.rope_sliding.is_some() {
+            return Err(unsupported(
+                "query scaling and sliding layers have no GPU step yet",
+            ));
+        }
+        let limit = ops::ATTENTION_MAX_POSITIONS.min(model.max_positions());
+        if capacity == 0 || capacity > limit {
+            return Err(unsupported(format!(
+                "a cache of {capacity} positions (1..={limit} on the GPU for this model)"
+            )));
+        }
+        let up_f32 = |t: &Tensor| -> Result<Buffer<f32>> { Ok(gpu.upload(&f32s(t)?)?) };
+        let names = [
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ];
+        let mut blocks = Vec::with_capacity(model.blocks.len());
+        for (l, b) in model.blocks.iter().enumerate() {
+            let mut proj = Vec::with_capacity(7);
+            for (t, name) in LoraTarget::ALL.iter().zip(names) {
+                let bytes = q8_bytes(b.linear(*t).weight(), &format!("blk.{l}.{name}"))?;
+                proj.push(gpu.upload(&bytes)?);
+            }
+            blocks.push(GpuBlock {
+                attn_norm: up_f32(&b.attn_norm)?,
+                ffn_norm: up_f32(&b.ffn_norm)?,
+                qk_norm: match (&b.q_norm, &b.k_norm) {
+                    (Some(q), Some(k)) => Some((up_f32(q)?, up_f32(k)?)),
+                    _ => None,
+                },
+                bias: match &b.bias {
+                    Some(bias) => Some([up_f32(&bias.q)?, up_f32(&bias.k)?, up_f32(&bias.v)?]),
+                    None => None,
+                },
+                proj: proj
+                    .try_into()
+                    .map_err(|_| unsupported("seven projections"))?,
+            });
+        }
+        let table = |t: &Tensor| -> Result<Buffer<f32>> {
+            Ok(gpu.upload(&f32s(&t.narrow(0, 0, capacity)?)?)?)
+        };
+        Ok(Self {
+            gpu: gpu.clone(),
+            embed: model.embed.clone(),
+            norm: up_f32(&model.norm)?,
+            head: gpu.upload(&q8_bytes(model.head.weight(), "output")?)?,
+            cos: table(&model.rope.cos)?,
+            sin: table(&model.rope.sin)?,
+            interleaved: model.rope.interleaved,
+            blocks,
+            capacity,
+            config: cfg,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The longest sequence a decoder over these weights holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
 impl GpuDecoder {
     /// A decoder for `model` on `device` with a cache as long as the model's context allows (or the attention
     /// kernel holds); `None`, with the reason in the status, when the device does not open or the step does not
@@ -211,81 +285,46 @@ impl GpuDecoder {
         capacity: usize,
         lora: Option<&LoraSet>,
     ) -> Result<Self> {
-        let cfg = model.config().clone();
-        if cfg.arch == Arch::Gemma3 {
-            return Err(unsupported(
-                "gemma3 (scaled embeddings, post-norms, GELU, sliding layers) has no GPU step yet",
-            ));
-        }
-        if cfg.query_scale != 1.0 || model.rope_sliding.is_some() {
-            return Err(unsupported(
-                "query scaling and sliding layers have no GPU step yet",
-            ));
-        }
-        let limit = ops::ATTENTION_MAX_POSITIONS.min(model.max_positions());
-        if capacity == 0 || capacity > limit {
-            return Err(unsupported(format!(
-                "a cache of {capacity} positions (1..={limit} on the GPU for this model)"
-            )));
-        }
+        Self::on(
+            std::sync::Arc::new(GpuModel::new(gpu, model, capacity)?),
+            lora,
+        )
+    }
+
+    /// A new sequence over weights already on the device, with `lora`'s pairs if given.
+    pub fn on(model: std::sync::Arc<GpuModel>, lora: Option<&LoraSet>) -> Result<Self> {
+        let (gpu, cfg) = (&model.gpu, &model.config);
         let kvd = cfg.num_kv_heads * cfg.head_dim;
-        let up_f32 = |t: &Tensor| -> Result<Buffer<f32>> { Ok(gpu.upload(&f32s(t)?)?) };
-        let proj = |lin: &QLinear, name: String| -> Result<Projection> {
-            Ok(Projection {
-                w: gpu.upload(&q8_bytes(lin.weight(), &name)?)?,
-                lora: None,
+        let caches = (0..model.blocks.len())
+            .map(|_| {
+                Ok((
+                    gpu.zeros(kvd * model.capacity)?,
+                    gpu.zeros(kvd * model.capacity)?,
+                ))
             })
-        };
-        let mut blocks = Vec::with_capacity(model.blocks.len());
-        for (l, b) in model.blocks.iter().enumerate() {
-            let name = |t: &str| format!("blk.{l}.{t}");
-            blocks.push(GpuBlock {
-                attn_norm: up_f32(&b.attn_norm)?,
-                ffn_norm: up_f32(&b.ffn_norm)?,
-                qk_norm: match (&b.q_norm, &b.k_norm) {
-                    (Some(q), Some(k)) => Some((up_f32(q)?, up_f32(k)?)),
-                    _ => None,
-                },
-                bias: match &b.bias {
-                    Some(bias) => Some([up_f32(&bias.q)?, up_f32(&bias.k)?, up_f32(&bias.v)?]),
-                    None => None,
-                },
-                q: proj(&b.q, name("attn_q"))?,
-                k: proj(&b.k, name("attn_k"))?,
-                v: proj(&b.v, name("attn_v"))?,
-                o: proj(&b.o, name("attn_output"))?,
-                gate: proj(&b.gate, name("ffn_gate"))?,
-                up: proj(&b.up, name("ffn_up"))?,
-                down: proj(&b.down, name("ffn_down"))?,
-                k_cache: gpu.zeros(kvd * capacity)?,
-                v_cache: gpu.zeros(kvd * capacity)?,
-            });
-        }
-        let table = |t: &Tensor| -> Result<Buffer<f32>> {
-            Ok(gpu.upload(&f32s(&t.narrow(0, 0, capacity)?)?)?)
-        };
+            .collect::<Result<Vec<_>>>()?;
         let mut dec = Self {
-            gpu: gpu.clone(),
-            embed: model.embed.clone(),
-            norm: up_f32(&model.norm)?,
-            head: gpu.upload(&q8_bytes(model.head.weight(), "output")?)?,
-            cos: table(&model.rope.cos)?,
-            sin: table(&model.rope.sin)?,
-            interleaved: model.rope.interleaved,
+            caches,
+            pairs: (0..model.blocks.len())
+                .map(|_| Default::default())
+                .collect(),
             pos: gpu.upload(&[0i32])?,
             tokens: Vec::new(),
-            blocks,
-            capacity,
-            s: Scratch::new(gpu, &cfg, 1, 1)?,
+            s: Scratch::new(gpu, cfg, 1, 1)?,
             prefill: None,
             logits: gpu.zeros(cfg.vocab_size)?,
             rank: 1,
             graph: None,
             capture: true,
-            config: cfg,
+            model,
         };
         dec.set_adapter(lora)?;
         Ok(dec)
+    }
+
+    /// The weights this decoder runs over.
+    pub fn model(&self) -> &std::sync::Arc<GpuModel> {
+        &self.model
     }
 
     /// Replaces the LoRA pairs applied (none with `None`) and starts a new sequence: keys and values cached
@@ -293,11 +332,11 @@ impl GpuDecoder {
     pub fn set_adapter(&mut self, lora: Option<&LoraSet>) -> Result<()> {
         self.graph = None;
         self.reset()?;
+        let gpu = self.model.gpu.clone();
         let mut max_rank = 1;
-        for (l, blk) in self.blocks.iter_mut().enumerate() {
+        for (l, pairs) in self.pairs.iter_mut().enumerate() {
             for t in LoraTarget::ALL {
-                let p = blk.projection_mut(t);
-                p.lora = match lora.and_then(|set| set.get(l, t)) {
+                pairs[slot(t)] = match lora.and_then(|set| set.get(l, t)) {
                     None => None,
                     Some(pair) if pair.magnitude.is_some() => {
                         return Err(unsupported("DoRA pairs have no GPU step yet"));
@@ -306,8 +345,8 @@ impl GpuDecoder {
                         let rank = pair.a.dim(0)?;
                         max_rank = max_rank.max(rank);
                         Some(GpuLora {
-                            a: self.gpu.upload(&f32s(&pair.a)?)?,
-                            b: self.gpu.upload(&f32s(&pair.b)?)?,
+                            a: gpu.upload(&f32s(&pair.a)?)?,
+                            b: gpu.upload(&f32s(&pair.b)?)?,
                             rank,
                             scale: pair.scale as f32,
                         })
@@ -317,9 +356,9 @@ impl GpuDecoder {
         }
         if max_rank > self.rank {
             self.rank = max_rank;
-            self.s.lora_t = self.gpu.zeros(max_rank)?;
+            self.s.lora_t = gpu.zeros(max_rank)?;
             if let Some(p) = &mut self.prefill {
-                p.lora_t = self.gpu.zeros(p.rows * max_rank)?;
+                p.lora_t = gpu.zeros(p.rows * max_rank)?;
             }
         }
         Ok(())
@@ -349,13 +388,13 @@ impl GpuDecoder {
     /// Keeps the first `keep` positions (a prompt that starts with them reuses their keys and values).
     pub fn truncate(&mut self, keep: usize) -> Result<()> {
         let keep = keep.min(self.tokens.len());
-        self.gpu.write(&self.pos, &[keep as i32])?;
+        self.model.gpu.write(&self.pos, &[keep as i32])?;
         self.tokens.truncate(keep);
         Ok(())
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.model.capacity
     }
 
     /// Whether steps replay a recorded graph.
@@ -374,31 +413,36 @@ impl GpuDecoder {
         let Some((&last, rest)) = tokens.split_last() else {
             return Err(ModelError::Input("gpu prefill: no tokens".into()));
         };
-        if self.tokens.len() + tokens.len() > self.capacity {
+        if self.tokens.len() + tokens.len() > self.model.capacity {
             return Err(ModelError::Input(format!(
                 "gpu prefill: {} tokens after {} do not fit a cache of {} positions",
                 tokens.len(),
                 self.tokens.len(),
-                self.capacity
+                self.model.capacity
             )));
         }
-        let h = self.config.hidden_size;
+        let h = self.model.config.hidden_size;
         for chunk in rest.chunks(PREFILL_ROWS) {
             let rows = chunk.len();
             if self.prefill.is_none() {
-                let s = Scratch::new(&self.gpu, &self.config, PREFILL_ROWS, self.rank)?;
+                let s = Scratch::new(&self.model.gpu, &self.model.config, PREFILL_ROWS, self.rank)?;
                 self.prefill = Some(s);
             }
             let s = self.prefill.as_ref().expect("made above");
-            let mut x = f32s(&self.embed.embedding(&Tensor::new(chunk, &Device::Cpu)?)?)?;
+            let mut x = f32s(
+                &self
+                    .model
+                    .embed
+                    .embedding(&Tensor::new(chunk, &Device::Cpu)?)?,
+            )?;
             x.resize(s.rows * h, 0.0);
-            self.gpu.write(&s.x, &x)?;
+            self.model.gpu.write(&s.x, &x)?;
             let start = self.tokens.len();
             let mut positions: Vec<i32> = (start..start + rows).map(|p| p as i32).collect();
             positions.resize(s.rows, 0);
-            self.gpu.write(&s.positions, &positions)?;
+            self.model.gpu.write(&s.positions, &positions)?;
             self.launch_layers(s, rows, &s.positions)?;
-            ops::advance(&self.gpu, &self.pos, rows as i32)?;
+            ops::advance(&self.model.gpu, &self.pos, rows as i32)?;
             self.tokens.extend_from_slice(chunk);
         }
         self.step(last)
@@ -406,23 +450,23 @@ impl GpuDecoder {
 
     /// Logits `[vocab]` for `token` at the next position, appending its keys and values to the cache.
     pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
-        if token as usize >= self.config.vocab_size {
+        if token as usize >= self.model.config.vocab_size {
             return Err(ModelError::Input(format!(
                 "token {token} is outside the vocabulary of {}",
-                self.config.vocab_size
+                self.model.config.vocab_size
             )));
         }
-        if self.tokens.len() >= self.capacity {
+        if self.tokens.len() >= self.model.capacity {
             return Err(ModelError::Input(format!(
                 "gpu decode: the cache holds {} positions and is full",
-                self.capacity
+                self.model.capacity
             )));
         }
         let ids = Tensor::new(&[token], &Device::Cpu)?;
-        let row = f32s(&self.embed.embedding(&ids)?)?;
-        self.gpu.write(&self.s.x, &row)?;
+        let row = f32s(&self.model.embed.embedding(&ids)?)?;
+        self.model.gpu.write(&self.s.x, &row)?;
         if self.capture && self.graph.is_none() {
-            match self.gpu.capture(|_| self.launch_step()) {
+            match self.model.gpu.capture(|_| self.launch_step()) {
                 Ok(g) => self.graph = Some(g),
                 Err(e) => {
                     tracing::debug!(error = %e, "gpu decode: no graph capture, launching per kernel");
@@ -435,7 +479,7 @@ impl GpuDecoder {
             None => self.launch_step()?,
         }
         self.tokens.push(token);
-        Ok(self.gpu.download(&self.logits)?)
+        Ok(self.model.gpu.download(&self.logits)?)
     }
 
     /// Quantizes `x` `[rows, k]` into the scratch's int8 input, which the next products read.
@@ -445,27 +489,27 @@ impl GpuDecoder {
         x: &Buffer<f32>,
         (rows, k): (usize, usize),
     ) -> std::result::Result<(), crate::gpu::GpuError> {
-        ops::quantize_q8(&self.gpu, x, &s.xq, &s.xd, (rows, k))
+        ops::quantize_q8(&self.model.gpu, x, &s.xq, &s.xd, (rows, k))
     }
 
     /// `y = W·x (+ scale·B·A·x)` for one projection `[n, k]` over `rows` rows: the weight product on `x` as
     /// [`Self::quantize`] left it in the scratch, the LoRA delta on `x` in f32 (as on the CPU).
     fn project(
         &self,
-        p: &Projection,
+        (w, pair): (&Buffer<u8>, &Option<GpuLora>),
         s: &Scratch,
         (x, y): (&Buffer<f32>, &Buffer<f32>),
         (rows, k, n): (usize, usize, usize),
     ) -> std::result::Result<(), crate::gpu::GpuError> {
-        ops::q8_matmul_q8(&self.gpu, &p.w, (&s.xq, &s.xd), y, (rows, k, n))?;
-        if let Some(l) = &p.lora {
+        ops::q8_matmul_q8(&self.model.gpu, w, (&s.xq, &s.xd), y, (rows, k, n))?;
+        if let Some(l) = pair {
             let shape = LoraShape {
                 m: rows,
                 k,
                 rank: l.rank,
                 n,
             };
-            ops::lora_forward(&self.gpu, x, &l.a, &l.b, &s.lora_t, y, shape, l.scale)?;
+            ops::lora_forward(&self.model.gpu, x, &l.a, &l.b, &s.lora_t, y, shape, l.scale)?;
         }
         Ok(())
     }
@@ -473,14 +517,14 @@ impl GpuDecoder {
     /// One decode step: the layers over the step's one row at the decoder's position, the head, and the
     /// position moved on.
     fn launch_step(&self) -> std::result::Result<(), crate::gpu::GpuError> {
-        let (g, s, cfg) = (&self.gpu, &self.s, &self.config);
+        let (g, s, cfg) = (&self.model.gpu, &self.s, &self.model.config);
         let h = cfg.hidden_size;
         self.launch_layers(s, 1, &self.pos)?;
-        ops::rms_norm(g, &s.x, &self.norm, &s.normed, (1, h), cfg.rms_eps)?;
+        ops::rms_norm(g, &s.x, &self.model.norm, &s.normed, (1, h), cfg.rms_eps)?;
         self.quantize(s, &s.normed, (1, h))?;
         ops::q8_matmul_q8(
             g,
-            &self.head,
+            &self.model.head,
             (&s.xq, &s.xd),
             &self.logits,
             (1, h, cfg.vocab_size),
@@ -496,7 +540,7 @@ impl GpuDecoder {
         rows: usize,
         rope_pos: &Buffer<i32>,
     ) -> std::result::Result<(), crate::gpu::GpuError> {
-        let cfg = &self.config;
+        let cfg = &self.model.config;
         let (h, hd, ff, eps) = (
             cfg.hidden_size,
             cfg.head_dim,
@@ -509,28 +553,31 @@ impl GpuDecoder {
             heads: nh,
             kv_heads: nkv,
             head_dim: hd,
-            capacity: self.capacity,
+            capacity: self.model.capacity,
         };
-        let g = &self.gpu;
+        let g = &self.model.gpu;
         let rope = |x: &Buffer<f32>, heads: usize| {
             ops::rope(
                 g,
                 x,
-                &self.cos,
-                &self.sin,
+                &self.model.cos,
+                &self.model.sin,
                 rope_pos,
                 (rows, heads, hd),
-                self.interleaved,
+                self.model.interleaved,
                 Rotation::Forward,
             )
         };
         let scale = 1.0 / (hd as f32).sqrt();
-        for b in &self.blocks {
+        for ((b, (k_cache, v_cache)), pairs) in
+            self.model.blocks.iter().zip(&self.caches).zip(&self.pairs)
+        {
+            let p = |t: LoraTarget| (&b.proj[slot(t)], &pairs[slot(t)]);
             ops::rms_norm(g, &s.x, &b.attn_norm, &s.normed, (rows, h), eps)?;
             self.quantize(s, &s.normed, (rows, h))?;
-            self.project(&b.q, s, (&s.normed, &s.q), (rows, h, qd))?;
-            self.project(&b.k, s, (&s.normed, &s.k), (rows, h, kvd))?;
-            self.project(&b.v, s, (&s.normed, &s.v), (rows, h, kvd))?;
+            self.project(p(LoraTarget::Q), s, (&s.normed, &s.q), (rows, h, qd))?;
+            self.project(p(LoraTarget::K), s, (&s.normed, &s.k), (rows, h, kvd))?;
+            self.project(p(LoraTarget::V), s, (&s.normed, &s.v), (rows, h, kvd))?;
             if let Some([bq, bk, bv]) = &b.bias {
                 ops::add_rows(g, &s.q, bq, (rows, qd))?;
                 ops::add_rows(g, &s.k, bk, (rows, kvd))?;
@@ -542,21 +589,21 @@ impl GpuDecoder {
             }
             rope(&s.q, nh)?;
             rope(&s.k, nkv)?;
-            ops::kv_append(g, &b.k_cache, &s.k, &self.pos, rows, att)?;
-            ops::kv_append(g, &b.v_cache, &s.v, &self.pos, rows, att)?;
+            ops::kv_append(g, k_cache, &s.k, &self.pos, rows, att)?;
+            ops::kv_append(g, v_cache, &s.v, &self.pos, rows, att)?;
             ops::attention_decode(
-                g, &s.q, &b.k_cache, &b.v_cache, &s.context, &self.pos, rows, att, scale,
+                g, &s.q, k_cache, v_cache, &s.context, &self.pos, rows, att, scale,
             )?;
             self.quantize(s, &s.context, (rows, qd))?;
-            self.project(&b.o, s, (&s.context, &s.out), (rows, qd, h))?;
+            self.project(p(LoraTarget::O), s, (&s.context, &s.out), (rows, qd, h))?;
             ops::add_into(g, &s.x, &s.out, rows * h)?;
             ops::rms_norm(g, &s.x, &b.ffn_norm, &s.normed, (rows, h), eps)?;
             self.quantize(s, &s.normed, (rows, h))?;
-            self.project(&b.gate, s, (&s.normed, &s.gate), (rows, h, ff))?;
-            self.project(&b.up, s, (&s.normed, &s.up), (rows, h, ff))?;
+            self.project(p(LoraTarget::Gate), s, (&s.normed, &s.gate), (rows, h, ff))?;
+            self.project(p(LoraTarget::Up), s, (&s.normed, &s.up), (rows, h, ff))?;
             ops::silu_mul(g, &s.gate, &s.up, &s.act, rows * ff)?;
             self.quantize(s, &s.act, (rows, ff))?;
-            self.project(&b.down, s, (&s.act, &s.out), (rows, ff, h))?;
+            self.project(p(LoraTarget::Down), s, (&s.act, &s.out), (rows, ff, h))?;
             ops::add_into(g, &s.x, &s.out, rows * h)?;
         }
         Ok(())

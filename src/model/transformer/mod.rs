@@ -28,7 +28,7 @@ mod attention_train;
 mod decode;
 mod f32_gemm;
 mod gpu_decode;
-pub use gpu_decode::{DeviceStatus, GpuDecoder};
+pub use gpu_decode::{DeviceStatus, GpuDecoder, GpuModel};
 mod head;
 pub use head::Targets;
 mod kv_cache;
