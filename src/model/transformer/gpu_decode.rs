@@ -1,8 +1,7 @@
 //! The serving decode step on a GPU: the same math as [`Transformer::decode_token`] through `gpu::ops`, one
 //! launch per kernel, with the weights resident on the device and LoRA pairs applied unmerged.
 //!
-//! The step keeps everything that changes between tokens on the device (the position and the cache length),
-//! so it is recorded once as a graph and replayed per token where the vendor captures graphs; elsewhere it
+//! The step keeps what changes between tokens (the position) on the device, so it is recorded once as a graph and replayed per token where the vendor captures graphs; elsewhere it
 //! launches kernel by kernel. Only the token's embedding row goes up and the logits come back.
 //!
 //! The weight products quantize their input to int8 per 32 values, as the CPU path does, so the two agree to
