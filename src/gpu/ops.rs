@@ -37,18 +37,24 @@ fn blocks(n: usize) -> u32 {
     n.div_ceil(BLOCK as usize) as u32
 }
 
-/// Checks a Q8_0 weight `[n_out, k]` in GGUF bytes against its shape; `(m, k, n_out)` as kernel arguments.
-fn q8_dims(
-    op: &'static str,
-    w: &Buffer<u8>,
-    (m, k, n_out): (usize, usize, usize),
-) -> Result<(i32, i32, i32), GpuError> {
+/// Rows of `k` values are whole Q8_0 blocks.
+fn whole_blocks(op: &'static str, k: usize) -> Result<(), GpuError> {
     if !k.is_multiple_of(QK) {
         return Err(GpuError::Shape {
             op,
             reason: format!("k = {k} is not a multiple of {QK}"),
         });
     }
+    Ok(())
+}
+
+/// Checks a Q8_0 weight `[n_out, k]` in GGUF bytes against its shape; `(m, k, n_out)` as kernel arguments.
+fn q8_dims(
+    op: &'static str,
+    w: &Buffer<u8>,
+    (m, k, n_out): (usize, usize, usize),
+) -> Result<(i32, i32, i32), GpuError> {
+    whole_blocks(op, k)?;
     let dims = (dim(op, "m", m)?, dim(op, "k", k)?, dim(op, "n_out", n_out)?);
     need(op, "the weight", w, n_out * k / QK * Q8_BYTES)?;
     Ok(dims)
@@ -94,12 +100,7 @@ pub fn quantize_q8(
     (m, k): (usize, usize),
 ) -> Result<(), GpuError> {
     const OP: &str = "quantize_q8";
-    if !k.is_multiple_of(QK) {
-        return Err(GpuError::Shape {
-            op: OP,
-            reason: format!("k = {k} is not a multiple of {QK}"),
-        });
-    }
+    whole_blocks(OP, k)?;
     let nb = dim(OP, "m · k / 32", m * k / QK)?;
     need(OP, "x", x, m * k)?;
     need(OP, "q", q, m * k)?;
