@@ -404,8 +404,8 @@ pub fn generate_on_gpu(
     Ok((out, keep))
 }
 
-/// Samples from `logits`, streams text, and feeds each kept token to `next_logits` for the next logits (`None`: the
-/// context is full) until a stop. Returns the output and the tokens fed back.
+/// Samples from `logits`, streams text, and feeds each kept token to `next_logits` for the next logits
+/// (`None`: the context is full) until a stop. Returns the output and the tokens fed back.
 fn decode_loop(
     tok: &Tokenizer,
     cfg: &GenerateConfig,

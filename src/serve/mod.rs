@@ -348,7 +348,6 @@ pub struct Engine {
     id_prefix: String,
     closing: AtomicBool,
     prompt_cache: PromptCache,
-    /// The GPU decoder generation runs on, with the adapter snapshot it holds; `None` on the CPU.
     /// The GPU decoders generation runs on, one per generation thread over one copy of the weights, each with
     /// the adapter snapshot it holds; empty on the CPU.
     gpu: Vec<Mutex<GpuSlot>>,
