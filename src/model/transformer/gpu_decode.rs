@@ -1,11 +1,12 @@
 //! The serving decode step on a GPU: the same math as [`Transformer::decode_token`] through `gpu::ops`, one
 //! launch per kernel, with the weights resident on the device and LoRA pairs applied unmerged.
 //!
-//! The step keeps what changes between tokens (the position) on the device, so it is recorded once as a graph and replayed per token where the vendor captures graphs; elsewhere it
-//! launches kernel by kernel. Only the token's embedding row goes up and the logits come back.
+//! The step keeps what changes between tokens (the position) on the device, so it is recorded once as a graph
+//! and replayed per token where the vendor captures graphs; elsewhere it launches kernel by kernel. Only the
+//! token's embedding row goes up and the logits come back.
 //!
 //! The weight products quantize their input to int8 per 32 values, as the CPU path does, so the two agree to
-//! the order of float additions.
+//! the order of float additions, except where an input value sits on a rounding boundary.
 //!
 //! Covered: the llama, qwen2 (q/k/v biases), qwen3 (q/k norms) and phi3 architectures with Q8_0 weights (load
 //! with `requantize: Q8_0` for other types), plain LoRA and rsLoRA pairs. Gemma 3 and DoRA are refused with
