@@ -44,7 +44,6 @@ pub struct Gate {
     /// The served state's scores, keyed by what they were computed on (served delta, probes).
     baseline: Option<(String, Scores)>,
     gpu: Option<std::sync::Mutex<crate::model::GpuDecoder>>,
-    device: crate::model::DeviceStatus,
 }
 
 impl Gate {
@@ -56,28 +55,18 @@ impl Gate {
             cfg,
             baseline: None,
             gpu: None,
-            device: crate::model::DeviceStatus {
-                running_on: "cpu".into(),
-                notice: None,
-            },
         }
     }
 
     /// Generates the legs' greedy answers on `device`; where it does not open (or does not cover the base),
-    /// on the CPU, with the reason in [`Gate::device`] and the log.
+    /// on the CPU, with the reason in the log.
     pub fn with_device(mut self, device: crate::gpu::Device) -> Self {
         let (gpu, status) = crate::model::GpuDecoder::open(device, &self.base.model);
         if let Some(notice) = &status.notice {
             tracing::warn!("gate: {notice}");
         }
         self.gpu = gpu.map(std::sync::Mutex::new);
-        self.device = status;
         self
-    }
-
-    /// Where the legs' answers are generated.
-    pub fn device(&self) -> &crate::model::DeviceStatus {
-        &self.device
     }
 
     /// Candidates the store holds without a verdict: trained before a crash, or while no gate ran.

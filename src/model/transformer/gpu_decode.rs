@@ -238,15 +238,6 @@ impl GpuModel {
             config: cfg,
         })
     }
-
-    pub fn gpu(&self) -> &Gpu {
-        &self.gpu
-    }
-
-    /// The longest sequence a decoder over these weights holds.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
 }
 
 impl GpuDecoder {
