@@ -37,6 +37,7 @@ static __device__ __forceinline__ float hearth_shfl_xor(float v, int mask) {
     return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, v)));
 }
 #define HEARTH_EXP(x) __builtin_expf(x)
+#define HEARTH_LOG(x) __builtin_logf(x)
 #define HEARTH_SQRT(x) __builtin_sqrtf(x)
 #define HEARTH_ROUND(x) __builtin_roundf(x)
 #define HEARTH_FABS(x) __builtin_fabsf(x)
@@ -56,6 +57,7 @@ static __device__ __forceinline__ float hearth_shfl_xor(float v, int mask) {
 }
 #endif
 #define HEARTH_EXP(x) expf(x)
+#define HEARTH_LOG(x) logf(x)
 #define HEARTH_SQRT(x) sqrtf(x)
 #define HEARTH_ROUND(x) roundf(x)
 #define HEARTH_FABS(x) fabsf(x)

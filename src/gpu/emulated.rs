@@ -489,6 +489,150 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
                 Ok(())
             })
         }
+        "attention_scores" | "attention_grad_probs" => {
+            let (len, nh, nkv, hd) = (a.int(3)?, a.int(4)?, a.int(5)?, a.int(6)?);
+            // scores: q·k scaled; the probabilities' gradient: dctx·v unscaled.
+            let scale = if l.entry == "attention_scores" {
+                a.float(7)?
+            } else {
+                1.0
+            };
+            let x = m.f32s(a.ptr(0)?, len * nh * hd)?;
+            let y = m.f32s(a.ptr(1)?, len * nkv * hd)?;
+            let group = (nh / nkv.max(1)).max(1);
+            m.write_f32(a.ptr(2)?, nh * len * len, |s| {
+                for h in 0..nh {
+                    for i in 0..len {
+                        for j in 0..len {
+                            s[(h * len + i) * len + j] = if j > i {
+                                0.0
+                            } else {
+                                let xr = &x[(i * nh + h) * hd..][..hd];
+                                let yr = &y[(j * nkv + h / group) * hd..][..hd];
+                                xr.iter().zip(yr).map(|(a, b)| a * b).sum::<f32>() * scale
+                            };
+                        }
+                    }
+                }
+                Ok(())
+            })
+        }
+        "attention_context" | "attention_grad_q" => {
+            let (len, nh, nkv, hd) = (a.int(3)?, a.int(4)?, a.int(5)?, a.int(6)?);
+            let scale = if l.entry == "attention_grad_q" {
+                a.float(7)?
+            } else {
+                1.0
+            };
+            let p = m.f32s(a.ptr(0)?, nh * len * len)?;
+            let y = m.f32s(a.ptr(1)?, len * nkv * hd)?;
+            let group = (nh / nkv.max(1)).max(1);
+            m.write_f32(a.ptr(2)?, len * nh * hd, |out| {
+                for i in 0..len {
+                    for h in 0..nh {
+                        for d in 0..hd {
+                            let acc: f32 = (0..=i)
+                                .map(|j| {
+                                    p[(h * len + i) * len + j] * y[(j * nkv + h / group) * hd + d]
+                                })
+                                .sum();
+                            out[(i * nh + h) * hd + d] = acc * scale;
+                        }
+                    }
+                }
+                Ok(())
+            })
+        }
+        "attention_grad_kv" => {
+            let (len, nh, nkv, hd, scale) =
+                (a.int(6)?, a.int(7)?, a.int(8)?, a.int(9)?, a.float(10)?);
+            let ds = m.f32s(a.ptr(0)?, nh * len * len)?;
+            let p = m.f32s(a.ptr(1)?, nh * len * len)?;
+            let q = m.f32s(a.ptr(2)?, len * nh * hd)?;
+            let dctx = m.f32s(a.ptr(3)?, len * nh * hd)?;
+            let group = (nh / nkv.max(1)).max(1);
+            let (mut dk, mut dv) = (vec![0f32; len * nkv * hd], vec![0f32; len * nkv * hd]);
+            for j in 0..len {
+                for c in 0..nkv {
+                    for d in 0..hd {
+                        let (mut ak, mut av) = (0f32, 0f32);
+                        for h in c * group..(c + 1) * group {
+                            for i in j..len {
+                                let at = (h * len + i) * len + j;
+                                let row = (i * nh + h) * hd + d;
+                                ak += ds[at] * q[row];
+                                av += p[at] * dctx[row];
+                            }
+                        }
+                        dk[(j * nkv + c) * hd + d] = ak * scale;
+                        dv[(j * nkv + c) * hd + d] = av;
+                    }
+                }
+            }
+            m.write_f32(a.ptr(4)?, dk.len(), |out| {
+                out.copy_from_slice(&dk);
+                Ok(())
+            })?;
+            m.write_f32(a.ptr(5)?, dv.len(), |out| {
+                out.copy_from_slice(&dv);
+                Ok(())
+            })
+        }
+        "head_logps" | "head_logps_backward" => {
+            let (rows, vocab) = (blocks, a.int(5)?);
+            let offsets = m.i32s(a.ptr(1)?, rows + 1)?;
+            let pairs = index(offsets[rows], i32::MAX as usize, "offset")?;
+            let ids = m.i32s(a.ptr(2)?, pairs)?;
+            let weights = m.f32s(a.ptr(3)?, pairs)?;
+            let row_targets = |r: usize| -> Result<Vec<(usize, f32)>, GpuError> {
+                let (s, e) = (
+                    index(offsets[r], pairs, "offset")?,
+                    index(offsets[r + 1], pairs, "offset")?,
+                );
+                (s..e)
+                    .map(|t| {
+                        let id = index(ids[t], vocab, "target")?;
+                        if id == vocab {
+                            return Err(fault(format!("target {id} past a vocabulary of {vocab}")));
+                        }
+                        Ok((id, weights[t]))
+                    })
+                    .collect()
+            };
+            if l.entry == "head_logps" {
+                let mut lp = vec![0f32; rows];
+                m.write_f32(a.ptr(0)?, rows * vocab, |x| {
+                    for (r, xr) in x.chunks_exact_mut(vocab).enumerate() {
+                        let mx = xr.iter().fold(-3.0e38f32, |a, &b| a.max(b));
+                        let lse = mx + xr.iter().map(|v| (v - mx).exp()).sum::<f32>().ln();
+                        lp[r] = row_targets(r)?
+                            .iter()
+                            .map(|&(id, w)| w * (xr[id] - lse))
+                            .sum();
+                        xr.iter_mut().for_each(|v| *v = (*v - lse).exp());
+                    }
+                    Ok(())
+                })?;
+                m.write_f32(a.ptr(4)?, rows, |out| {
+                    out.copy_from_slice(&lp);
+                    Ok(())
+                })
+            } else {
+                let dlp = m.f32s(a.ptr(4)?, rows)?;
+                m.write_f32(a.ptr(0)?, rows * vocab, |p| {
+                    for (r, pr) in p.chunks_exact_mut(vocab).enumerate() {
+                        let t = row_targets(r)?;
+                        let wsum: f32 = t.iter().map(|x| x.1).sum();
+                        let mut onehot = vec![0f32; vocab];
+                        t.iter().for_each(|&(id, w)| onehot[id] += w);
+                        for (v, o) in pr.iter_mut().zip(&onehot) {
+                            *v = dlp[r] * (o - wsum * *v);
+                        }
+                    }
+                    Ok(())
+                })
+            }
+        }
         "silu_mul" => {
             let n = a.int(3)?;
             let g = m.f32s(a.ptr(0)?, n)?;

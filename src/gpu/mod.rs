@@ -163,6 +163,17 @@ pub const KERNELS: &[Kernel] = &[
     ),
     kernel!("rope", ["rope"]),
     kernel!("attention_decode", ["attention_decode"]),
+    kernel!(
+        "attention_train",
+        [
+            "attention_scores",
+            "attention_context",
+            "attention_grad_probs",
+            "attention_grad_q",
+            "attention_grad_kv"
+        ]
+    ),
+    kernel!("head", ["head_logps", "head_logps_backward"]),
     kernel!("silu_mul", ["silu_mul", "silu_mul_backward"]),
     kernel!("softmax", ["softmax_rows", "softmax_backward"]),
     kernel!("lora", ["lora_gemm"]),

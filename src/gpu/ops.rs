@@ -390,6 +390,312 @@ pub fn attention_decode(
     )
 }
 
+/// Shapes of training's attention over one sequence: `q` `[len, heads, head_dim]`, `k` and `v`
+/// `[len, kv_heads, head_dim]`, probabilities `[heads, len, len]`.
+#[derive(Debug, Clone, Copy)]
+pub struct SequenceShape {
+    pub len: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl SequenceShape {
+    /// The kernels' `len, nh, nkv, hd` arguments, after checking the buffers hold the shape.
+    fn args(
+        &self,
+        op: &'static str,
+        queries: &[(&str, &Buffer<f32>)],
+        keys: &[(&str, &Buffer<f32>)],
+        scores: &[(&str, &Buffer<f32>)],
+    ) -> Result<[Arg; 4], GpuError> {
+        let (li, hi, kvi, di) = (
+            dim(op, "len", self.len)?,
+            dim(op, "heads", self.heads)?,
+            dim(op, "kv_heads", self.kv_heads)?,
+            dim(op, "head_dim", self.head_dim)?,
+        );
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(GpuError::Shape {
+                op,
+                reason: format!("{} heads over {} kv heads", self.heads, self.kv_heads),
+            });
+        }
+        if self.heads * self.len * self.len > i32::MAX as usize {
+            return Err(GpuError::Shape {
+                op,
+                reason: format!("{} heads of {}² scores", self.heads, self.len),
+            });
+        }
+        for (what, b) in queries {
+            need(op, what, b, self.len * self.heads * self.head_dim)?;
+        }
+        for (what, b) in keys {
+            need(op, what, b, self.len * self.kv_heads * self.head_dim)?;
+        }
+        for (what, b) in scores {
+            need(op, what, b, self.heads * self.len * self.len)?;
+        }
+        Ok([Arg::I32(li), Arg::I32(hi), Arg::I32(kvi), Arg::I32(di)])
+    }
+
+    fn queries(&self) -> usize {
+        self.len * self.heads * self.head_dim
+    }
+
+    fn scores(&self) -> usize {
+        self.heads * self.len * self.len
+    }
+}
+
+/// Causal attention scores of one sequence, `s[h][i][j] = scale · q[i][h]·k[j][h / g]` for `j ≤ i` (zero
+/// above); [`softmax_rows`] with `causal` over `(heads · len, len)` turns them into probabilities.
+pub fn attention_scores(
+    gpu: &Gpu,
+    q: &Buffer<f32>,
+    k: &Buffer<f32>,
+    s: &Buffer<f32>,
+    shape: SequenceShape,
+    scale: f32,
+) -> Result<(), GpuError> {
+    const OP: &str = "attention_scores";
+    let [l, h, kv, d] = shape.args(OP, &[("q", q)], &[("k", k)], &[("s", s)])?;
+    gpu.launch(
+        OP,
+        (blocks(shape.scores()), 1, 1),
+        BLOCK,
+        0,
+        &[q.arg(), k.arg(), s.arg(), l, h, kv, d, Arg::F32(scale)],
+    )
+}
+
+/// The context `ctx[i][h] = Σ_j p[h][i][j] · v[j][h / g]` from causal probabilities `p`.
+pub fn attention_context(
+    gpu: &Gpu,
+    p: &Buffer<f32>,
+    v: &Buffer<f32>,
+    ctx: &Buffer<f32>,
+    shape: SequenceShape,
+) -> Result<(), GpuError> {
+    const OP: &str = "attention_context";
+    let [l, h, kv, d] = shape.args(OP, &[("ctx", ctx)], &[("v", v)], &[("p", p)])?;
+    gpu.launch(
+        OP,
+        (blocks(shape.queries()), 1, 1),
+        BLOCK,
+        0,
+        &[p.arg(), v.arg(), ctx.arg(), l, h, kv, d],
+    )
+}
+
+/// The probabilities' gradient `dp[h][i][j] = dctx[i][h]·v[j][h / g]` (`j ≤ i`); [`softmax_backward`] takes
+/// it to the scores'.
+pub fn attention_grad_probs(
+    gpu: &Gpu,
+    dctx: &Buffer<f32>,
+    v: &Buffer<f32>,
+    dp: &Buffer<f32>,
+    shape: SequenceShape,
+) -> Result<(), GpuError> {
+    const OP: &str = "attention_grad_probs";
+    let [l, h, kv, d] = shape.args(OP, &[("dctx", dctx)], &[("v", v)], &[("dp", dp)])?;
+    gpu.launch(
+        OP,
+        (blocks(shape.scores()), 1, 1),
+        BLOCK,
+        0,
+        &[dctx.arg(), v.arg(), dp.arg(), l, h, kv, d],
+    )
+}
+
+/// The queries' gradient from the scores' `ds`: `dq[i][h] = scale · Σ_j ds[h][i][j] · k[j][h / g]`.
+pub fn attention_grad_q(
+    gpu: &Gpu,
+    ds: &Buffer<f32>,
+    k: &Buffer<f32>,
+    dq: &Buffer<f32>,
+    shape: SequenceShape,
+    scale: f32,
+) -> Result<(), GpuError> {
+    const OP: &str = "attention_grad_q";
+    let [l, h, kv, d] = shape.args(OP, &[("dq", dq)], &[("k", k)], &[("ds", ds)])?;
+    gpu.launch(
+        OP,
+        (blocks(shape.queries()), 1, 1),
+        BLOCK,
+        0,
+        &[ds.arg(), k.arg(), dq.arg(), l, h, kv, d, Arg::F32(scale)],
+    )
+}
+
+/// The keys' and values' gradients, summed over each kv head's query heads:
+/// `dk[j][c] = scale · Σ_h Σ_i ds[h][i][j] · q[i][h]`, `dv[j][c] = Σ_h Σ_i p[h][i][j] · dctx[i][h]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_grad_kv(
+    gpu: &Gpu,
+    (ds, p): (&Buffer<f32>, &Buffer<f32>),
+    (q, dctx): (&Buffer<f32>, &Buffer<f32>),
+    (dk, dv): (&Buffer<f32>, &Buffer<f32>),
+    shape: SequenceShape,
+    scale: f32,
+) -> Result<(), GpuError> {
+    const OP: &str = "attention_grad_kv";
+    let [l, h, kv, d] = shape.args(
+        OP,
+        &[("q", q), ("dctx", dctx)],
+        &[("dk", dk), ("dv", dv)],
+        &[("ds", ds), ("p", p)],
+    )?;
+    gpu.launch(
+        OP,
+        (blocks(shape.len * shape.kv_heads * shape.head_dim), 1, 1),
+        BLOCK,
+        0,
+        &[
+            ds.arg(),
+            p.arg(),
+            q.arg(),
+            dctx.arg(),
+            dk.arg(),
+            dv.arg(),
+            l,
+            h,
+            kv,
+            d,
+            Arg::F32(scale),
+        ],
+    )
+}
+
+/// Each scored row's targets on the device, as [`head_logps`] reads them: row `r`'s token ids and weights are
+/// `ids[offsets[r]..offsets[r + 1]]`. Built from host values, whose ids are checked against the vocabulary.
+pub struct HeadTargets {
+    rows: usize,
+    offsets: Buffer<i32>,
+    ids: Buffer<i32>,
+    weights: Buffer<f32>,
+}
+
+impl HeadTargets {
+    /// `offsets` has one more entry than rows, ascending from 0 to `ids.len()`; `weights` pairs with `ids`.
+    pub fn new(
+        gpu: &Gpu,
+        offsets: &[usize],
+        ids: &[u32],
+        weights: &[f32],
+        vocab: usize,
+    ) -> Result<Self, GpuError> {
+        const OP: &str = "head_targets";
+        let bad = |reason: String| GpuError::Shape { op: OP, reason };
+        if offsets.first() != Some(&0)
+            || offsets.last() != Some(&ids.len())
+            || offsets.windows(2).any(|w| w[0] > w[1])
+            || ids.len() != weights.len()
+        {
+            return Err(bad(format!(
+                "{} offsets do not index {} ids and {} weights",
+                offsets.len(),
+                ids.len(),
+                weights.len()
+            )));
+        }
+        if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(bad(format!(
+                "target {t} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let as_i32 = |v: usize| {
+            i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a device index")))
+        };
+        let offsets = offsets
+            .iter()
+            .map(|&o| as_i32(o))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids = ids
+            .iter()
+            .map(|&t| as_i32(t as usize))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Empty buffers are still allocations the kernels may be handed.
+        let or_one = |v: Vec<i32>| if v.is_empty() { vec![0] } else { v };
+        Ok(Self {
+            rows: offsets.len() - 1,
+            offsets: gpu.upload(&offsets)?,
+            ids: gpu.upload(&or_one(ids))?,
+            weights: gpu.upload(if weights.is_empty() {
+                &[0.0f32][..]
+            } else {
+                weights
+            })?,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+/// Row `r`'s weighted log-probability of its targets, `lp[r] = Σ w·(logits[r][id] − logsumexp(logits[r]))`;
+/// `logits` `[rows, vocab]` is left holding each row's softmax, which [`head_logps_backward`] reads.
+pub fn head_logps(
+    gpu: &Gpu,
+    logits: &Buffer<f32>,
+    targets: &HeadTargets,
+    lp: &Buffer<f32>,
+    vocab: usize,
+) -> Result<(), GpuError> {
+    const OP: &str = "head_logps";
+    let rows = targets.rows;
+    let vi = dim(OP, "vocab", vocab)?;
+    dim(OP, "rows", rows)?;
+    need(OP, "logits", logits, rows * vocab)?;
+    need(OP, "lp", lp, rows)?;
+    gpu.launch(
+        OP,
+        (rows as u32, 1, 1),
+        BLOCK,
+        0,
+        &[
+            logits.arg(),
+            targets.offsets.arg(),
+            targets.ids.arg(),
+            targets.weights.arg(),
+            lp.arg(),
+            Arg::I32(vi),
+        ],
+    )
+}
+
+/// The logits' gradient from each row's `dlp`, in place over [`head_logps`]'s probabilities `p`:
+/// `dlp[r] · (Σ w·onehot(id) − Σw · p[r])`.
+pub fn head_logps_backward(
+    gpu: &Gpu,
+    probs: &Buffer<f32>,
+    targets: &HeadTargets,
+    dlp: &Buffer<f32>,
+    vocab: usize,
+) -> Result<(), GpuError> {
+    const OP: &str = "head_logps_backward";
+    let rows = targets.rows;
+    let vi = dim(OP, "vocab", vocab)?;
+    dim(OP, "rows", rows)?;
+    need(OP, "probs", probs, rows * vocab)?;
+    need(OP, "dlp", dlp, rows)?;
+    gpu.launch(
+        OP,
+        (rows as u32, 1, 1),
+        BLOCK,
+        0,
+        &[
+            probs.arg(),
+            targets.offsets.arg(),
+            targets.ids.arg(),
+            targets.weights.arg(),
+            dlp.arg(),
+            Arg::I32(vi),
+        ],
+    )
+}
+
 /// `out = silu(g) · u`, elementwise over `n` values.
 pub fn silu_mul(
     gpu: &Gpu,

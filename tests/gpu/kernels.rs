@@ -3,7 +3,9 @@
 //! differences of the f64 forward, so a wrong derivation cannot agree with itself.
 
 use half::f16;
-use hearth::gpu::ops::{self, AttentionShape, LoraGrads, LoraShape, Rotation};
+use hearth::gpu::ops::{
+    self, AttentionShape, HeadTargets, LoraGrads, LoraShape, Rotation, SequenceShape,
+};
 use hearth::gpu::{Buffer, Gpu};
 use hearth::model::q8;
 use rand::rngs::StdRng;
@@ -491,6 +493,148 @@ fn softmax_and_its_backward_match_the_reference() {
                 1e-5,
             );
         }
+    }
+}
+
+/// Training's causal attention over one sequence in f64: `q` `[len, heads, hd]`, `k`, `v` `[len, kv, hd]`.
+fn train_attention_ref(q: &[f64], k: &[f64], v: &[f64], s: SequenceShape, scale: f64) -> Vec<f64> {
+    let (len, nh, nkv, hd) = (s.len, s.heads, s.kv_heads, s.head_dim);
+    let mut ctx = vec![0f64; len * nh * hd];
+    for h in 0..nh {
+        let c = h / (nh / nkv);
+        for i in 0..len {
+            let scores: Vec<f64> = (0..=i)
+                .map(|j| {
+                    (0..hd)
+                        .map(|d| q[(i * nh + h) * hd + d] * k[(j * nkv + c) * hd + d])
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - mx).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                ctx[(i * nh + h) * hd + d] = (0..=i)
+                    .map(|j| e[j] / sum * v[(j * nkv + c) * hd + d])
+                    .sum();
+            }
+        }
+    }
+    ctx
+}
+
+#[test]
+fn training_attention_and_its_backward_match_the_reference() {
+    for gpu in devices("training_attention_and_its_backward_match_the_reference") {
+        let s = SequenceShape {
+            len: 7,
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let (nq, nk, ns) = (
+            s.len * s.heads * s.head_dim,
+            s.len * s.kv_heads * s.head_dim,
+            s.heads * s.len * s.len,
+        );
+        let (q, k, v, dctx) = (
+            random(nq, 40).iter().map(|x| x * 3.0).collect::<Vec<_>>(),
+            random(nk, 41).iter().map(|x| x * 3.0).collect::<Vec<_>>(),
+            random(nk, 42),
+            random(nq, 43),
+        );
+        let (qd, kd, vd, gd) = (f64s(&q), f64s(&k), f64s(&v), f64s(&dctx));
+        let (qb, kb, vb, gb) = (up(&gpu, &q), up(&gpu, &k), up(&gpu, &v), up(&gpu, &dctx));
+        let zeros = |n: usize| gpu.zeros::<f32>(n).unwrap();
+        let (sb, pb, ctxb) = (zeros(ns), zeros(ns), zeros(nq));
+        ops::attention_scores(&gpu, &qb, &kb, &sb, s, scale).unwrap();
+        ops::softmax_rows(&gpu, &sb, &pb, (s.heads * s.len, s.len), true).unwrap();
+        ops::attention_context(&gpu, &pb, &vb, &ctxb, s).unwrap();
+        let sc = scale as f64;
+        close(
+            "attention_context",
+            &down(&gpu, &ctxb),
+            &train_attention_ref(&qd, &kd, &vd, s, sc),
+            1e-5,
+        );
+        let (dpb, dsb, dqb, dkb, dvb) = (zeros(ns), zeros(ns), zeros(nq), zeros(nk), zeros(nk));
+        ops::attention_grad_probs(&gpu, &gb, &vb, &dpb, s).unwrap();
+        ops::softmax_backward(&gpu, &pb, &dpb, &dsb, (s.heads * s.len, s.len)).unwrap();
+        ops::attention_grad_q(&gpu, &dsb, &kb, &dqb, s, scale).unwrap();
+        ops::attention_grad_kv(&gpu, (&dsb, &pb), (&qb, &gb), (&dkb, &dvb), s, scale).unwrap();
+        let dq = numeric_grad(&qd, &gd, |x| train_attention_ref(x, &kd, &vd, s, sc));
+        let dk = numeric_grad(&kd, &gd, |x| train_attention_ref(&qd, x, &vd, s, sc));
+        let dv = numeric_grad(&vd, &gd, |x| train_attention_ref(&qd, &kd, x, s, sc));
+        close("attention_grad_q", &down(&gpu, &dqb), &dq, 1e-5);
+        close("attention_grad_kv: keys", &down(&gpu, &dkb), &dk, 1e-5);
+        close("attention_grad_kv: values", &down(&gpu, &dvb), &dv, 1e-5);
+        // A sequence the probabilities buffer cannot hold is refused before launching.
+        let long = SequenceShape { len: 8, ..s };
+        let e = ops::attention_scores(&gpu, &qb, &kb, &sb, long, scale).unwrap_err();
+        assert!(e.to_string().contains("holds"), "{e}");
+    }
+}
+
+/// Each row's weighted target log-probability, as `head_logps` defines it, in f64.
+fn head_ref(logits: &[f64], vocab: usize, targets: &[Vec<(u32, f32)>]) -> Vec<f64> {
+    logits
+        .chunks(vocab)
+        .zip(targets)
+        .map(|(row, t)| {
+            let mx = row.iter().cloned().fold(f64::MIN, f64::max);
+            let lse = mx + row.iter().map(|x| (x - mx).exp()).sum::<f64>().ln();
+            t.iter()
+                .map(|&(id, w)| w as f64 * (row[id as usize] - lse))
+                .sum()
+        })
+        .collect()
+}
+
+#[test]
+fn head_logps_and_its_backward_match_the_reference() {
+    for gpu in devices("head_logps_and_its_backward_match_the_reference") {
+        let vocab = 300;
+        // A token, nothing, a teacher's three tokens, a token again.
+        let targets: Vec<Vec<(u32, f32)>> = vec![
+            vec![(7, 1.0)],
+            vec![],
+            vec![(299, 0.5), (0, 0.3), (7, 0.2)],
+            vec![(150, 1.0)],
+        ];
+        let rows = targets.len();
+        let mut offsets = vec![0usize];
+        let (mut ids, mut weights) = (Vec::new(), Vec::new());
+        for t in &targets {
+            ids.extend(t.iter().map(|p| p.0));
+            weights.extend(t.iter().map(|p| p.1));
+            offsets.push(ids.len());
+        }
+        let ht = HeadTargets::new(&gpu, &offsets, &ids, &weights, vocab).unwrap();
+        let logits = random(rows * vocab, 44)
+            .iter()
+            .map(|x| x * 6.0)
+            .collect::<Vec<_>>();
+        let dlp = random(rows, 45);
+        let (lb, lpb, dlpb) = (
+            up(&gpu, &logits),
+            gpu.zeros::<f32>(rows).unwrap(),
+            up(&gpu, &dlp),
+        );
+        ops::head_logps(&gpu, &lb, &ht, &lpb, vocab).unwrap();
+        let ld = f64s(&logits);
+        let lp = down(&gpu, &lpb);
+        close("head_logps", &lp, &head_ref(&ld, vocab, &targets), 1e-6);
+        assert_eq!(lp[1], 0.0, "a row without targets scores 0");
+        ops::head_logps_backward(&gpu, &lb, &ht, &dlpb, vocab).unwrap();
+        let want = numeric_grad(&ld, &f64s(&dlp), |x| head_ref(x, vocab, &targets));
+        close("head_logps_backward", &down(&gpu, &lb), &want, 1e-6);
+        // Targets outside the vocabulary never reach the device.
+        let e = HeadTargets::new(&gpu, &[0, 1], &[300], &[1.0], vocab)
+            .err()
+            .expect("a target past the vocabulary is refused");
+        assert!(e.to_string().contains("outside the vocabulary"), "{e}");
     }
 }
 
