@@ -52,8 +52,8 @@ pub fn configure_candle_threads() {
     }
 }
 pub use transformer::{
-    DeviceStatus, GpuDecoder, GpuModel, KvCache, KvPrecision, MAX_POSITIONS, QLinear, Targets,
-    Transformer,
+    DeviceStatus, GpuDecoder, GpuModel, GpuTrainer, KvCache, KvPrecision, MAX_POSITIONS,
+    PairGradient, QLinear, Targets, Transformer,
 };
 
 /// Everything that can go wrong loading or running a model. Variants name the file, key or tensor

@@ -17,7 +17,7 @@ use super::devices;
 
 const PROMPT: [u32; 9] = [72, 101, 108, 108, 111, 262, 119, 44, 300];
 
-fn tiny(dir: &std::path::Path, arch: Arch, dtype: GgmlDType) -> Transformer {
+pub(super) fn tiny(dir: &std::path::Path, arch: Arch, dtype: GgmlDType) -> Transformer {
     let mut spec = TinySpec::new(arch);
     spec.dtype = dtype;
     let path = dir.join(format!("{}-{dtype:?}.gguf", arch.as_str()));
@@ -42,7 +42,7 @@ fn gpu_steps(d: &mut GpuDecoder, ids: &[u32]) -> Vec<Vec<f32>> {
 }
 
 /// A LoRA set on every target with random `B` (a fresh set's `B` is zero and would change nothing).
-fn random_adapter(m: &Transformer, seed: u64, rslora: bool) -> LoraSet {
+pub(super) fn random_adapter(m: &Transformer, seed: u64, rslora: bool) -> LoraSet {
     let mut cfg = LoraConfig::new(4, 8.0, &LoraTarget::ALL);
     cfg.use_rslora = rslora;
     let fresh = LoraSet::fresh(m, cfg.clone(), seed).unwrap();

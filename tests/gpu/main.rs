@@ -9,6 +9,7 @@ mod decode;
 mod device;
 mod kernels;
 mod throughput;
+mod train;
 
 use hearth::gpu::{Device, Gpu};
 

@@ -19,28 +19,28 @@ use crate::gpu::ops::{self, AttentionShape, LoraShape, Rotation};
 use crate::gpu::{Buffer, Gpu, Graph};
 use crate::model::q8::QK8_0;
 
-struct GpuLora {
-    a: Buffer<f32>,
-    b: Buffer<f32>,
-    rank: usize,
-    scale: f32,
+pub(super) struct GpuLora {
+    pub(super) a: Buffer<f32>,
+    pub(super) b: Buffer<f32>,
+    pub(super) rank: usize,
+    pub(super) scale: f32,
 }
 
 /// One block's frozen weights on the device.
-struct GpuBlock {
-    attn_norm: Buffer<f32>,
-    ffn_norm: Buffer<f32>,
-    qk_norm: Option<(Buffer<f32>, Buffer<f32>)>,
-    bias: Option<[Buffer<f32>; 3]>,
+pub(super) struct GpuBlock {
+    pub(super) attn_norm: Buffer<f32>,
+    pub(super) ffn_norm: Buffer<f32>,
+    pub(super) qk_norm: Option<(Buffer<f32>, Buffer<f32>)>,
+    pub(super) bias: Option<[Buffer<f32>; 3]>,
     /// The projections in [`LoraTarget::ALL`]'s order (q, k, v, o, gate, up, down), Q8_0 in GGUF layout.
-    proj: [Buffer<u8>; 7],
+    pub(super) proj: [Buffer<u8>; 7],
 }
 
 /// A block's LoRA pairs, in [`LoraTarget::ALL`]'s order.
-type BlockPairs = [Option<GpuLora>; 7];
+pub(super) type BlockPairs = [Option<GpuLora>; 7];
 
 /// The index of `t` in [`LoraTarget::ALL`].
-fn slot(t: LoraTarget) -> usize {
+pub(super) fn slot(t: LoraTarget) -> usize {
     LoraTarget::ALL
         .iter()
         .position(|&x| x == t)
@@ -49,17 +49,17 @@ fn slot(t: LoraTarget) -> usize {
 
 /// A model's frozen weights on a GPU, shared by every [`GpuDecoder`] over it (one per concurrent sequence).
 pub struct GpuModel {
-    gpu: Gpu,
-    config: ModelConfig,
-    embed: Weight,
-    blocks: Vec<GpuBlock>,
-    norm: Buffer<f32>,
-    head: Buffer<u8>,
-    cos: Buffer<f32>,
-    sin: Buffer<f32>,
-    interleaved: bool,
+    pub(super) gpu: Gpu,
+    pub(super) config: ModelConfig,
+    pub(super) embed: Weight,
+    pub(super) blocks: Vec<GpuBlock>,
+    pub(super) norm: Buffer<f32>,
+    pub(super) head: Buffer<u8>,
+    pub(super) cos: Buffer<f32>,
+    pub(super) sin: Buffer<f32>,
+    pub(super) interleaved: bool,
     /// The longest sequence a decoder over it holds (the RoPE tables' length).
-    capacity: usize,
+    pub(super) capacity: usize,
 }
 
 /// The activations of a step over up to `rows` tokens, each allocated once.
@@ -142,8 +142,39 @@ pub struct DeviceStatus {
     pub notice: Option<String>,
 }
 
-fn unsupported(what: impl std::fmt::Display) -> ModelError {
+pub(super) fn unsupported(what: impl std::fmt::Display) -> ModelError {
     ModelError::Input(format!("gpu decode: {what}"))
+}
+
+/// `lora`'s pairs for `layers` blocks on the device (none with `None`), and the largest rank (1 without any).
+pub(super) fn upload_pairs(
+    gpu: &Gpu,
+    lora: Option<&LoraSet>,
+    layers: usize,
+) -> Result<(Vec<BlockPairs>, usize)> {
+    let mut max_rank = 1;
+    let mut out: Vec<BlockPairs> = (0..layers).map(|_| Default::default()).collect();
+    for (l, pairs) in out.iter_mut().enumerate() {
+        for t in LoraTarget::ALL {
+            pairs[slot(t)] = match lora.and_then(|set| set.get(l, t)) {
+                None => None,
+                Some(pair) if pair.magnitude.is_some() => {
+                    return Err(unsupported("DoRA pairs have no GPU step yet"));
+                }
+                Some(pair) => {
+                    let rank = pair.a.dim(0)?;
+                    max_rank = max_rank.max(rank);
+                    Some(GpuLora {
+                        a: gpu.upload(&f32s(&pair.a)?)?,
+                        b: gpu.upload(&f32s(&pair.b)?)?,
+                        rank,
+                        scale: pair.scale as f32,
+                    })
+                }
+            };
+        }
+    }
+    Ok((out, max_rank))
 }
 
 /// A weight's Q8_0 bytes in the GGUF layout, which the kernels read in place.
@@ -165,7 +196,7 @@ fn q8_bytes(w: &Weight, name: &str) -> Result<Vec<u8>> {
     }
 }
 
-fn f32s(t: &Tensor) -> Result<Vec<f32>> {
+pub(super) fn f32s(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
@@ -324,27 +355,8 @@ impl GpuDecoder {
         self.graph = None;
         self.reset()?;
         let gpu = self.model.gpu.clone();
-        let mut max_rank = 1;
-        for (l, pairs) in self.pairs.iter_mut().enumerate() {
-            for t in LoraTarget::ALL {
-                pairs[slot(t)] = match lora.and_then(|set| set.get(l, t)) {
-                    None => None,
-                    Some(pair) if pair.magnitude.is_some() => {
-                        return Err(unsupported("DoRA pairs have no GPU step yet"));
-                    }
-                    Some(pair) => {
-                        let rank = pair.a.dim(0)?;
-                        max_rank = max_rank.max(rank);
-                        Some(GpuLora {
-                            a: gpu.upload(&f32s(&pair.a)?)?,
-                            b: gpu.upload(&f32s(&pair.b)?)?,
-                            rank,
-                            scale: pair.scale as f32,
-                        })
-                    }
-                };
-            }
-        }
+        let (pairs, max_rank) = upload_pairs(&gpu, lora, self.model.blocks.len())?;
+        self.pairs = pairs;
         if max_rank > self.rank {
             self.rank = max_rank;
             self.s.lora_t = gpu.zeros(max_rank)?;

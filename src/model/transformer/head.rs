@@ -93,6 +93,11 @@ impl Targets {
         self.len() == 0
     }
 
+    /// Every position's pairs at once: `offsets` (one more than positions), then the ids and weights they index.
+    pub fn parts(&self) -> (&[usize], &[u32], &[f32]) {
+        (&self.offsets, &self.ids, &self.weights)
+    }
+
     /// The pairs of position `i`: token ids and weights.
     pub fn at(&self, i: usize) -> (&[u32], &[f32]) {
         let (s, e) = (self.offsets[i], self.offsets[i + 1]);

@@ -1,0 +1,553 @@
+//! Training's forward and backward on a GPU: per-position target log-probabilities of one sequence under a LoRA
+//! set, and the gradient of `Σ d_lp · lp` with respect to every pair's `A` and `B`, through `gpu::ops` over the
+//! weights a [`GpuModel`] holds.
+//!
+//! The math is [`Transformer::target_logps`]'s with training's ops: the frozen products quantize their input to
+//! int8 per 32 values as the CPU path does, the LoRA terms multiply f32 inputs, attention is causal over the
+//! sequence with its probabilities kept for the backward, and the head scores every position against its
+//! [`Targets`]. The backward takes the frozen products' transposes in f32, where the CPU quantizes the incoming
+//! gradient to int8: the two differ by that rounding.
+//!
+//! Gradients of all sequences given to [`GpuTrainer::accumulate`] add up on the device until
+//! [`GpuTrainer::take_gradients`] brings them back, as a micro-batch's sum.
+
+use std::sync::Arc;
+
+use super::gpu_decode::{BlockPairs, GpuBlock, f32s, slot, unsupported, upload_pairs};
+use super::*;
+use crate::gpu::ops::{self, HeadTargets, LoraGrads, LoraShape, Rotation, SequenceShape};
+use crate::gpu::{Buffer, Gpu, GpuError};
+use crate::model::q8::QK8_0;
+
+type GpuResult<T> = std::result::Result<T, GpuError>;
+
+/// One block's activations from the forward, as its backward reads them (`[len, ..]` each).
+struct Saved {
+    /// The block's input (the residual stream), its attention norm, and the stream after attention.
+    x: Buffer<f32>,
+    n1: Buffer<f32>,
+    x_mid: Buffer<f32>,
+    n2: Buffer<f32>,
+    /// Queries and keys before their q/k norms (architectures that have them).
+    qk_raw: Option<(Buffer<f32>, Buffer<f32>)>,
+    /// Queries and keys after RoPE, values, the attention probabilities `[heads, len, len]` and the context.
+    q: Buffer<f32>,
+    k: Buffer<f32>,
+    v: Buffer<f32>,
+    p: Buffer<f32>,
+    ctx: Buffer<f32>,
+    gate: Buffer<f32>,
+    up: Buffer<f32>,
+    act: Buffer<f32>,
+    /// `x·Aᵀ` of each pair applied, in [`LoraTarget::ALL`]'s order.
+    t: [Option<Buffer<f32>>; 7],
+}
+
+/// One sequence's forward: what its backward needs.
+struct Forward {
+    len: usize,
+    blocks: Vec<Saved>,
+    /// The stream after the last block, and the head's probabilities `[len, vocab]`.
+    last: Buffer<f32>,
+    probs: Buffer<f32>,
+    targets: HeadTargets,
+    positions: Buffer<i32>,
+}
+
+/// Accumulated `dA` and `dB` of each pair of a block, in [`LoraTarget::ALL`]'s order.
+type BlockGrads = [Option<(Buffer<f32>, Buffer<f32>)>; 7];
+
+/// One pair's gradients: `a` is `dA` `[rank, in]`, `b` is `dB` `[out, rank]`.
+#[derive(Debug, Clone)]
+pub struct PairGradient {
+    pub layer: usize,
+    pub target: LoraTarget,
+    pub a: Tensor,
+    pub b: Tensor,
+}
+
+/// A LoRA set's training on the GPU over shared frozen weights; see the module doc.
+pub struct GpuTrainer {
+    model: Arc<GpuModel>,
+    pairs: Vec<BlockPairs>,
+    grads: Vec<BlockGrads>,
+    /// The norm weights' gradient, which nothing trains: room for the widest norm.
+    dw: Buffer<f32>,
+}
+
+impl GpuTrainer {
+    /// A trainer over `model`'s weights with no pairs yet ([`Self::set_adapter`]).
+    pub fn new(model: Arc<GpuModel>) -> Result<Self> {
+        let cfg = &model.config;
+        let dw = model.gpu.zeros(cfg.hidden_size.max(cfg.head_dim))?;
+        Ok(Self {
+            pairs: (0..model.blocks.len())
+                .map(|_| Default::default())
+                .collect(),
+            grads: (0..model.blocks.len())
+                .map(|_| Default::default())
+                .collect(),
+            dw,
+            model,
+        })
+    }
+
+    /// The weights this trainer runs over.
+    pub fn model(&self) -> &Arc<GpuModel> {
+        &self.model
+    }
+
+    /// Uploads `lora`'s current values (the pairs a step differentiates) and zeroes the gradients. DoRA pairs
+    /// are refused with the reason.
+    pub fn set_adapter(&mut self, lora: Option<&LoraSet>) -> Result<()> {
+        let gpu = &self.model.gpu;
+        let (pairs, _) = upload_pairs(gpu, lora, self.model.blocks.len())?;
+        let mut grads = Vec::new();
+        for block in &pairs {
+            let mut g: BlockGrads = Default::default();
+            for (i, pair) in block.iter().enumerate() {
+                if let Some(p) = pair {
+                    let (n, k) = proj_dims(&self.model.config, i);
+                    g[i] = Some((gpu.zeros(p.rank * k)?, gpu.zeros(n * p.rank)?));
+                }
+            }
+            grads.push(g);
+        }
+        self.pairs = pairs;
+        self.grads = grads;
+        Ok(())
+    }
+
+    /// `lp[t]`, position `t`'s weighted log-probability of its targets (0 where it has none), for `tokens`
+    /// under the pairs set; `targets` has one entry per token.
+    pub fn target_logps(&self, tokens: &[u32], targets: &Targets) -> Result<Vec<f32>> {
+        let (lp, _) = self.forward(tokens, targets)?;
+        Ok(lp)
+    }
+
+    /// Runs the forward over `tokens` and adds the gradient of `Σ d_lp[t] · lp[t]` to every pair's; returns
+    /// the forward's `lp`.
+    pub fn accumulate(
+        &mut self,
+        tokens: &[u32],
+        targets: &Targets,
+        d_lp: &[f32],
+    ) -> Result<Vec<f32>> {
+        if d_lp.len() != tokens.len() {
+            return Err(ModelError::Input(format!(
+                "gpu training: {} gradients for {} positions",
+                d_lp.len(),
+                tokens.len()
+            )));
+        }
+        let (lp, fwd) = self.forward(tokens, targets)?;
+        self.backward(fwd, d_lp)?;
+        Ok(lp)
+    }
+
+    /// The accumulated gradients per pair, in block then [`LoraTarget::ALL`] order; the accumulators start
+    /// again from zero.
+    pub fn take_gradients(&mut self) -> Result<Vec<PairGradient>> {
+        let gpu = &self.model.gpu;
+        let mut out = Vec::new();
+        for (l, (grads, pairs)) in self.grads.iter().zip(&self.pairs).enumerate() {
+            for (i, (g, p)) in grads.iter().zip(pairs).enumerate() {
+                let (Some((da, db)), Some(p)) = (g, p) else {
+                    continue;
+                };
+                let (n, k) = proj_dims(&self.model.config, i);
+                let a = Tensor::from_vec(gpu.download(da)?, (p.rank, k), &Device::Cpu)?;
+                let b = Tensor::from_vec(gpu.download(db)?, (n, p.rank), &Device::Cpu)?;
+                gpu.write(da, &vec![0f32; p.rank * k])?;
+                gpu.write(db, &vec![0f32; n * p.rank])?;
+                out.push(PairGradient {
+                    layer: l,
+                    target: LoraTarget::ALL[i],
+                    a,
+                    b,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn forward(&self, tokens: &[u32], targets: &Targets) -> Result<(Vec<f32>, Forward)> {
+        let m = &self.model;
+        let (gpu, cfg) = (&m.gpu, &m.config);
+        let len = tokens.len();
+        if len == 0 || len > m.capacity {
+            return Err(unsupported(format!(
+                "a training sequence of {len} positions (1..={} on this device)",
+                m.capacity
+            )));
+        }
+        if targets.len() != len {
+            return Err(ModelError::Input(format!(
+                "gpu training: {} targets for {len} positions",
+                targets.len()
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(ModelError::Input(format!(
+                "token {t} is outside the vocabulary of {}",
+                cfg.vocab_size
+            )));
+        }
+        let (offsets, ids, weights) = targets.parts();
+        let targets = HeadTargets::new(gpu, offsets, ids, weights, cfg.vocab_size)?;
+        let h = cfg.hidden_size;
+        let x0 = f32s(&m.embed.embedding(&Tensor::new(tokens, &Device::Cpu)?)?)?;
+        let positions: Vec<i32> = (0..len as i32).collect();
+        let positions = gpu.upload(&positions)?;
+        let quant = Quant::new(gpu, cfg, len)?;
+        let mut x = gpu.upload(&x0)?;
+        let mut blocks = Vec::with_capacity(m.blocks.len());
+        for (b, pairs) in m.blocks.iter().zip(&self.pairs) {
+            let (saved, next) = self.block_forward(b, pairs, &quant, x, &positions, len)?;
+            blocks.push(saved);
+            x = next;
+        }
+        let nf = gpu.zeros(len * h)?;
+        ops::rms_norm(gpu, &x, &m.norm, &nf, (len, h), cfg.rms_eps)?;
+        let probs = gpu.zeros(len * cfg.vocab_size)?;
+        quant.of(gpu, &nf, (len, h))?;
+        ops::q8_matmul_q8(
+            gpu,
+            &m.head,
+            quant.parts(),
+            &probs,
+            (len, h, cfg.vocab_size),
+        )?;
+        let lp = gpu.zeros(len)?;
+        ops::head_logps(gpu, &probs, &targets, &lp, cfg.vocab_size)?;
+        let lp = gpu.download(&lp)?;
+        Ok((
+            lp,
+            Forward {
+                len,
+                blocks,
+                last: x,
+                probs,
+                targets,
+                positions,
+            },
+        ))
+    }
+
+    /// One block over the sequence in `x` (moved into what is saved); returns the saved activations and the
+    /// block's output.
+    fn block_forward(
+        &self,
+        b: &GpuBlock,
+        pairs: &BlockPairs,
+        quant: &Quant,
+        x: Buffer<f32>,
+        positions: &Buffer<i32>,
+        len: usize,
+    ) -> Result<(Saved, Buffer<f32>)> {
+        let m = &self.model;
+        let (gpu, cfg) = (&m.gpu, &m.config);
+        let (h, hd, ff, eps) = (
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.rms_eps,
+        );
+        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let shape = SequenceShape {
+            len,
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+        };
+        let zeros = |n: usize| gpu.zeros::<f32>(n);
+        let mut t: [Option<Buffer<f32>>; 7] = Default::default();
+        let mut project = |target: LoraTarget,
+                           input: &Buffer<f32>,
+                           y: &Buffer<f32>,
+                           (k, n): (usize, usize)|
+         -> GpuResult<()> {
+            let i = slot(target);
+            ops::q8_matmul_q8(gpu, &b.proj[i], quant.parts(), y, (len, k, n))?;
+            if let Some(l) = &pairs[i] {
+                let ti = zeros(len * l.rank)?;
+                let s = LoraShape {
+                    m: len,
+                    k,
+                    rank: l.rank,
+                    n,
+                };
+                ops::lora_forward(gpu, input, &l.a, &l.b, &ti, y, s, l.scale)?;
+                t[i] = Some(ti);
+            }
+            Ok(())
+        };
+        let n1 = zeros(len * h)?;
+        ops::rms_norm(gpu, &x, &b.attn_norm, &n1, (len, h), eps)?;
+        quant.of(gpu, &n1, (len, h))?;
+        let (q, k, v) = (zeros(len * qd)?, zeros(len * kvd)?, zeros(len * kvd)?);
+        project(LoraTarget::Q, &n1, &q, (h, qd))?;
+        project(LoraTarget::K, &n1, &k, (h, kvd))?;
+        project(LoraTarget::V, &n1, &v, (h, kvd))?;
+        if let Some([bq, bk, bv]) = &b.bias {
+            ops::add_rows(gpu, &q, bq, (len, qd))?;
+            ops::add_rows(gpu, &k, bk, (len, kvd))?;
+            ops::add_rows(gpu, &v, bv, (len, kvd))?;
+        }
+        let (q, k, qk_raw) = match &b.qk_norm {
+            Some((qn, kn)) => {
+                let (qo, ko) = (zeros(len * qd)?, zeros(len * kvd)?);
+                ops::rms_norm(gpu, &q, qn, &qo, (len * nh, hd), eps)?;
+                ops::rms_norm(gpu, &k, kn, &ko, (len * nkv, hd), eps)?;
+                (qo, ko, Some((q, k)))
+            }
+            None => (q, k, None),
+        };
+        for (buf, heads) in [(&q, nh), (&k, nkv)] {
+            ops::rope(
+                gpu,
+                buf,
+                &m.cos,
+                &m.sin,
+                positions,
+                (len, heads, hd),
+                m.interleaved,
+                Rotation::Forward,
+            )?;
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let p = zeros(nh * len * len)?;
+        ops::attention_scores(gpu, &q, &k, &p, shape, scale)?;
+        ops::softmax_rows(gpu, &p, &p, (nh * len, len), true)?;
+        let ctx = zeros(len * qd)?;
+        ops::attention_context(gpu, &p, &v, &ctx, shape)?;
+        quant.of(gpu, &ctx, (len, qd))?;
+        let x_mid = zeros(len * h)?;
+        project(LoraTarget::O, &ctx, &x_mid, (qd, h))?;
+        ops::add_into(gpu, &x_mid, &x, len * h)?;
+        let n2 = zeros(len * h)?;
+        ops::rms_norm(gpu, &x_mid, &b.ffn_norm, &n2, (len, h), eps)?;
+        quant.of(gpu, &n2, (len, h))?;
+        let (gate, up, act) = (zeros(len * ff)?, zeros(len * ff)?, zeros(len * ff)?);
+        project(LoraTarget::Gate, &n2, &gate, (h, ff))?;
+        project(LoraTarget::Up, &n2, &up, (h, ff))?;
+        ops::silu_mul(gpu, &gate, &up, &act, len * ff)?;
+        quant.of(gpu, &act, (len, ff))?;
+        let out = zeros(len * h)?;
+        project(LoraTarget::Down, &act, &out, (ff, h))?;
+        ops::add_into(gpu, &out, &x_mid, len * h)?;
+        Ok((
+            Saved {
+                x,
+                n1,
+                x_mid,
+                n2,
+                qk_raw,
+                q,
+                k,
+                v,
+                p,
+                ctx,
+                gate,
+                up,
+                act,
+                t,
+            },
+            out,
+        ))
+    }
+
+    fn backward(&mut self, f: Forward, d_lp: &[f32]) -> Result<()> {
+        let m = self.model.clone();
+        let (gpu, cfg) = (&m.gpu, &m.config);
+        let (len, h) = (f.len, cfg.hidden_size);
+        let dlp = gpu.upload(d_lp)?;
+        ops::head_logps_backward(gpu, &f.probs, &f.targets, &dlp, cfg.vocab_size)?;
+        let dnf = gpu.zeros(len * h)?;
+        ops::q8_matmul_t(gpu, &m.head, &f.probs, &dnf, (len, h, cfg.vocab_size))?;
+        let dx = gpu.zeros(len * h)?;
+        ops::rms_norm_backward(
+            gpu,
+            &f.last,
+            &m.norm,
+            &dnf,
+            &dx,
+            &self.dw,
+            (len, h),
+            cfg.rms_eps,
+        )?;
+        for (l, saved) in f.blocks.into_iter().enumerate().rev() {
+            self.block_backward(l, saved, &dx, &f.positions, len)?;
+        }
+        gpu.synchronize()?;
+        Ok(())
+    }
+
+    /// Takes `dx`, the gradient at block `l`'s output, to its input, adding the block's pairs' gradients.
+    fn block_backward(
+        &self,
+        l: usize,
+        s: Saved,
+        dx: &Buffer<f32>,
+        positions: &Buffer<i32>,
+        len: usize,
+    ) -> Result<()> {
+        let m = &self.model;
+        let (gpu, cfg) = (&m.gpu, &m.config);
+        let (h, hd, ff, eps) = (
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.rms_eps,
+        );
+        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let shape = SequenceShape {
+            len,
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+        };
+        let b = &m.blocks[l];
+        let zeros = |n: usize| gpu.zeros::<f32>(n);
+        // The product's input gradient into `d_in` (added to it when `add`), and the pair's gradients.
+        let back = |target: LoraTarget,
+                    input: &Buffer<f32>,
+                    dy: &Buffer<f32>,
+                    d_in: &Buffer<f32>,
+                    add: bool|
+         -> GpuResult<()> {
+            let i = slot(target);
+            let (n, k) = proj_dims(cfg, i);
+            if add {
+                let tmp = zeros(len * k)?;
+                ops::q8_matmul_t(gpu, &b.proj[i], dy, &tmp, (len, k, n))?;
+                ops::add_into(gpu, d_in, &tmp, len * k)?;
+            } else {
+                ops::q8_matmul_t(gpu, &b.proj[i], dy, d_in, (len, k, n))?;
+            }
+            if let (Some(p), Some(t), Some((acc_a, acc_b))) =
+                (&self.pairs[l][i], &s.t[i], &self.grads[l][i])
+            {
+                let (da, db) = (zeros(p.rank * k)?, zeros(n * p.rank)?);
+                let shape = LoraShape {
+                    m: len,
+                    k,
+                    rank: p.rank,
+                    n,
+                };
+                let grads = LoraGrads {
+                    da: &da,
+                    db: &db,
+                    dx: d_in,
+                };
+                ops::lora_backward(gpu, input, &p.a, &p.b, t, dy, grads, shape, p.scale)?;
+                ops::add_into(gpu, acc_a, &da, p.rank * k)?;
+                ops::add_into(gpu, acc_b, &db, n * p.rank)?;
+            }
+            // The temporaries are freed on return: wait for the kernels that read them.
+            gpu.synchronize()
+        };
+        let norm_back =
+            |x: &Buffer<f32>, w: &Buffer<f32>, dy: &Buffer<f32>, rows: (usize, usize)| {
+                let d = zeros(rows.0 * rows.1)?;
+                ops::rms_norm_backward(gpu, x, w, dy, &d, &self.dw, rows, eps)?;
+                GpuResult::Ok(d)
+            };
+        // The MLP: out = x_mid + down(silu(gate(n2)) · up(n2)).
+        let dact = zeros(len * ff)?;
+        back(LoraTarget::Down, &s.act, dx, &dact, false)?;
+        let (dgate, dup) = (zeros(len * ff)?, zeros(len * ff)?);
+        ops::silu_mul_backward(gpu, &s.gate, &s.up, &dact, (&dgate, &dup), len * ff)?;
+        let dn2 = zeros(len * h)?;
+        back(LoraTarget::Gate, &s.n2, &dgate, &dn2, false)?;
+        back(LoraTarget::Up, &s.n2, &dup, &dn2, true)?;
+        let d = norm_back(&s.x_mid, &b.ffn_norm, &dn2, (len, h))?;
+        ops::add_into(gpu, dx, &d, len * h)?;
+        // Attention: x_mid = x + o(attention(q, k, v)).
+        let dctx = zeros(len * qd)?;
+        back(LoraTarget::O, &s.ctx, dx, &dctx, false)?;
+        let ns = nh * len * len;
+        let (dp, ds) = (zeros(ns)?, zeros(ns)?);
+        ops::attention_grad_probs(gpu, &dctx, &s.v, &dp, shape)?;
+        ops::softmax_backward(gpu, &s.p, &dp, &ds, (nh * len, len))?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (dq, dk, dv) = (zeros(len * qd)?, zeros(len * kvd)?, zeros(len * kvd)?);
+        ops::attention_grad_q(gpu, &ds, &s.k, &dq, shape, scale)?;
+        ops::attention_grad_kv(gpu, (&ds, &s.p), (&s.q, &dctx), (&dk, &dv), shape, scale)?;
+        for (buf, heads) in [(&dq, nh), (&dk, nkv)] {
+            ops::rope(
+                gpu,
+                buf,
+                &m.cos,
+                &m.sin,
+                positions,
+                (len, heads, hd),
+                m.interleaved,
+                Rotation::Inverse,
+            )?;
+        }
+        // Buffers are freed only at the end of this function, after the synchronize: kernels may still read
+        // them until then.
+        let (dq, dk) = match (&s.qk_raw, &b.qk_norm) {
+            (Some((q_raw, k_raw)), Some((qn, kn))) => (
+                norm_back(q_raw, qn, &dq, (len * nh, hd))?,
+                norm_back(k_raw, kn, &dk, (len * nkv, hd))?,
+            ),
+            _ => (dq, dk),
+        };
+        let dn1 = zeros(len * h)?;
+        back(LoraTarget::Q, &s.n1, &dq, &dn1, false)?;
+        back(LoraTarget::K, &s.n1, &dk, &dn1, true)?;
+        back(LoraTarget::V, &s.n1, &dv, &dn1, true)?;
+        let d = norm_back(&s.x, &b.attn_norm, &dn1, (len, h))?;
+        ops::add_into(gpu, dx, &d, len * h)?;
+        gpu.synchronize()?;
+        Ok(())
+    }
+}
+
+/// `(out, in)` of the projection at `i` in [`LoraTarget::ALL`]'s order.
+fn proj_dims(cfg: &ModelConfig, i: usize) -> (usize, usize) {
+    let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
+    let (qd, kvd) = (
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+    );
+    match LoraTarget::ALL[i] {
+        LoraTarget::Q => (qd, h),
+        LoraTarget::K | LoraTarget::V => (kvd, h),
+        LoraTarget::O => (h, qd),
+        LoraTarget::Gate | LoraTarget::Up => (ff, h),
+        LoraTarget::Down => (h, ff),
+    }
+}
+
+/// The int8 input of the next frozen products, for the widest input of the sequence.
+struct Quant {
+    q: Buffer<i8>,
+    d: Buffer<f32>,
+}
+
+impl Quant {
+    fn new(gpu: &Gpu, cfg: &ModelConfig, len: usize) -> GpuResult<Self> {
+        let widest = cfg
+            .hidden_size
+            .max(cfg.num_heads * cfg.head_dim)
+            .max(cfg.intermediate_size);
+        Ok(Self {
+            q: gpu.zeros(len * widest)?,
+            d: gpu.zeros(len * widest.div_ceil(QK8_0))?,
+        })
+    }
+
+    /// Quantizes `x` `[rows, k]` for the products that follow.
+    fn of(&self, gpu: &Gpu, x: &Buffer<f32>, shape: (usize, usize)) -> GpuResult<()> {
+        ops::quantize_q8(gpu, x, &self.q, &self.d, shape)
+    }
+
+    fn parts(&self) -> (&Buffer<i8>, &Buffer<f32>) {
+        (&self.q, &self.d)
+    }
+}
