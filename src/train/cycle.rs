@@ -66,6 +66,10 @@ pub struct TrainerSettings {
     /// Train a delta per user (see [`PerUser`]); `None`: one common delta for everyone.
     #[serde(default)]
     pub per_user: Option<PerUser>,
+    /// Where each sequence's forward and backward run (`cpu`, `cuda:N`, `rocm:N`, `auto`, `emulated`); where it
+    /// does not open or does not cover the base or the recipe, on the CPU, with the reason in the cycle's report.
+    #[serde(default)]
+    pub device: crate::gpu::Device,
     /// Boxed: the recipe is large next to other kinds' parameters.
     #[serde(default)]
     pub train: Box<TrainConfig>,
@@ -151,6 +155,7 @@ impl TrainerSettings {
                 .clone()
                 .unwrap_or_else(|| data_dir.join("deltas")),
             checkpoint_dir: data_dir.join("trainer").join(name),
+            device: self.device,
         }
     }
 }
@@ -169,6 +174,7 @@ impl Default for TrainerSettings {
             min_interval_secs: 0,
             idle_load: None,
             per_user: None,
+            device: crate::gpu::Device::Cpu,
             train: Box::default(),
         }
     }
@@ -214,6 +220,8 @@ pub struct CycleSettings {
     pub out_dir: PathBuf,
     /// With `recipe.checkpoint_every > 0`, an interrupted cycle resumes from here.
     pub checkpoint_dir: PathBuf,
+    /// Where each sequence's forward and backward run.
+    pub device: crate::gpu::Device,
 }
 
 pub struct Cycles {
@@ -606,6 +614,7 @@ fn train_and_save(
         parent.as_ref().map(|p| &p.1),
     )?;
     trainer.set_checkpoint_dir(settings.checkpoint_dir.clone());
+    trainer.use_device(settings.device);
     if recipe.replay_self_distilled > 0 {
         let turns = super::replay::self_distilled(
             &base.model,

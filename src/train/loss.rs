@@ -3,9 +3,11 @@
 use candle_core::{Device, Tensor, Var};
 use rayon::prelude::*;
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use super::Result;
 use super::data::Seq;
-use crate::model::{LoraSet, ModelConfig, Targets, Transformer};
+use crate::model::{GpuTrainer, LoraSet, ModelConfig, Targets, Transformer};
 
 /// Per-token log-probs of a right-padded batch: `lp[n, t]` is `log p(ids[t+1] | ids[..=t])` and
 /// `mask[n, t]` (f32) is 1 where that target is scored. Right padding is exact under a causal
@@ -27,14 +29,17 @@ impl TokenLogps {
     }
 }
 
-/// Runs the training forward on `seqs` (padded with `pad`) and gathers target log-probs. Unscored
-/// positions get 0 (the head never projects them; see [`Transformer::target_logps`]).
-pub fn token_logps(
-    model: &Transformer,
-    lora: Option<&LoraSet>,
-    seqs: &[&Seq],
-    pad: u32,
-) -> Result<TokenLogps> {
+/// A right-padded batch as the training forward reads it: tokens `[n, l]` row-major, each position's target
+/// (`ids[t+1]`, or a teacher's distribution, where scored), and the mask `[n, l − 1]`.
+struct Encoded {
+    tokens: Vec<u32>,
+    targets: Targets,
+    mask: Vec<f32>,
+    n: usize,
+    l: usize,
+}
+
+fn encode(seqs: &[&Seq], pad: u32) -> Encoded {
     let n = seqs.len();
     let l = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(0).max(2);
     let mut tokens = Vec::with_capacity(n * l);
@@ -63,11 +68,50 @@ pub fn token_logps(
             }
         }
     }
+    Encoded {
+        tokens,
+        targets,
+        mask,
+        n,
+        l,
+    }
+}
+
+/// Runs the training forward on `seqs` (padded with `pad`) and gathers target log-probs. Unscored
+/// positions get 0 (the head never projects them; see [`Transformer::target_logps`]).
+pub fn token_logps(
+    model: &Transformer,
+    lora: Option<&LoraSet>,
+    seqs: &[&Seq],
+    pad: u32,
+) -> Result<TokenLogps> {
+    let Encoded {
+        tokens,
+        targets,
+        mask,
+        n,
+        l,
+    } = encode(seqs, pad);
     let tokens = Tensor::from_vec(tokens, (n, l), &Device::Cpu)?;
     let lp = model.target_logps(&tokens, lora, &targets)?;
     Ok(TokenLogps {
         lp: lp.narrow(1, 0, l - 1)?.contiguous()?,
         mask: Tensor::from_vec(mask, (n, l - 1), &Device::Cpu)?,
+    })
+}
+
+/// [`token_logps`] of one sequence on a GPU: under the pairs [`GpuTrainer::set_adapter`] gave it, or the
+/// base's own with `base`.
+fn gpu_token_logps(gpu: &GpuTrainer, seq: &Seq, pad: u32, base: bool) -> Result<TokenLogps> {
+    let e = encode(&[seq], pad);
+    let lp = if base {
+        gpu.base_logps(&e.tokens, &e.targets)?
+    } else {
+        gpu.target_logps(&e.tokens, &e.targets)?
+    };
+    Ok(TokenLogps {
+        lp: Tensor::from_slice(&lp[..e.l - 1], (1, e.l - 1), &Device::Cpu)?,
+        mask: Tensor::from_vec(e.mask, (1, e.l - 1), &Device::Cpu)?,
     })
 }
 
@@ -100,17 +144,34 @@ enum Graphs<'a> {
         seqs: Vec<Seq>,
         pad: u32,
     },
+    /// What runs each sequence's forward again on a GPU for its backward there.
+    Gpu {
+        trainer: Arc<Mutex<GpuTrainer>>,
+        lora: Box<LoraSet>,
+        seqs: Vec<Seq>,
+        pad: u32,
+    },
 }
 
-/// See [`SequenceLogps`].
+/// See [`SequenceLogps`]. With `gpu`, each sequence's forward (and, in [`SequenceLogps::gradients`], its
+/// backward) runs there instead, one sequence at a time.
 pub fn sequence_logps<'a>(
     model: &'a Transformer,
     lora: Option<&LoraSet>,
     seqs: &[&Seq],
     pad: u32,
     recompute: bool,
+    gpu: Option<&Arc<Mutex<GpuTrainer>>>,
 ) -> Result<SequenceLogps<'a>> {
-    let parts = if recompute {
+    let parts = if let Some(g) = gpu {
+        let mut g = lock(g);
+        if lora.is_some() {
+            g.set_adapter(lora)?;
+        }
+        seqs.iter()
+            .map(|s| gpu_token_logps(&g, s, pad, lora.is_none()))
+            .collect::<Result<Vec<_>>>()?
+    } else if recompute {
         seqs.iter()
             .map(|s| {
                 let t = token_logps(model, lora, &[*s], pad)?;
@@ -142,7 +203,14 @@ pub fn sequence_logps<'a>(
         .map(|p| widen(&p.mask))
         .collect::<Result<Vec<_>>>()?;
     let leaf = Var::from_tensor(&Tensor::cat(&lp, 0)?)?;
-    let graphs = if recompute {
+    let graphs = if let (Some(trainer), Some(lora)) = (gpu, lora) {
+        Graphs::Gpu {
+            trainer: trainer.clone(),
+            lora: Box::new(lora.clone()),
+            seqs: seqs.iter().map(|s| (*s).clone()).collect(),
+            pad,
+        }
+    } else if recompute {
         Graphs::Recompute {
             model,
             lora: lora.cloned().map(Box::new),
@@ -195,6 +263,12 @@ impl SequenceLogps<'_> {
                 .enumerate()
                 .map(|(i, s)| backward(i, &token_logps(model, lora.as_deref(), &[s], *pad)?.lp))
                 .collect::<Result<Vec<_>>>()?,
+            Graphs::Gpu {
+                trainer,
+                lora,
+                seqs,
+                pad,
+            } => return gpu_gradients(&mut lock(trainer), lora, seqs, *pad, &d_lp, vars),
         };
         let mut total: Vec<Option<Tensor>> = vec![None; vars.len()];
         for grads in per_sequence {
@@ -209,6 +283,51 @@ impl SequenceLogps<'_> {
         }
         Ok(total)
     }
+}
+
+fn lock(g: &Mutex<GpuTrainer>) -> MutexGuard<'_, GpuTrainer> {
+    g.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// [`SequenceLogps::gradients`] on a GPU: each sequence's backward from its row of `d_lp` `[n, width]`, summed
+/// on the device into each pair's `dA` and `dB` (of the tensors in `lora`, the ones the forward ran with), then
+/// taken to `vars` by candle through whatever made those tensors from them (the dropout mask on `A`).
+fn gpu_gradients(
+    gpu: &mut GpuTrainer,
+    lora: &LoraSet,
+    seqs: &[Seq],
+    pad: u32,
+    d_lp: &Tensor,
+    vars: &[&Var],
+) -> Result<Vec<Option<Tensor>>> {
+    gpu.set_adapter(Some(lora))?;
+    let rows: Vec<Vec<f32>> = d_lp.to_vec2()?;
+    for (s, d) in seqs.iter().zip(&rows) {
+        let e = encode(&[s], pad);
+        // Position l − 1 has no target, and the row is zero past the sequence's end.
+        let mut d = d[..e.l - 1].to_vec();
+        d.push(0.0);
+        gpu.accumulate(&e.tokens, &e.targets, &d)?;
+    }
+    let mut surrogate: Option<Tensor> = None;
+    for g in gpu.take_gradients()? {
+        let Some(p) = lora.get(g.layer, g.target) else {
+            continue;
+        };
+        let term = ((&p.a * &g.a)?.sum_all()? + (&p.b * &g.b)?.sum_all()?)?;
+        surrogate = Some(match surrogate {
+            Some(s) => (s + term)?,
+            None => term,
+        });
+    }
+    let Some(surrogate) = surrogate else {
+        return Ok(vec![None; vars.len()]);
+    };
+    let store = surrogate.backward()?;
+    Ok(vars
+        .iter()
+        .map(|v| store.get(v.as_tensor()).cloned())
+        .collect())
 }
 
 /// Saved activations, in bytes, that a training forward over sequences of `lengths` tokens keeps for its

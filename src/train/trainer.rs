@@ -2,7 +2,7 @@
 //! accumulation, clipping by global norm, a non-finite guard, seeded determinism (same seed and
 //! data give identical adapter bytes) and resumable checkpoints.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
@@ -22,7 +22,10 @@ use super::loss::{
 use super::reward::{Reward, builtin};
 use super::{Result, TrainConfig, TrainError, io_err};
 use crate::message::Sample;
-use crate::model::{GenerateConfig, LoraPair, LoraSet, StopReason, Tokenizer, Transformer};
+use crate::model::{
+    DeviceStatus, GenerateConfig, GpuModel, GpuTrainer, LoraPair, LoraSet, StopReason, Tokenizer,
+    Transformer,
+};
 
 /// What one optimizer step did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -65,6 +68,12 @@ pub struct CycleReport {
     /// their sequences' forward ran again for its backward.
     #[serde(default)]
     pub recomputed_micro_batches: usize,
+    /// Where the forward and backward ran: `cpu`, or the device and the GPU's name ([`LoraTrainer::use_device`]).
+    #[serde(default)]
+    pub device: String,
+    /// Why training ran on the CPU when another device was asked for.
+    #[serde(default)]
+    pub device_notice: Option<String>,
     /// Seconds the cycle spent giving replay sequences the base's distributions (`replay_distill_top_k`).
     #[serde(default)]
     pub replay_distill_seconds: f64,
@@ -94,6 +103,10 @@ pub struct LoraTrainer<'m> {
     pad: u32,
     cycle: u64,
     checkpoint_dir: Option<PathBuf>,
+    /// Where the forward and backward run when not on the CPU ([`Self::use_device`]).
+    gpu: Option<Arc<Mutex<GpuTrainer>>>,
+    /// Where training runs, and why not where it was asked to.
+    device: DeviceStatus,
 }
 
 /// Sequences of one micro-batch and which loss each row feeds.
@@ -353,7 +366,45 @@ impl<'m> LoraTrainer<'m> {
             pad,
             cycle: 0,
             checkpoint_dir: None,
+            gpu: None,
+            device: DeviceStatus {
+                running_on: "cpu".into(),
+                notice: None,
+            },
         })
+    }
+
+    /// Runs each sequence's forward and backward on `device` (the optimizer and the losses stay on the CPU).
+    /// Where it does not open, or its training step does not cover the base or the recipe (DoRA), training
+    /// stays on the CPU, with the reason in the returned status and in every cycle's report.
+    pub fn use_device(&mut self, device: crate::gpu::Device) -> &DeviceStatus {
+        self.gpu = None;
+        let cpu = |notice: Option<String>| DeviceStatus {
+            running_on: "cpu".into(),
+            notice,
+        };
+        self.device = match device.open() {
+            crate::gpu::Opened::Cpu(notice) => cpu(notice),
+            crate::gpu::Opened::Gpu(_) if self.cfg.dora => cpu(Some(format!(
+                "device {device}: DoRA has no GPU training step; training on the CPU"
+            ))),
+            crate::gpu::Opened::Gpu(g) => match GpuModel::new(&g, self.model, self.max_len)
+                .and_then(|m| GpuTrainer::new(Arc::new(m)))
+            {
+                Ok(t) => {
+                    self.gpu = Some(Arc::new(Mutex::new(t)));
+                    DeviceStatus {
+                        running_on: format!("{device}: {}", g.describe()),
+                        notice: None,
+                    }
+                }
+                Err(e) => cpu(Some(format!("device {device}: {e}; training on the CPU"))),
+            },
+        };
+        if let Some(n) = &self.device.notice {
+            tracing::warn!("trainer: {n}");
+        }
+        &self.device
     }
 
     /// Replaces the GRPO reward.
@@ -527,6 +578,8 @@ impl<'m> LoraTrainer<'m> {
             threads: rayon::current_num_threads(),
             resumed_at_step: (first > 0).then_some(first),
             replay_distill_seconds,
+            device: self.device.running_on.clone(),
+            device_notice: self.device.notice.clone(),
             ..CycleReport::default()
         };
         let mut order = Order::new(self.cfg.seed, cycle, examples.len());
@@ -814,15 +867,18 @@ impl<'m> LoraTrainer<'m> {
         }
         let tokens = b.seqs.iter().map(|s| s.ids.len()).sum();
         let refs: Vec<&Seq> = b.seqs.iter().collect();
-        let recompute = activation_bytes(self.model.config(), refs.iter().map(|s| s.ids.len()))
-            > self.cfg.activation_budget_mib.saturating_mul(1 << 20);
-        let policy = sequence_logps(self.model, Some(&lora), &refs, self.pad, recompute)?;
+        let gpu = self.gpu.as_ref();
+        // A GPU keeps one sequence's activations at a time whatever the budget (see `sequence_logps`).
+        let recompute = gpu.is_none()
+            && activation_bytes(self.model.config(), refs.iter().map(|s| s.ids.len()))
+                > self.cfg.activation_budget_mib.saturating_mul(1 << 20);
+        let policy = sequence_logps(self.model, Some(&lora), &refs, self.pad, recompute, gpu)?;
         let tl = &policy.logps;
         let needs_ref =
             !(b.pairs.is_empty() && b.kto.is_empty() && b.grpo.is_empty() && b.rated.is_empty());
         let reference = if needs_ref {
             // Without an adapter nothing is tracked: no graph to keep.
-            let r = sequence_logps(self.model, None, &refs, self.pad, false)?.logps;
+            let r = sequence_logps(self.model, None, &refs, self.pad, false, gpu)?.logps;
             Some(TokenLogps {
                 lp: r.lp.detach(),
                 mask: r.mask,

@@ -227,7 +227,7 @@ fn per_sequence_graphs_give_the_whole_batch_gradients() {
             .build()
             .unwrap();
         let (loss, grads) = pool.install(|| {
-            let per = sequence_logps(&m, Some(&set), &refs, 0, recompute).unwrap();
+            let per = sequence_logps(&m, Some(&set), &refs, 0, recompute, None).unwrap();
             assert_eq!(per.logps.lp.dims(), whole.lp.dims());
             assert_eq!(flat(&per.logps.mask), flat(&whole.mask));
             let loss = loss_of(&per.logps);

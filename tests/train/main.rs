@@ -6,6 +6,7 @@ mod train_util;
 mod actor;
 mod bounds;
 mod checkpoint;
+mod device;
 mod dora;
 mod lora;
 mod memory;

@@ -41,7 +41,9 @@ fn logp(m: &Transformer, tok: &Tokenizer, lora: Option<&LoraSet>, (q, a): (&str,
         q,
     )];
     let seq = encode_turns(tok, &prompt, a, 64).unwrap();
-    let lp = sequence_logps(m, lora, &[&seq], 0, false).unwrap().logps;
+    let lp = sequence_logps(m, lora, &[&seq], 0, false, None)
+        .unwrap()
+        .logps;
     let sum: f32 = lp.sums().unwrap().to_vec1::<f32>().unwrap()[0];
     sum as f64 / seq.scored() as f64
 }

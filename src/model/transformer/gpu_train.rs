@@ -70,6 +70,8 @@ pub struct PairGradient {
 pub struct GpuTrainer {
     model: Arc<GpuModel>,
     pairs: Vec<BlockPairs>,
+    /// No pairs, for the base's own log-probabilities.
+    none: Vec<BlockPairs>,
     grads: Vec<BlockGrads>,
     /// The norm weights' gradient, which nothing trains: room for the widest norm.
     dw: Buffer<f32>,
@@ -82,6 +84,9 @@ impl GpuTrainer {
         let dw = model.gpu.zeros(cfg.hidden_size.max(cfg.head_dim))?;
         Ok(Self {
             pairs: (0..model.blocks.len())
+                .map(|_| Default::default())
+                .collect(),
+            none: (0..model.blocks.len())
                 .map(|_| Default::default())
                 .collect(),
             grads: (0..model.blocks.len())
@@ -121,7 +126,14 @@ impl GpuTrainer {
     /// `lp[t]`, position `t`'s weighted log-probability of its targets (0 where it has none), for `tokens`
     /// under the pairs set; `targets` has one entry per token.
     pub fn target_logps(&self, tokens: &[u32], targets: &Targets) -> Result<Vec<f32>> {
-        let (lp, _) = self.forward(tokens, targets)?;
+        let (lp, _) = self.forward(&self.pairs, tokens, targets)?;
+        Ok(lp)
+    }
+
+    /// [`Self::target_logps`] of the base alone (no pairs applied), as a reference for the objectives that
+    /// compare the two.
+    pub fn base_logps(&self, tokens: &[u32], targets: &Targets) -> Result<Vec<f32>> {
+        let (lp, _) = self.forward(&self.none, tokens, targets)?;
         Ok(lp)
     }
 
@@ -140,7 +152,7 @@ impl GpuTrainer {
                 tokens.len()
             )));
         }
-        let (lp, fwd) = self.forward(tokens, targets)?;
+        let (lp, fwd) = self.forward(&self.pairs, tokens, targets)?;
         self.backward(fwd, d_lp)?;
         Ok(lp)
     }
@@ -171,7 +183,12 @@ impl GpuTrainer {
         Ok(out)
     }
 
-    fn forward(&self, tokens: &[u32], targets: &Targets) -> Result<(Vec<f32>, Forward)> {
+    fn forward(
+        &self,
+        pairs: &[BlockPairs],
+        tokens: &[u32],
+        targets: &Targets,
+    ) -> Result<(Vec<f32>, Forward)> {
         let m = &self.model;
         let (gpu, cfg) = (&m.gpu, &m.config);
         let len = tokens.len();
@@ -202,7 +219,7 @@ impl GpuTrainer {
         let quant = Quant::new(gpu, cfg, len)?;
         let mut x = gpu.upload(&x0)?;
         let mut blocks = Vec::with_capacity(m.blocks.len());
-        for (b, pairs) in m.blocks.iter().zip(&self.pairs) {
+        for (b, pairs) in m.blocks.iter().zip(pairs) {
             let (saved, next) = self.block_forward(b, pairs, &quant, x, &positions, len)?;
             blocks.push(saved);
             x = next;

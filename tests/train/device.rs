@@ -1,0 +1,124 @@
+//! The trainer's `device`: each sequence's forward and backward on a GPU (here the emulated one, which runs the
+//! kernels' semantics on the CPU), the optimizer and the losses on the CPU. The same micro-batch gives the CPU's
+//! gradients within the int8 rounding the CPU backward adds; what the GPU step cannot run stays on the CPU,
+//! and the cycle's report says where training ran and why.
+
+use crate::train_util;
+
+use hearth::gpu::Device;
+use hearth::model::LoraSet;
+use hearth::train::{LoraTrainer, TrainConfig};
+use train_util::*;
+
+fn cfg() -> TrainConfig {
+    TrainConfig {
+        // Dropout masks A's columns: the GPU's gradients reach the vars through that mask.
+        dropout: 0.2,
+        replay_per_batch: 1,
+        replay_fraction: 0.3,
+        batch_size: 6,
+        ..fast_cfg()
+    }
+}
+
+/// `‖got − want‖ / ‖want‖` over every adapter tensor.
+fn relative_error(
+    got: &[(String, candle_core::Tensor)],
+    want: &[(String, candle_core::Tensor)],
+) -> f64 {
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for ((gk, g), (wk, w)) in got.iter().zip(want) {
+        assert_eq!(gk, wk);
+        let g: Vec<f32> = g.flatten_all().unwrap().to_vec1().unwrap();
+        let w: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+        diff += g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum::<f64>();
+        norm += w.iter().map(|b| (*b as f64).powi(2)).sum::<f64>();
+    }
+    assert!(norm > 0.0, "no gradient");
+    (diff / norm).sqrt()
+}
+
+#[test]
+fn a_trainer_on_a_gpu_takes_the_cpu_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    // B ≠ 0, so that every A has a gradient too.
+    let parent = with_random_b(&LoraSet::fresh(&m, cfg().lora_config(), 1).unwrap(), 2);
+    // SFT, DPO, KTO and a score: the objectives that need the base's own log-probs as a reference too.
+    let samples = mixed();
+    let mut cpu = LoraTrainer::new(&m, &tok, cfg(), Some(&parent)).unwrap();
+    let want = cpu.gradients(&samples).unwrap();
+    let mut gpu = LoraTrainer::new(&m, &tok, cfg(), Some(&parent)).unwrap();
+    let status = gpu.use_device(Device::Emulated).clone();
+    assert!(status.running_on.starts_with("emulated"), "{status:?}");
+    assert_eq!(status.notice, None);
+    let got = gpu.gradients(&samples).unwrap();
+    // The CPU backward rounds each incoming gradient to int8 before a frozen transpose; the GPU's does not.
+    let err = relative_error(&got, &want);
+    assert!(err < 3e-2, "relative error {err}");
+    // Columns of A the dropout mask zeroed get no gradient on either path.
+    for ((k, g), (_, w)) in got.iter().zip(&want) {
+        let g: Vec<f32> = g.flatten_all().unwrap().to_vec1().unwrap();
+        let w: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+        for (a, b) in g.iter().zip(&w) {
+            assert_eq!(*a == 0.0, *b == 0.0, "{k}: a zero on one path only");
+        }
+    }
+}
+
+#[test]
+fn a_cycle_reports_where_it_trained_and_why_not_on_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let run = |device: Device, recipe: TrainConfig| {
+        let mut tr = LoraTrainer::new(&m, &tok, recipe, None).unwrap();
+        tr.use_device(device);
+        tr.train_cycle(&mixed(), |_| {}).unwrap()
+    };
+    let on_gpu = run(Device::Emulated, fast_cfg());
+    assert!(on_gpu.device.starts_with("emulated"), "{}", on_gpu.device);
+    assert_eq!(on_gpu.device_notice, None);
+    let on_cpu = run(Device::Cpu, fast_cfg());
+    assert_eq!(
+        (on_cpu.device.as_str(), on_cpu.device_notice),
+        ("cpu", None)
+    );
+    // The same recipe and data on either: the same steps, losses that differ by the backward's rounding only.
+    assert_eq!(on_gpu.steps, on_cpu.steps);
+    for (g, c) in on_gpu.losses.iter().zip(&on_cpu.losses) {
+        assert!((g - c).abs() <= 2e-2 * c.abs().max(1.0), "{g} against {c}");
+    }
+    // DoRA has no GPU step: the CPU, with the reason.
+    let dora = run(
+        Device::Emulated,
+        TrainConfig {
+            dora: true,
+            ..fast_cfg()
+        },
+    );
+    assert_eq!(dora.device, "cpu");
+    assert!(
+        dora.device_notice.as_deref().unwrap_or("").contains("DoRA"),
+        "{:?}",
+        dora.device_notice
+    );
+}
+
+#[test]
+fn the_graph_names_the_trainer_device() {
+    use hearth::train::cycle::TrainerSettings;
+    let s: TrainerSettings = ron::from_str("(device: \"emulated\")").unwrap();
+    assert_eq!(s.device, Device::Emulated);
+    assert_eq!(
+        s.cycle_settings("t", std::path::Path::new("/tmp")).device,
+        Device::Emulated
+    );
+    let s: TrainerSettings = ron::from_str("()").unwrap();
+    assert_eq!(s.device, Device::Cpu);
+    let e = ron::from_str::<TrainerSettings>("(device: \"gpu0\")").unwrap_err();
+    assert!(e.to_string().contains("gpu0"), "{e}");
+}
