@@ -44,6 +44,8 @@ pub struct Gate {
     /// The served state's scores, keyed by what they were computed on (served delta, probes).
     baseline: Option<(String, Scores)>,
     gpu: Option<std::sync::Mutex<crate::model::GpuDecoder>>,
+    /// The likelihood legs' forward, over the decoder's copy of the weights.
+    scorer: Option<std::sync::Mutex<crate::model::GpuTrainer>>,
 }
 
 impl Gate {
@@ -55,16 +57,23 @@ impl Gate {
             cfg,
             baseline: None,
             gpu: None,
+            scorer: None,
         }
     }
 
-    /// Generates the legs' greedy answers on `device`; where it does not open (or does not cover the base),
-    /// on the CPU, with the reason in the log.
+    /// Generates the legs' greedy answers and computes their likelihoods on `device`; where it does not open
+    /// (or does not cover the base), on the CPU, with the reason in the log.
     pub fn with_device(mut self, device: crate::gpu::Device) -> Self {
         let (gpu, status) = crate::model::GpuDecoder::open(device, &self.base.model);
         if let Some(notice) = &status.notice {
             tracing::warn!("gate: {notice}");
         }
+        self.scorer = gpu.as_ref().and_then(|d| {
+            crate::model::GpuTrainer::new(d.model().clone())
+                .inspect_err(|e| tracing::warn!("gate: likelihoods on the CPU: {e}"))
+                .ok()
+                .map(std::sync::Mutex::new)
+        });
         self.gpu = gpu.map(std::sync::Mutex::new);
         self
     }
@@ -135,7 +144,9 @@ impl Gate {
             provenance.recipe.holdout_fraction,
             cfg.max_personal_probes,
         );
-        let ev = Evaluator::new(&base.model, &base.tok, &probes, cfg).with_gpu(self.gpu.as_ref());
+        let ev = Evaluator::new(&base.model, &base.tok, &probes, cfg)
+            .with_gpu(self.gpu.as_ref())
+            .with_scorer(self.scorer.as_ref());
         let key = format!(
             "{:?}/{}/{probe_sha}",
             served.delta_id,

@@ -30,7 +30,7 @@ use crate::model::{
 };
 use crate::store::{DeltaRecord, LegRecord, Store};
 use crate::train::data::{Seq, encode_text, encode_turns};
-use crate::train::loss::token_logps;
+use crate::train::loss::{gpu_token_logps, token_logps};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
@@ -461,6 +461,8 @@ pub struct Evaluator<'m> {
     max_len: usize,
     /// Where greedy answers are generated when given (see [`Evaluator::with_gpu`]).
     gpu: Option<&'m std::sync::Mutex<crate::model::GpuDecoder>>,
+    /// Where likelihoods are computed when given (see [`Evaluator::with_scorer`]).
+    scorer: Option<&'m std::sync::Mutex<crate::model::GpuTrainer>>,
 }
 
 /// Phrases that mark an answer as a refusal.
@@ -546,6 +548,7 @@ impl<'m> Evaluator<'m> {
             pad,
             max_len: model.max_positions().min(512),
             gpu: None,
+            scorer: None,
         }
     }
 
@@ -556,9 +559,32 @@ impl<'m> Evaluator<'m> {
         self
     }
 
+    /// Computes the legs' likelihoods (base perplexity, multiple choice, answer NLL, canary ranks) with this
+    /// GPU's forward over the same model's weights, one sequence at a time.
+    pub fn with_scorer(
+        mut self,
+        scorer: Option<&'m std::sync::Mutex<crate::model::GpuTrainer>>,
+    ) -> Self {
+        self.scorer = scorer;
+        self
+    }
+
     /// `(sum of scored log-probs, scored tokens)` per sequence, in batches.
     pub(crate) fn logps(&self, lora: Option<&LoraSet>, seqs: &[Seq]) -> Result<Vec<(f64, usize)>> {
         let mut out = Vec::with_capacity(seqs.len());
+        if let Some(scorer) = self.scorer {
+            let mut g = scorer.lock().unwrap_or_else(|p| p.into_inner());
+            if lora.is_some() {
+                g.set_adapter(lora)?;
+            }
+            for s in seqs {
+                let tl = gpu_token_logps(&g, s, self.pad, lora.is_none())?;
+                let sum: f32 = tl.sums()?.to_vec1()?.first().copied().unwrap_or(0.0);
+                let count = tl.counts()?.first().copied().unwrap_or(0.0);
+                out.push((sum as f64, count as usize));
+            }
+            return Ok(out);
+        }
         for chunk in seqs.chunks(self.cfg.batch_size.max(1)) {
             let refs: Vec<&Seq> = chunk.iter().collect();
             let tl = token_logps(self.model, lora, &refs, self.pad)?;

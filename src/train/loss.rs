@@ -102,7 +102,7 @@ pub fn token_logps(
 
 /// [`token_logps`] of one sequence on a GPU: under the pairs [`GpuTrainer::set_adapter`] gave it, or the
 /// base's own with `base`.
-fn gpu_token_logps(gpu: &GpuTrainer, seq: &Seq, pad: u32, base: bool) -> Result<TokenLogps> {
+pub fn gpu_token_logps(gpu: &GpuTrainer, seq: &Seq, pad: u32, base: bool) -> Result<TokenLogps> {
     let e = encode(&[seq], pad);
     let lp = if base {
         gpu.base_logps(&e.tokens, &e.targets)?

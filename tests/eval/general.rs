@@ -323,6 +323,81 @@ fn a_user_fact_delta_on_a_real_model() {
     );
 }
 
+/// With a GPU scorer (the emulated device here) the likelihood legs run its forward over the same weights:
+/// the scores the CPU gives, but for the odd token whose int8 input the two paths round apart (one in about
+/// fifty moves by up to 1e-2 nats, the rest by 1e-6), so means agree to 2e-3; a scorer over another model's
+/// weights gives other scores, so they come from it.
+#[test]
+fn the_likelihood_legs_score_on_the_device_they_are_given() {
+    use hearth::gpu::{Device, Gpu};
+    use hearth::model::{GpuModel, GpuTrainer};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny_with(dir.path(), false);
+    let set = probes();
+    let cfg = GateConfig {
+        general_max_tokens: 4,
+        ..GateConfig::default()
+    };
+    let served = train(&m, &tok, None, &answers(&set, 0), 30);
+    let personal: Vec<PersonalProbe> = TAUGHT
+        .iter()
+        .map(|(id, right, _)| PersonalProbe {
+            prompt: vec![ChatMessage::new(Role::User, format!("probe {id}"))],
+            answer: if right.is_empty() {
+                "4".into()
+            } else {
+                (*right).into()
+            },
+        })
+        .collect();
+    let gpu = Gpu::open(Device::Emulated).unwrap();
+    let scorer_over = |model: &Transformer| {
+        let weights = GpuModel::new(&gpu, model, model.max_positions()).unwrap();
+        std::sync::Mutex::new(GpuTrainer::new(std::sync::Arc::new(weights)).unwrap())
+    };
+    let scorer = scorer_over(&m);
+    let on_cpu = Evaluator::new(&m, &tok, &set, &cfg);
+    let on_gpu = Evaluator::new(&m, &tok, &set, &cfg).with_scorer(Some(&scorer));
+    let close = |what: &str, a: f64, b: f64| {
+        assert!(
+            (a - b).abs() <= 2e-3 * b.abs().max(1.0),
+            "{what}: {a} on the device, {b} on the CPU"
+        );
+    };
+    for lora in [None, Some(&served)] {
+        let (g, c) = (
+            on_gpu.score(lora, &personal).unwrap(),
+            on_cpu.score(lora, &personal).unwrap(),
+        );
+        close("base perplexity", g.base_perplexity, c.base_perplexity);
+        close("personal NLL", g.personal_nll, c.personal_nll);
+        close("qa accuracy", g.qa_accuracy, c.qa_accuracy);
+        close(
+            "canary exposure",
+            g.canary_exposure_bits,
+            c.canary_exposure_bits,
+        );
+    }
+    let other_dir = tempfile::tempdir().unwrap();
+    let mut spec = hearth::model::TinySpec::new(hearth::model::Arch::Llama);
+    spec.dtype = candle_core::quantized::GgmlDType::Q8_0;
+    spec.tied_embeddings = false;
+    spec.seed += 1;
+    let path = other_dir.path().join("other.gguf");
+    hearth::model::write_tiny_model(&path, &spec).unwrap();
+    let other = Transformer::from_gguf(&path).unwrap();
+    let wrong = scorer_over(&other);
+    let misled = Evaluator::new(&m, &tok, &set, &cfg).with_scorer(Some(&wrong));
+    let (w, c) = (
+        misled.personal_nll(None, &personal).unwrap().0,
+        on_cpu.personal_nll(None, &personal).unwrap().0,
+    );
+    assert!(
+        (w - c).abs() > 1e-3,
+        "{w} from other weights, {c} from the model's"
+    );
+}
+
 /// With a GPU decoder (the emulated device here) the general leg's answers are generated on it, as a server on
 /// that device answers: a delta taught the probes passes them there as on the CPU, the broken one fails the
 /// same two, and the base (no adapter, after both) answers as it did before them.

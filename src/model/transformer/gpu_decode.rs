@@ -143,7 +143,7 @@ pub struct DeviceStatus {
 }
 
 pub(super) fn unsupported(what: impl std::fmt::Display) -> ModelError {
-    ModelError::Input(format!("gpu decode: {what}"))
+    ModelError::Input(format!("gpu: {what}"))
 }
 
 /// `lora`'s pairs for `layers` blocks on the device (none with `None`), and the largest rank (1 without any).
