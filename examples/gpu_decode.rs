@@ -10,6 +10,12 @@
 //!     PREFILL fixed tokens then DECODE greedy steps on the CPU (threads: RAYON_NUM_THREADS), and the same on
 //!     DEVICE fed the CPU's tokens: prefill and decode tokens/s of each, and how the DEVICE's logits agree with
 //!     the CPU's at each decode step (top-1, max relative error). One JSON line.
+//! gpu_decode train GGUF DEVICE SEQ BATCH STEPS RANK [CPU_STEPS]
+//!     LoRA training's forward and backward on DEVICE as the trainer runs them there (per sequence: the
+//!     log-probs, then the forward again and the backward), rank RANK on all seven projections, BATCH random
+//!     sequences of SEQ tokens per step, STEPS timed steps after one untimed: tokens/s. With CPU_STEPS > 0, the
+//!     CPU's forward and backward of as many batches too, and how far the device's gradients of the first
+//!     batch are from the CPU's (relative L2). One JSON line.
 //! ```
 
 use std::error::Error;
@@ -19,12 +25,17 @@ use std::time::Instant;
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 use hearth::gpu::{Device as GpuDevice, Gpu};
-use hearth::model::{Arch, GpuDecoder, TinySpec, Transformer, write_tiny_model};
+use hearth::model::{
+    Arch, GpuDecoder, GpuModel, GpuTrainer, LoraConfig, LoraPair, LoraSet, LoraTarget, Targets,
+    TinySpec, Transformer, write_tiny_model,
+};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
 fn usage() -> Res<()> {
-    Err("usage: gpu_decode write OUT.gguf smollm2-135m|smollm2-1.7b | run GGUF DEVICE PREFILL DECODE".into())
+    Err("usage: gpu_decode write OUT.gguf smollm2-135m|smollm2-1.7b | run GGUF DEVICE PREFILL DECODE \
+| train GGUF DEVICE SEQ BATCH STEPS RANK [CPU_STEPS]"
+        .into())
 }
 
 fn num(s: &str) -> Res<usize> {
@@ -127,6 +138,143 @@ fn run(path: &str, device: &str, prefill: usize, decode: usize) -> Res<()> {
     Ok(())
 }
 
+/// A rank-`rank` set on every projection with `B` drawn small and non-zero, so that every `A` has a gradient.
+fn adapter(model: &Transformer, rank: usize) -> Res<LoraSet> {
+    let cfg = LoraConfig::new(rank, 2.0 * rank as f64, &LoraTarget::ALL);
+    let fresh = LoraSet::fresh(model, cfg.clone(), 1)?;
+    let mut set = LoraSet::empty(cfg);
+    for (&(l, t), p) in fresh.iter() {
+        let n = p.b.elem_count();
+        let b: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 997) as f32 / 997.0 - 0.5) * 0.02)
+            .collect();
+        let b = Tensor::from_vec(b, p.b.dims(), &Device::Cpu)?;
+        set.insert(l, t, LoraPair::new(p.a.clone(), b, p.scale));
+    }
+    Ok(set)
+}
+
+/// Each position scored against the next token, as SFT on a whole sequence.
+fn next_token_targets(ids: &[u32]) -> Targets {
+    let mut t = Targets::with_capacity(ids.len());
+    for i in 0..ids.len() {
+        match ids.get(i + 1) {
+            Some(&next) => t.push_token(next),
+            None => t.push_none(),
+        }
+    }
+    t
+}
+
+fn flat_grads(g: &[hearth::model::PairGradient]) -> Res<Vec<f32>> {
+    let mut out = Vec::new();
+    for p in g {
+        out.extend(p.a.flatten_all()?.to_vec1::<f32>()?);
+        out.extend(p.b.flatten_all()?.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn train(
+    path: &str,
+    device: &str,
+    (seq, batch, steps): (usize, usize, usize),
+    rank: usize,
+    cpu_steps: usize,
+) -> Res<()> {
+    let model = Transformer::from_gguf(path)?;
+    let vocab = model.config().vocab_size;
+    let gpu = Gpu::open(device.parse::<GpuDevice>()?)?;
+    let lora = adapter(&model, rank)?;
+    let batches: Vec<Vec<Vec<u32>>> = (0..=steps.max(cpu_steps))
+        .map(|s| {
+            (0..batch)
+                .map(|b| {
+                    (0..seq)
+                        .map(|i| ((i * 131 + b * 17 + s * 7919) % (vocab - 1) + 1) as u32)
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let weight = -1.0 / (batch * (seq - 1)) as f32;
+    let mut tr = GpuTrainer::new(std::sync::Arc::new(GpuModel::new(&gpu, &model, seq)?))?;
+    tr.set_adapter(Some(&lora))?;
+    let mut gpu_step = |ids: &[Vec<u32>]| -> Res<Vec<hearth::model::PairGradient>> {
+        for s in ids {
+            let t = next_token_targets(s);
+            tr.target_logps(s, &t)?;
+            let mut d = vec![weight; seq];
+            d[seq - 1] = 0.0;
+            tr.accumulate(s, &t, &d)?;
+        }
+        Ok(tr.take_gradients()?)
+    };
+    let first = gpu_step(&batches[0])?;
+    let t = Instant::now();
+    for ids in &batches[1..=steps] {
+        gpu_step(ids)?;
+    }
+    let gpu_tps = (steps * batch * seq) as f64 / t.elapsed().as_secs_f64();
+    let (mut cpu_tps, mut rel_err) = (f64::NAN, f64::NAN);
+    if cpu_steps > 0 {
+        let (set, _vars) = lora.to_vars()?;
+        let cpu_step = |ids: &[Vec<u32>]| -> Res<Vec<hearth::model::PairGradient>> {
+            let flat: Vec<u32> = ids.concat();
+            let tokens = Tensor::from_vec(flat.clone(), (batch, seq), &Device::Cpu)?;
+            let mut targets = Targets::with_capacity(batch * seq);
+            for s in ids {
+                let t = next_token_targets(s);
+                for i in 0..seq {
+                    match t.at(i).0.first() {
+                        Some(&id) => targets.push_token(id),
+                        None => targets.push_none(),
+                    }
+                }
+            }
+            let lp = model.target_logps(&tokens, Some(&set), &targets)?;
+            let store = (lp.sum_all()? * weight as f64)?.backward()?;
+            let mut out = Vec::new();
+            for l in 0..model.config().num_layers {
+                for t in LoraTarget::ALL {
+                    if let Some(p) = set.get(l, t) {
+                        out.push(hearth::model::PairGradient {
+                            layer: l,
+                            target: t,
+                            a: store.get(&p.a).ok_or("no gradient")?.clone(),
+                            b: store.get(&p.b).ok_or("no gradient")?.clone(),
+                        });
+                    }
+                }
+            }
+            Ok(out)
+        };
+        let t = Instant::now();
+        let reference = cpu_step(&batches[0])?;
+        for ids in &batches[1..cpu_steps] {
+            cpu_step(ids)?;
+        }
+        cpu_tps = (cpu_steps * batch * seq) as f64 / t.elapsed().as_secs_f64();
+        let (g, c) = (flat_grads(&first)?, flat_grads(&reference)?);
+        let diff: f64 = g
+            .iter()
+            .zip(&c)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let norm: f64 = c.iter().map(|b| (*b as f64).powi(2)).sum();
+        rel_err = (diff / norm.max(1e-30)).sqrt();
+    }
+    println!(
+        "{{\"gguf\":{path:?},\"device\":{:?},\"seq\":{seq},\"batch\":{batch},\"steps\":{steps},\"rank\":{rank},\
+\"gpu_train_tokens_per_s\":{gpu_tps:.1},\"cpu_threads\":{},\"cpu_train_tokens_per_s\":{cpu_tps:.1},\
+\"grad_rel_err\":{rel_err:.3e}}}",
+        gpu.describe(),
+        rayon::current_num_threads(),
+    );
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -138,6 +286,18 @@ fn main() -> Res<()> {
                 return Err("PREFILL and DECODE must be at least 1".into());
             }
             run(path, device, p, d)
+        }
+        ["train", path, device, seq, batch, steps, rank, rest @ ..] => {
+            let (q, b, s, r) = (num(seq)?, num(batch)?, num(steps)?, num(rank)?);
+            let cpu = match rest {
+                [] => 0,
+                [c] => num(c)?,
+                _ => return usage(),
+            };
+            if q < 2 || b == 0 || s == 0 || r == 0 {
+                return Err("SEQ must be at least 2, BATCH, STEPS and RANK at least 1".into());
+            }
+            train(path, device, (q, b, s), r, cpu)
         }
         _ => usage(),
     }

@@ -7,7 +7,9 @@ hearth's bench: sequence 128, batch 4, LoRA rank 8 and 16 (alpha = 2 x rank, dro
 seven linear projections (q, k, v, o, gate, up, down). Inputs are random token ids with
 labels = input ids; tokens per step = batch x seq. Warm-up steps are run first and not timed.
 
-Models: --tiny builds hearth's tiny Llama test model (`TinySpec::new(Arch::Llama)` in
+Models: --shape smollm2-135m|smollm2-1.7b builds a random-weight Llama of that model's layers, widths and heads
+with the tiny model's 307-token vocabulary, as `examples/gpu_decode.rs write` does for hearth's GPU figures;
+--tiny builds hearth's tiny Llama test model (`TinySpec::new(Arch::Llama)` in
 src/model/gguf.rs: hidden 64, 2 layers, 4 heads / 2 kv heads of dim 16, intermediate 128,
 307-token vocabulary, tied embeddings) with random weights; --gguf PATH loads a llama-architecture
 GGUF (e.g. SmolLM2-135M-Instruct) through transformers, dequantized to fp32, without network.
@@ -52,6 +54,32 @@ def tiny_model():
     return LlamaForCausalLM(config)
 
 
+# Layers, widths and heads of `gpu_decode write`'s shapes (head dim 64, tied embeddings, vocabulary 307).
+SHAPES = {
+    "smollm2-135m": (576, 1536, 30, 9, 3),
+    "smollm2-1.7b": (2048, 8192, 24, 32, 32),
+}
+
+
+def shaped_model(shape):
+    """A random-weight Llama shaped like `shape` with the tiny vocabulary."""
+    hidden, ffn, layers, heads, kv_heads = SHAPES[shape]
+    config = LlamaConfig(
+        vocab_size=307,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=64,
+        max_position_embeddings=2048,
+        rope_theta=10_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config)
+
+
 def gguf_model(path):
     """A GGUF checkpoint, dequantized to fp32 by transformers."""
     path = Path(path)
@@ -76,6 +104,7 @@ def measure(base, rank, args):
     gen = torch.Generator().manual_seed(0)
     vocab = base.config.vocab_size
     batches = torch.randint(vocab, (args.warmup + args.steps, args.batch, args.seq), generator=gen)
+    batches = batches.to(args.device)
 
     def step(ids):
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -84,11 +113,17 @@ def measure(base, rank, args):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    def sync():
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     for ids in batches[: args.warmup]:
         step(ids)
+    sync()
     start = time.perf_counter()
     for ids in batches[args.warmup :]:
         step(ids)
+    sync()
     seconds = time.perf_counter() - start
     return model, args.steps * args.batch * args.seq, seconds
 
@@ -98,6 +133,11 @@ def main():
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--tiny", action="store_true", help="hearth's tiny Llama, random weights")
     which.add_argument("--gguf", metavar="PATH", help="llama GGUF to load (e.g. SmolLM2-135M)")
+    which.add_argument("--shape", choices=sorted(SHAPES), help="random weights of a model's shape")
+    ap.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    ap.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and activations"
+    )
     ap.add_argument("--rank", type=int, nargs="+", default=[8, 16], help="LoRA rank(s)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
@@ -108,13 +148,18 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base = tiny_model() if args.tiny else gguf_model(args.gguf)
-    name = "tiny" if args.tiny else Path(args.gguf).stem
+    if args.tiny:
+        base, name = tiny_model(), "tiny"
+    elif args.shape:
+        base, name = shaped_model(args.shape), args.shape
+    else:
+        base, name = gguf_model(args.gguf), Path(args.gguf).stem
+    base = base.to(device=args.device, dtype=getattr(torch, args.dtype))
     for rank in args.rank:
         model, tokens, seconds = measure(base, rank, args)
         print(
             f"peft {name} rank {rank}: {tokens / seconds:.1f} tokens/s "
-            f"({tokens} tokens in {seconds:.2f} s, {args.steps} steps)",
+            f"({tokens} tokens in {seconds:.2f} s, {args.steps} steps, {args.device}, {args.dtype})",
             flush=True,
         )
         base = model.unload()

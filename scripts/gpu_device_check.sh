@@ -10,7 +10,11 @@
 # references (tests/gpu), the decode-step throughput of the kernels at SmolLM2-135M and SmolLM2-1.7B shapes,
 # nvidia-smi; then, per shape, a random-weight Q8_0 GGUF written there (examples/gpu_decode.rs) and the model's
 # GPU decode and prefill beside its CPU path on it, logits compared; and, when HEARTH_LLAMACPP_SRC names a
-# carried llama.cpp tree, llama-bench's CUDA build (-ngl 99) on the same files for the side-by-side figure.
+# carried llama.cpp tree, llama-bench's CUDA build (-ngl 99) on the same files for the side-by-side figure;
+# then LoRA training on the device per shape (`gpu_decode train`: rank 8 on all seven projections, as the
+# trainer's device path runs it) beside PyTorch + PEFT on the device's own torch (scripts/bench_train_peft.py
+# --shape, fp32 and bf16), from the transformers/peft wheels `prepare` downloads (pinned as in
+# scripts/peft_venv.sh, without torch and what the device's torch already brings).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 carry=target/gpu-carry
@@ -28,6 +32,27 @@ for l in sys.stdin:
     strip -o "$carry/gpu" "$exe"
     cargo build --release --features cuda --example gpu_decode
     strip -o "$carry/gpu_decode" target/release/examples/gpu_decode
+    # The PEFT peer's wheels for the device's Python 3.12: resolved here (with torch, for the pins), then
+    # downloaded without torch, its CUDA libraries and its own dependencies, which the device's torch brings.
+    wheels=$carry/wheels
+    mkdir -p "$wheels"
+    venv=target/gpu-venv
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
+    plat=(--python-version 3.12 --only-binary=:all: --platform manylinux_2_28_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+    "$venv/bin/pip" install --quiet --dry-run --ignore-installed --report "$carry/peer.json" "${plat[@]}" \
+        --target "$carry/unused" transformers==5.24.0 peft==0.21.2
+    python3 - "$carry/peer.json" > "$carry/peer.txt" <<'PY'
+import json, re, sys
+skip = re.compile(r"^(torch|triton|nvidia-.*|sympy|networkx|mpmath|jinja2|markupsafe|numpy|setuptools)$", re.I)
+for p in json.load(open(sys.argv[1]))["install"]:
+    name, version = p["metadata"]["name"], p["metadata"]["version"]
+    if not skip.match(name):
+        print(f"{name}=={version}")
+PY
+    "$venv/bin/pip" download --quiet --no-deps "${plat[@]}" -d "$wheels" -r "$carry/peer.txt"
+    cp scripts/bench_train_peft.py "$carry/"
+    du -sh "$carry" "$wheels"
     ls -la "$carry"
     ;;
 run)
@@ -74,6 +99,23 @@ run)
             echo "llama-bench exit $?"
             grep -E '"(n_prompt|n_gen|avg_ts)"' "$out/llamacpp-bench-$shape.json" 2>/dev/null
         fi
+    done
+    peer=$out/../peft-venv
+    echo "== PEFT peer from the carried wheels, over the device's torch"
+    python3 -m venv --system-site-packages "$peer" \
+        && "$peer/bin/pip" install --quiet --no-index --find-links "$carry/wheels" -r "$carry/peer.txt" \
+        > "$out/peft-install.txt" 2>&1
+    echo "peer install exit $?"
+    for shape in smollm2-135m smollm2-1.7b; do
+        gguf=$models/$shape-q8_0.gguf
+        echo "== LoRA training, $shape (sequence 256, batch 4, rank 8)"
+        timeout 240 "$carry/gpu_decode" train "$gguf" cuda:0 256 4 ${HEARTH_GPU_TRAIN_STEPS:-8} 8 1 2>&1 \
+            | tee -a "$out/train.txt"
+        for dtype in float32 bfloat16; do
+            timeout 240 "$peer/bin/python" "$carry/bench_train_peft.py" --shape "$shape" --device cuda \
+                --dtype "$dtype" --seq 256 --batch 4 --rank 8 --steps ${HEARTH_GPU_TRAIN_STEPS:-8} 2>&1 \
+                | tee -a "$out/train.txt" | grep -E '^peft|Error' || true
+        done
     done
     ;;
 *)
