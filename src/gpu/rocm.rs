@@ -1,4 +1,4 @@
-//! AMD: our own FFI over `libamdhip64` and `libhiprtc`, opened at run time with libloading. The ~20 entry
+//! AMD: our own FFI over `libamdhip64` and `libhiprtc`, opened at run time with libloading. The ~30 entry
 //! points the kernels need are stable C ABI across ROCm 5–7; `hip-sys` links HIP 5.4 at build time and has no
 //! hiprtc, and `cubecl-hip-sys` only looks for unversioned or `.so.0/.1` names while ROCm 6/7 install
 //! `.so.6`/`.so.7`.
@@ -76,9 +76,22 @@ api!(Hip {
         *mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void,
         *mut *mut c_void, *mut *mut c_void
     ) -> HipError;
-    hipDeviceSynchronize: fn() -> HipError;
     hipGetErrorString: fn(HipError) -> *const c_char;
+    hipStreamCreateWithFlags: fn(*mut *mut c_void, c_uint) -> HipError;
+    hipStreamDestroy: fn(*mut c_void) -> HipError;
+    hipStreamSynchronize: fn(*mut c_void) -> HipError;
+    hipStreamBeginCapture: fn(*mut c_void, c_int) -> HipError;
+    hipStreamEndCapture: fn(*mut c_void, *mut *mut c_void) -> HipError;
+    hipGraphInstantiate: fn(*mut *mut c_void, *mut c_void, *mut *mut c_void, *mut c_char, usize) -> HipError;
+    hipGraphLaunch: fn(*mut c_void, *mut c_void) -> HipError;
+    hipGraphExecDestroy: fn(*mut c_void) -> HipError;
+    hipGraphDestroy: fn(*mut c_void) -> HipError;
 });
+
+/// `hipStreamNonBlocking`: the stream does not wait on the null stream (ours is the only one we use).
+const STREAM_NON_BLOCKING: c_uint = 1;
+/// `hipStreamCaptureModeRelaxed`: other threads may use the runtime while a stream captures.
+const CAPTURE_RELAXED: c_int = 2;
 
 api!(Hiprtc {
     hiprtcCreateProgram: fn(
@@ -233,6 +246,9 @@ pub(super) struct RocmRuntime {
     hip: &'static Hip,
     device: c_int,
     name: String,
+    /// Our own stream: kernels launch on it and a decode step is captured from it (the null stream cannot be
+    /// captured).
+    stream: usize,
     state: Mutex<State>,
 }
 
@@ -263,10 +279,17 @@ impl RocmRuntime {
                 "hipDeviceGetName",
                 (hip.hipDeviceGetName)(name.as_mut_ptr(), name.len() as c_int, device),
             )?;
+            let mut stream = std::ptr::null_mut();
+            check(
+                hip,
+                "hipStreamCreateWithFlags",
+                (hip.hipStreamCreateWithFlags)(&mut stream, STREAM_NON_BLOCKING),
+            )?;
             Ok(RocmRuntime {
                 hip,
                 device,
                 name: CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned(),
+                stream: stream as usize,
                 state: Mutex::new(State {
                     modules: HashMap::new(),
                     functions: HashMap::new(),
@@ -281,6 +304,14 @@ impl RocmRuntime {
             (self.hip.hipSetDevice)(self.device)
         })
     }
+
+    /// Waits for the kernels launched on our stream, which a synchronous copy does not wait for.
+    fn wait(&self) -> Result<(), GpuError> {
+        // SAFETY: our own stream.
+        check(self.hip, "hipStreamSynchronize", unsafe {
+            (self.hip.hipStreamSynchronize)(self.stream as *mut c_void)
+        })
+    }
 }
 
 impl Drop for RocmRuntime {
@@ -290,6 +321,8 @@ impl Drop for RocmRuntime {
             // SAFETY: loaded by `function`, unloaded once.
             unsafe { (self.hip.hipModuleUnload)(*m as *mut c_void) };
         }
+        // SAFETY: created at open, destroyed once.
+        unsafe { (self.hip.hipStreamDestroy)(self.stream as *mut c_void) };
     }
 }
 
@@ -313,6 +346,7 @@ impl Runtime for RocmRuntime {
 
     fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         self.current()?;
+        self.wait()?;
         // SAFETY: `dst` holds at least `src.len()` bytes (Buffer checks lengths); the copy is synchronous.
         check(self.hip, "hipMemcpyHtoD", unsafe {
             (self.hip.hipMemcpyHtoD)(dst as *mut c_void, src.as_ptr().cast(), src.len())
@@ -321,6 +355,7 @@ impl Runtime for RocmRuntime {
 
     fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
         self.current()?;
+        self.wait()?;
         // SAFETY: `src` holds at least `dst.len()` bytes.
         check(self.hip, "hipMemcpyDtoH", unsafe {
             (self.hip.hipMemcpyDtoH)(dst.as_mut_ptr().cast(), src as *mut c_void, dst.len())
@@ -381,7 +416,7 @@ impl Runtime for RocmRuntime {
                 1,
                 1,
                 shared,
-                std::ptr::null_mut(),
+                self.stream as *mut c_void,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
@@ -390,14 +425,58 @@ impl Runtime for RocmRuntime {
 
     fn synchronize(&self) -> Result<(), GpuError> {
         self.current()?;
-        // SAFETY: no arguments.
-        check(self.hip, "hipDeviceSynchronize", unsafe {
-            (self.hip.hipDeviceSynchronize)()
-        })
+        self.wait()
     }
 
     fn describe(&self) -> String {
         format!("{} (ROCm device {})", self.name, self.device)
+    }
+
+    fn begin_capture(&self) -> Result<(), GpuError> {
+        self.current()?;
+        // SAFETY: our own stream, not capturing (Gpu::capture pairs begin and end).
+        check(self.hip, "hipStreamBeginCapture", unsafe {
+            (self.hip.hipStreamBeginCapture)(self.stream as *mut c_void, CAPTURE_RELAXED)
+        })
+    }
+
+    fn end_capture(&self) -> Result<usize, GpuError> {
+        self.current()?;
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the stream is capturing (begin_capture succeeded).
+        check(self.hip, "hipStreamEndCapture", unsafe {
+            (self.hip.hipStreamEndCapture)(self.stream as *mut c_void, &mut graph)
+        })?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `graph` was just captured; the executable keeps what it needs, so the graph is destroyed.
+        let r = unsafe {
+            (self.hip.hipGraphInstantiate)(
+                &mut exec,
+                graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        // SAFETY: as above.
+        unsafe { (self.hip.hipGraphDestroy)(graph) };
+        check(self.hip, "hipGraphInstantiate", r)?;
+        Ok(exec as usize)
+    }
+
+    fn replay(&self, graph: usize) -> Result<(), GpuError> {
+        self.current()?;
+        // SAFETY: `graph` is an executable graph from `end_capture`.
+        check(self.hip, "hipGraphLaunch", unsafe {
+            (self.hip.hipGraphLaunch)(graph as *mut c_void, self.stream as *mut c_void)
+        })
+    }
+
+    unsafe fn release(&self, graph: usize) {
+        if self.current().is_ok() {
+            // SAFETY: the caller's contract.
+            unsafe { (self.hip.hipGraphExecDestroy)(graph as *mut c_void) };
+        }
     }
 }
 
