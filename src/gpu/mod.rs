@@ -7,10 +7,11 @@
 //! [`Gpu`] or says, in [`Opened::Cpu`]'s notice, why it runs on the CPU. [`ops`] holds one host function per
 //! kernel, each checking shapes before it launches.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -270,11 +271,38 @@ pub(crate) trait Runtime: Send + Sync {
 pub struct Graph {
     rt: Arc<dyn Runtime>,
     handle: usize,
+    gate: Arc<RwLock<()>>,
 }
 
 impl Graph {
     pub fn replay(&self) -> Result<(), GpuError> {
+        let _g = shared(&self.gate);
         self.rt.replay(self.handle)
+    }
+}
+
+thread_local! {
+    /// Whether this thread is recording a [`Graph`]: its own launches then go to the stream it holds alone.
+    static RECORDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A hold on a device's stream for one call: none while this thread records (it holds the stream alone), and
+/// otherwise one that waits while another thread records. A stream that records takes every launch made to it,
+/// from any thread, and refuses a synchronisation: another sequence's step would go into the graph unrun.
+fn shared(gate: &RwLock<()>) -> Option<RwLockReadGuard<'_, ()>> {
+    if RECORDING.with(Cell::get) {
+        None
+    } else {
+        Some(gate.read().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Clears [`RECORDING`] when a recording ends, also by a panic.
+struct Recording;
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        RECORDING.with(|r| r.set(false));
     }
 }
 
@@ -290,6 +318,8 @@ impl Drop for Graph {
 pub struct Gpu {
     rt: Arc<dyn Runtime>,
     device: Device,
+    /// Held shared by each launch, copy and synchronisation, and alone while a graph records (see [`shared`]).
+    gate: Arc<RwLock<()>>,
 }
 
 impl fmt::Debug for Gpu {
@@ -317,7 +347,11 @@ impl Gpu {
             Device::Emulated => Arc::new(emulated::EmulatedRuntime::new()),
             Device::Cpu | Device::Auto => return Err(GpuError::BadDevice(device.to_string())),
         };
-        Ok(Gpu { rt, device })
+        Ok(Gpu {
+            rt,
+            device,
+            gate: Arc::default(),
+        })
     }
 
     pub fn device(&self) -> Device {
@@ -331,6 +365,7 @@ impl Gpu {
 
     /// Waits for every launched kernel.
     pub fn synchronize(&self) -> Result<(), GpuError> {
+        let _g = shared(&self.gate);
         self.rt.synchronize()
     }
 
@@ -345,17 +380,22 @@ impl Gpu {
     }
 
     /// Records the launches `record` makes into a [`Graph`] (NVIDIA; other vendors return an error). `record`
-    /// must only launch kernels: copies and synchronisation are not recorded.
+    /// must only launch kernels: copies and synchronisation are not recorded. Other threads' calls on this
+    /// device wait until the recording ends.
     pub fn capture(
         &self,
         record: impl FnOnce(&Gpu) -> Result<(), GpuError>,
     ) -> Result<Graph, GpuError> {
+        let _alone = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        RECORDING.with(|r| r.set(true));
+        let _recording = Recording;
         self.rt.begin_capture()?;
         let recorded = record(self);
         let handle = self.rt.end_capture()?;
         let graph = Graph {
             rt: self.rt.clone(),
             handle,
+            gate: self.gate.clone(),
         };
         recorded.map(|()| graph)
     }
@@ -363,6 +403,7 @@ impl Gpu {
     /// A device buffer holding `data`.
     pub fn upload<T: Pod>(&self, data: &[T]) -> Result<Buffer<T>, GpuError> {
         let buf = self.alloc::<T>(data.len())?;
+        let _g = shared(&self.gate);
         self.rt.htod(buf.ptr, T::as_bytes(data))?;
         Ok(buf)
     }
@@ -370,6 +411,7 @@ impl Gpu {
     /// A device buffer of `len` zeroed elements.
     pub fn zeros<T: Pod>(&self, len: usize) -> Result<Buffer<T>, GpuError> {
         let buf = self.alloc::<T>(len)?;
+        let _g = shared(&self.gate);
         self.rt.htod(buf.ptr, &vec![0u8; buf.bytes()])?;
         Ok(buf)
     }
@@ -393,11 +435,13 @@ impl Gpu {
                 reason: format!("{} values into a buffer of {}", data.len(), buf.len),
             });
         }
+        let _g = shared(&self.gate);
         self.rt.htod(buf.ptr, T::as_bytes(data))
     }
 
     /// The buffer's contents, after the kernels launched so far finish.
     pub fn download<T: Pod>(&self, buf: &Buffer<T>) -> Result<Vec<T>, GpuError> {
+        let _g = shared(&self.gate);
         self.rt.synchronize()?;
         let mut out = vec![T::default(); buf.len];
         self.rt.dtoh(buf.ptr, T::as_bytes_mut(&mut out))?;
@@ -409,7 +453,7 @@ impl Gpu {
         entry: &'static str,
         grid: (u32, u32, u32),
         block: u32,
-        shared: u32,
+        shared_bytes: u32,
         args: &[Arg],
     ) -> Result<(), GpuError> {
         let f = self.rt.function(entry)?;
@@ -418,9 +462,10 @@ impl Gpu {
             .iter_mut()
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
+        let _g = shared(&self.gate);
         // SAFETY: `ops` passes arguments in each kernel's parameter order and types (8-byte pointers, 4-byte
         // ints and floats, read from the start of their slot), with buffers sized for the launch.
-        unsafe { self.rt.launch(f, grid, block, shared, &mut params) }
+        unsafe { self.rt.launch(f, grid, block, shared_bytes, &mut params) }
     }
 }
 

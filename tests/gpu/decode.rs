@@ -353,3 +353,31 @@ fn sequences_over_one_copy_of_the_weights_stay_apart() {
         assert_eq!(got_b, alone_lora, "{}", gpu.describe());
     }
 }
+
+/// Serving decodes on several threads over one copy of the weights, on one device stream: a sequence that
+/// records its step while another decodes must neither record the other's launches nor leave them unrun.
+#[test]
+fn a_step_recorded_while_another_thread_decodes_records_only_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path(), Arch::Llama, GgmlDType::Q8_0);
+    let set = random_adapter(&m, 5, false);
+    for gpu in devices("a_step_recorded_while_another_thread_decodes_records_only_its_own") {
+        let weights = std::sync::Arc::new(hearth::model::GpuModel::new(&gpu, &m, 16).unwrap());
+        let alone = |lora: Option<&LoraSet>| {
+            gpu_steps(&mut GpuDecoder::on(weights.clone(), lora).unwrap(), &PROMPT)
+        };
+        let (want_base, want_lora) = (alone(None), alone(Some(&set)));
+        std::thread::scope(|s| {
+            for (lora, want) in [(None, &want_base), (Some(&set), &want_lora)] {
+                let weights = weights.clone();
+                s.spawn(move || {
+                    // A new decoder records its step afresh on its first token, each round.
+                    for round in 0..20 {
+                        let mut d = GpuDecoder::on(weights.clone(), lora).unwrap();
+                        assert_eq!(&gpu_steps(&mut d, &PROMPT), want, "round {round}");
+                    }
+                });
+            }
+        });
+    }
+}
