@@ -285,6 +285,79 @@ fn q8_weight(m: &Memory, ptr: u64, n_out: usize, k: usize) -> Result<Vec<f32>, G
     Ok(w)
 }
 
+/// Weights and bytes per block of the GGML type id `kq_matmul` takes.
+fn kq_layout(id: usize) -> Result<(usize, usize), GpuError> {
+    match id {
+        2 => Ok((32, 18)),
+        12 => Ok((256, 144)),
+        13 => Ok((256, 176)),
+        14 => Ok((256, 210)),
+        other => Err(fault(format!("GGML type {other} is not read by kq_matmul"))),
+    }
+}
+
+fn f16_at(b: &[u8]) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+/// Weight `i` of a block of GGML type `id`, as `kernels/kquant.cu` reads it.
+fn kq_weight(id: usize, b: &[u8], i: usize) -> f32 {
+    match id {
+        2 => {
+            let q = if i < 16 {
+                b[2 + i] & 0xF
+            } else {
+                b[2 + i - 16] >> 4
+            };
+            f16_at(b) * (q as f32 - 8.0)
+        }
+        14 => {
+            let (half, quarter, l) = (i / 128, i % 128 / 32, i % 32);
+            let (ql, qh) = (&b[64 * half..], &b[128 + 32 * half..]);
+            let sc = b[192 + 8 * half + l / 16 + 2 * quarter] as i8;
+            let lo = if quarter % 2 == 0 { ql[l] } else { ql[l + 32] };
+            let nib = if quarter < 2 { lo & 0xF } else { lo >> 4 };
+            let q = (nib | (((qh[l] >> (2 * quarter)) & 3) << 4)) as i32 - 32;
+            f16_at(&b[208..]) * sc as f32 * q as f32
+        }
+        _ => {
+            let (j, l) = (i / 32, i % 32);
+            let s = &b[4..16];
+            let (sc, m) = if j < 4 {
+                (s[j] & 63, s[j + 4] & 63)
+            } else {
+                (
+                    (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+                    (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+                )
+            };
+            let qs = &b[if id == 13 { 48 } else { 16 }..];
+            let byte = qs[(j / 2) * 32 + l];
+            let mut q = if j % 2 == 0 { byte & 0xF } else { byte >> 4 };
+            if id == 13 {
+                q += ((b[16 + l] >> j) & 1) << 4;
+            }
+            f16_at(b) * sc as f32 * q as f32 - f16_at(&b[2..]) * m as f32
+        }
+    }
+}
+
+/// A `[n_out, k]` weight of GGML type `id` in GGUF bytes, dequantized.
+fn kq_weights(
+    m: &Memory,
+    ptr: u64,
+    id: usize,
+    n_out: usize,
+    k: usize,
+) -> Result<Vec<f32>, GpuError> {
+    let (qk, bb) = kq_layout(id)?;
+    let bytes = m.bytes(ptr, n_out * (k / qk) * bb)?;
+    Ok(bytes
+        .chunks_exact(bb)
+        .flat_map(|b| (0..qk).map(move |i| kq_weight(id, b, i)))
+        .collect())
+}
+
 fn rms(x: &[f32], eps: f32) -> f32 {
     (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt()
 }
@@ -370,6 +443,31 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
                 }
                 Ok(())
             })
+        }
+        "kq_matmul" | "kq_matmul_t" => {
+            let (id, n_out, k, rows) = (a.int(3)?, a.int(4)?, a.int(5)?, a.int(6)?);
+            let w = kq_weights(&m, a.ptr(0)?, id, n_out, k)?;
+            if l.entry == "kq_matmul" {
+                let x = m.f32s(a.ptr(1)?, rows * k)?;
+                m.write_f32(a.ptr(2)?, rows * n_out, |y| {
+                    for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n_out)) {
+                        for (wr, y) in w.chunks_exact(k).zip(yr) {
+                            *y = wr.iter().zip(xr).map(|(w, x)| w * x).sum();
+                        }
+                    }
+                    Ok(())
+                })
+            } else {
+                let dy = m.f32s(a.ptr(1)?, rows * n_out)?;
+                m.write_f32(a.ptr(2)?, rows * k, |dx| {
+                    for (dyr, dxr) in dy.chunks_exact(n_out).zip(dx.chunks_exact_mut(k)) {
+                        for (i, d) in dxr.iter_mut().enumerate() {
+                            *d = (0..n_out).map(|o| w[o * k + i] * dyr[o]).sum();
+                        }
+                    }
+                    Ok(())
+                })
+            }
         }
         "rms_norm" => {
             let (n, eps) = (a.int(3)?, a.float(4)?);

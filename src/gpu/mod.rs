@@ -158,6 +158,7 @@ pub const KERNELS: &[Kernel] = &[
     kernel!("q8_matmul", ["q8_matmul"]),
     kernel!("q8_matmul_q8", ["quantize_q8", "q8_matmul_q8"]),
     kernel!("q8_matmul_t", ["q8_matmul_t"]),
+    kernel!("kquant", ["kq_matmul", "kq_matmul_t"]),
     kernel!(
         "rms_norm",
         ["rms_norm", "rms_norm_backward", "rms_norm_backward_weight"]

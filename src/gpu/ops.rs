@@ -1,6 +1,8 @@
 //! One host function per kernel: checks the shapes against the buffers (a short buffer is an error, never an
 //! out-of-bounds launch), then launches on the GPU's stream. Results are read with [`Gpu::download`].
 
+use candle_core::quantized::GgmlDType;
+
 use super::{Arg, Buffer, Gpu, GpuError, Pod};
 use crate::model::q8::{BLOCK_BYTES as Q8_BYTES, QK8_0 as QK};
 
@@ -171,6 +173,89 @@ pub fn q8_matmul_t(
             Arg::I32(ki),
             Arg::I32(mi),
         ],
+    )
+}
+
+/// The block types [`kq_matmul`] reads: GGML type id, weights and bytes per block.
+fn kq_layout(op: &'static str, dtype: GgmlDType) -> Result<(i32, usize, usize), GpuError> {
+    match dtype {
+        GgmlDType::Q4_0 => Ok((2, 32, 18)),
+        GgmlDType::Q4K => Ok((12, 256, 144)),
+        GgmlDType::Q5K => Ok((13, 256, 176)),
+        GgmlDType::Q6K => Ok((14, 256, 210)),
+        other => Err(GpuError::Shape {
+            op,
+            reason: format!("{other:?} weights (Q4_0, Q4_K, Q5_K and Q6_K are read)"),
+        }),
+    }
+}
+
+/// Whether [`kq_matmul`] reads weights of `dtype`.
+pub fn kq_reads(dtype: GgmlDType) -> bool {
+    kq_layout("kq_matmul", dtype).is_ok()
+}
+
+/// Checks a `dtype` weight `[n_out, k]` in GGUF bytes; the kernel's `type, n_out, k, m` arguments.
+fn kq_args(
+    op: &'static str,
+    dtype: GgmlDType,
+    w: &Buffer<u8>,
+    (m, k, n_out): (usize, usize, usize),
+) -> Result<[Arg; 4], GpuError> {
+    let (id, qk, bytes) = kq_layout(op, dtype)?;
+    if !k.is_multiple_of(qk) {
+        return Err(GpuError::Shape {
+            op,
+            reason: format!("k = {k} is not a multiple of {qk} ({dtype:?} blocks)"),
+        });
+    }
+    let (mi, ki, ni) = (dim(op, "m", m)?, dim(op, "k", k)?, dim(op, "n_out", n_out)?);
+    need(op, "the weight", w, n_out * (k / qk) * bytes)?;
+    Ok([Arg::I32(id), Arg::I32(ni), Arg::I32(ki), Arg::I32(mi)])
+}
+
+/// `y[r][o] = Σ_i x[r][i] · W[o][i]` for a Q4_0, Q4_K, Q5_K or Q6_K weight `[n_out, k]` in its GGUF bytes,
+/// dequantized in the kernel; `x` `[m, k]` in f32, `y` `[m, n_out]`.
+pub fn kq_matmul(
+    gpu: &Gpu,
+    dtype: GgmlDType,
+    w: &Buffer<u8>,
+    x: &Buffer<f32>,
+    y: &Buffer<f32>,
+    (m, k, n_out): (usize, usize, usize),
+) -> Result<(), GpuError> {
+    const OP: &str = "kq_matmul";
+    let [t, n, kk, mm] = kq_args(OP, dtype, w, (m, k, n_out))?;
+    need(OP, "x", x, m * k)?;
+    need(OP, "y", y, m * n_out)?;
+    gpu.launch(
+        OP,
+        (blocks(m * n_out), 1, 1),
+        BLOCK,
+        0,
+        &[w.arg(), x.arg(), y.arg(), t, n, kk, mm],
+    )
+}
+
+/// Training's product with such a weight's transpose: `dx[r][i] = Σ_o dy[r][o] · W[o][i]`.
+pub fn kq_matmul_t(
+    gpu: &Gpu,
+    dtype: GgmlDType,
+    w: &Buffer<u8>,
+    dy: &Buffer<f32>,
+    dx: &Buffer<f32>,
+    (m, k, n_out): (usize, usize, usize),
+) -> Result<(), GpuError> {
+    const OP: &str = "kq_matmul_t";
+    let [t, n, kk, mm] = kq_args(OP, dtype, w, (m, k, n_out))?;
+    need(OP, "dy", dy, m * n_out)?;
+    need(OP, "dx", dx, m * k)?;
+    gpu.launch(
+        OP,
+        (blocks(m * k), 1, 1),
+        BLOCK,
+        0,
+        &[w.arg(), dy.arg(), dx.arg(), t, n, kk, mm],
     )
 }
 

@@ -381,3 +381,44 @@ fn a_step_recorded_while_another_thread_decodes_records_only_its_own() {
         });
     }
 }
+
+/// A tiny Llama whose rows fill whole 256-weight blocks, stored as `dtype`.
+pub(super) fn tiny_blocks(dir: &std::path::Path, dtype: GgmlDType) -> Transformer {
+    let mut spec = TinySpec::new(Arch::Llama);
+    spec.hidden_size = 256;
+    spec.intermediate_size = 512;
+    spec.head_dim = 64;
+    spec.dtype = dtype;
+    let path = dir.join(format!("blocks-{dtype:?}.gguf"));
+    write_tiny_model(&path, &spec).unwrap();
+    Transformer::from_gguf(&path).unwrap()
+}
+
+/// The types people download run on the GPU as stored, dequantized in the kernel and multiplied in f32: each
+/// step's logits are those of the CPU model on the dequantized weights (every weight dense f32, `merged`), to
+/// the order of float additions; a wrong scale, sub-block order or minimum moves them by far more. (The CPU
+/// on the packed weights rounds activations to 8 bits, per 32 or per 256 depending on the CPU.)
+#[test]
+fn the_gpu_step_reads_the_four_bit_and_k_quant_types_as_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    for gpu in devices("the_gpu_step_reads_the_four_bit_and_k_quant_types_as_stored") {
+        for dtype in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            let m = tiny_blocks(dir.path(), dtype);
+            let set = random_adapter(&m, 4, false);
+            let dense = m.merged(None).unwrap();
+            let cpu = cpu_steps(&dense, &PROMPT, Some(&set));
+            let mut d = GpuDecoder::new(&gpu, &m, 32, Some(&set)).unwrap();
+            let got = gpu_steps(&mut d, &PROMPT);
+            for (i, (g, c)) in got.iter().zip(&cpu).enumerate() {
+                let scale = c.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let err = g.iter().zip(c).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+                assert!(err < 1e-4, "{dtype:?} step {i}: relative error {err}");
+            }
+        }
+    }
+}

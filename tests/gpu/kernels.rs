@@ -192,6 +192,89 @@ fn q8_matmul_t_matches_the_dequantized_transpose_product() {
     }
 }
 
+/// Each block type's products against the f64 products of candle's own dequantization of the same bytes (an
+/// independent reading of the GGUF layouts).
+#[test]
+fn kquant_products_match_candles_dequantization() {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+    for gpu in devices("kquant_products_match_candles_dequantization") {
+        for dtype in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            let (m, k, n) = (3, 512, 24);
+            // Rows of different ranges and offsets, so that scales and minimums differ across blocks.
+            let w: Vec<f32> = random(n * k, 50)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * (1.0 + (i / 32 % 7) as f32) + ((i / 256) % 3) as f32 * 0.3)
+                .collect();
+            let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&t, dtype).unwrap();
+            let bytes = q.data().unwrap().into_owned();
+            let deq: Vec<f32> = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let (x, dy) = (random(m * k, 51), random(m * n, 52));
+            let y_want: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (r, o) = (i / n, i % n);
+                    (0..k)
+                        .map(|j| x[r * k + j] as f64 * deq[o * k + j] as f64)
+                        .sum()
+                })
+                .collect();
+            let dx_want: Vec<f64> = (0..m * k)
+                .map(|i| {
+                    let (r, j) = (i / k, i % k);
+                    (0..n)
+                        .map(|o| dy[r * n + o] as f64 * deq[o * k + j] as f64)
+                        .sum()
+                })
+                .collect();
+            let wb = up(&gpu, &bytes);
+            let (xb, yb) = (up(&gpu, &x), gpu.zeros(m * n).unwrap());
+            ops::kq_matmul(&gpu, dtype, &wb, &xb, &yb, (m, k, n)).unwrap();
+            close(
+                &format!("kq_matmul {dtype:?}"),
+                &down(&gpu, &yb),
+                &y_want,
+                1e-5,
+            );
+            let (dyb, dxb) = (up(&gpu, &dy), gpu.zeros(m * k).unwrap());
+            ops::kq_matmul_t(&gpu, dtype, &wb, &dyb, &dxb, (m, k, n)).unwrap();
+            close(
+                &format!("kq_matmul_t {dtype:?}"),
+                &down(&gpu, &dxb),
+                &dx_want,
+                1e-5,
+            );
+            // A short weight buffer, or rows that are not whole blocks, are refused before launching.
+            let e = ops::kq_matmul(&gpu, dtype, &wb, &xb, &yb, (m, k, n + 1)).unwrap_err();
+            assert!(e.to_string().contains("the weight"), "{e}");
+            let e = ops::kq_matmul(&gpu, dtype, &wb, &xb, &yb, (m, k - 16, n)).unwrap_err();
+            assert!(e.to_string().contains("multiple"), "{e}");
+        }
+        let e = ops::kq_matmul(
+            &gpu,
+            GgmlDType::Q8_1,
+            &gpu.zeros::<u8>(64).unwrap(),
+            &gpu.zeros::<f32>(32).unwrap(),
+            &gpu.zeros::<f32>(1).unwrap(),
+            (1, 32, 1),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("Q8_1"), "{e}");
+    }
+}
+
 #[test]
 fn q8_products_refuse_short_buffers() {
     for gpu in devices("q8_products_refuse_short_buffers") {

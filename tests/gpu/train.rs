@@ -14,7 +14,7 @@ use hearth::model::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::decode::{random_adapter, tiny};
+use super::decode::{random_adapter, tiny, tiny_blocks};
 use super::devices;
 
 const TOKENS: [u32; 14] = [72, 101, 108, 108, 111, 262, 119, 44, 300, 5, 17, 200, 33, 2];
@@ -228,5 +228,42 @@ fn what_gpu_training_cannot_run_is_refused_with_the_reason() {
         let dora = LoraSet::fresh(&m, cfg, 1).unwrap();
         let e = tr.set_adapter(Some(&dora)).unwrap_err();
         assert!(e.to_string().contains("DoRA"), "{e}");
+    }
+}
+
+/// On Q4_0 and K-quant weights the GPU multiplies f32 values by the weights dequantized in the kernel, forward
+/// and backward: its log-probs and gradients are those of the CPU's f32 route on the dequantized weights,
+/// to the order of float additions.
+#[test]
+fn training_on_four_bit_and_k_quant_weights_is_the_f32_route() {
+    let dir = tempfile::tempdir().unwrap();
+    for gpu in devices("training_on_four_bit_and_k_quant_weights_is_the_f32_route") {
+        for dtype in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            let m = tiny_blocks(dir.path(), dtype);
+            let dense = m.merged(None).unwrap();
+            let lora = random_adapter(&m, 6, false);
+            let c = loss_weights(8);
+            let want = cpu_gradients(&dense, &lora, &c);
+            let mut tr = trainer(&gpu, &m, &lora);
+            let lp = tr.accumulate(&TOKENS, &targets(), &c).unwrap();
+            let want_lp: Vec<f32> = cpu_logps(&dense, &lora)
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for (i, (g, w)) in lp.iter().zip(&want_lp).enumerate() {
+                assert!(
+                    (g - w).abs() < 1e-4,
+                    "{dtype:?} position {i}: {g} against {w}"
+                );
+            }
+            let err = gradient_error(&tr.take_gradients().unwrap(), &want);
+            assert!(err < 1e-4, "{dtype:?}: relative error {err}");
+        }
     }
 }

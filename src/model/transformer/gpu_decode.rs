@@ -5,11 +5,13 @@
 //! and replayed per token where the vendor captures graphs; elsewhere it launches kernel by kernel. Only the
 //! token's embedding row goes up and the logits come back.
 //!
-//! The weight products quantize their input to int8 per 32 values, as the CPU path does, so the two agree to
-//! the order of float additions, except where an input value sits on a rounding boundary.
+//! Q8_0 products quantize their input to int8 per 32 values, as the CPU path does, so the two agree to the
+//! order of float additions, except where an input value sits on a rounding boundary. Q4_0, Q4_K, Q5_K and
+//! Q6_K weights are dequantized in the kernel and multiply f32 inputs: the model their dequantized weights
+//! define, which the CPU computes within its own 8-bit rounding of the activations.
 //!
-//! Covered: the llama, qwen2 (q/k/v biases), qwen3 (q/k norms) and phi3 architectures with Q8_0 weights (load
-//! with `requantize: Q8_0` for other types), plain LoRA and rsLoRA pairs. Gemma 3 and DoRA are refused with
+//! Covered: the llama, qwen2 (q/k/v biases), qwen3 (q/k norms) and phi3 architectures with those weight types
+//! (load with `requantize: Q8_0` for others), plain LoRA and rsLoRA pairs. Gemma 3 and DoRA are refused with
 //! the reason, so that a caller can stay on the CPU.
 
 use candle_core::quantized::GgmlDType;
@@ -32,8 +34,10 @@ pub(super) struct GpuBlock {
     pub(super) ffn_norm: Buffer<f32>,
     pub(super) qk_norm: Option<(Buffer<f32>, Buffer<f32>)>,
     pub(super) bias: Option<[Buffer<f32>; 3]>,
-    /// The projections in [`LoraTarget::ALL`]'s order (q, k, v, o, gate, up, down), Q8_0 in GGUF layout.
+    /// The projections in [`LoraTarget::ALL`]'s order (q, k, v, o, gate, up, down), in GGUF layout.
     pub(super) proj: [Buffer<u8>; 7],
+    /// Their GGUF types.
+    pub(super) types: [GgmlDType; 7],
 }
 
 /// A block's LoRA pairs, in [`LoraTarget::ALL`]'s order.
@@ -55,6 +59,7 @@ pub struct GpuModel {
     pub(super) blocks: Vec<GpuBlock>,
     pub(super) norm: Buffer<f32>,
     pub(super) head: Buffer<u8>,
+    pub(super) head_type: GgmlDType,
     pub(super) cos: Buffer<f32>,
     pub(super) sin: Buffer<f32>,
     pub(super) interleaved: bool,
@@ -177,22 +182,55 @@ pub(super) fn upload_pairs(
     Ok((out, max_rank))
 }
 
-/// A weight's Q8_0 bytes in the GGUF layout, which the kernels read in place.
-fn q8_bytes(w: &Weight, name: &str) -> Result<Vec<u8>> {
+/// A weight's type and bytes in the GGUF layout, which the kernels read in place: Q8_0 (int8 products), or
+/// Q4_0, Q4_K, Q5_K and Q6_K (dequantized in the kernel, `ops::kq_matmul`).
+fn weight_bytes(w: &Weight, name: &str) -> Result<(GgmlDType, Vec<u8>)> {
+    let read = |t: GgmlDType| t == GgmlDType::Q8_0 || ops::kq_reads(t);
+    let refuse = |what: String| {
+        unsupported(format!(
+            "{name} is {what}; the GPU kernels read Q8_0, Q4_0, Q4_K, Q5_K and Q6_K (load with requantize: \
+             Q8_0)"
+        ))
+    };
     match w {
-        Weight::Quant(q) if q.dtype() == GgmlDType::Q8_0 => Ok(q.data()?.into_owned()),
-        Weight::Panels(p) if p.dtype() == GgmlDType::Q8_0 => Ok(p.to_gguf()),
-        Weight::Quant(q) => Err(unsupported(format!(
-            "{name} is {:?}; the GPU kernels read Q8_0 (load with requantize: Q8_0)",
-            q.dtype()
-        ))),
-        Weight::Panels(p) => Err(unsupported(format!(
-            "{name} is {:?}; the GPU kernels read Q8_0 (load with requantize: Q8_0)",
-            p.dtype()
-        ))),
-        Weight::Dense(_) => Err(unsupported(format!(
-            "{name} is dense; the GPU kernels read Q8_0 (load with requantize: Q8_0)"
-        ))),
+        Weight::Quant(q) if read(q.dtype()) => Ok((q.dtype(), q.data()?.into_owned())),
+        Weight::Panels(p) if read(p.dtype()) => Ok((p.dtype(), p.to_gguf())),
+        Weight::Quant(q) => Err(refuse(format!("{:?}", q.dtype()))),
+        Weight::Panels(p) => Err(refuse(format!("{:?}", p.dtype()))),
+        Weight::Dense(_) => Err(refuse("dense".into())),
+    }
+}
+
+/// `y = x·Wᵀ` for a weight of `dtype` over `rows` rows: Q8_0 through the int8 input `q8` the caller quantized
+/// from `x` (as the CPU does), the other types on `x` itself.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn weight_product(
+    gpu: &Gpu,
+    (dtype, w): (GgmlDType, &Buffer<u8>),
+    q8: (&Buffer<i8>, &Buffer<f32>),
+    x: &Buffer<f32>,
+    y: &Buffer<f32>,
+    shape: (usize, usize, usize),
+) -> std::result::Result<(), crate::gpu::GpuError> {
+    if dtype == GgmlDType::Q8_0 {
+        ops::q8_matmul_q8(gpu, w, q8, y, shape)
+    } else {
+        ops::kq_matmul(gpu, dtype, w, x, y, shape)
+    }
+}
+
+/// Training's `dx = dy·W` for a weight of `dtype`.
+pub(super) fn weight_product_t(
+    gpu: &Gpu,
+    (dtype, w): (GgmlDType, &Buffer<u8>),
+    dy: &Buffer<f32>,
+    dx: &Buffer<f32>,
+    shape: (usize, usize, usize),
+) -> std::result::Result<(), crate::gpu::GpuError> {
+    if dtype == GgmlDType::Q8_0 {
+        ops::q8_matmul_t(gpu, w, dy, dx, shape)
+    } else {
+        ops::kq_matmul_t(gpu, dtype, w, dy, dx, shape)
     }
 }
 
@@ -232,9 +270,11 @@ impl GpuModel {
         ];
         let mut blocks = Vec::with_capacity(model.blocks.len());
         for (l, b) in model.blocks.iter().enumerate() {
-            let mut proj = Vec::with_capacity(7);
-            for (t, name) in LoraTarget::ALL.iter().zip(names) {
-                let bytes = q8_bytes(b.linear(*t).weight(), &format!("blk.{l}.{name}"))?;
+            let (mut proj, mut types) = (Vec::with_capacity(7), [GgmlDType::Q8_0; 7]);
+            for (i, (t, name)) in LoraTarget::ALL.iter().zip(names).enumerate() {
+                let (dtype, bytes) =
+                    weight_bytes(b.linear(*t).weight(), &format!("blk.{l}.{name}"))?;
+                types[i] = dtype;
                 proj.push(gpu.upload(&bytes)?);
             }
             blocks.push(GpuBlock {
@@ -251,16 +291,19 @@ impl GpuModel {
                 proj: proj
                     .try_into()
                     .map_err(|_| unsupported("seven projections"))?,
+                types,
             });
         }
         let table = |t: &Tensor| -> Result<Buffer<f32>> {
             Ok(gpu.upload(&f32s(&t.narrow(0, 0, capacity)?)?)?)
         };
+        let (head_type, head) = weight_bytes(model.head.weight(), "output")?;
         Ok(Self {
             gpu: gpu.clone(),
             embed: model.embed.clone(),
             norm: up_f32(&model.norm)?,
-            head: gpu.upload(&q8_bytes(model.head.weight(), "output")?)?,
+            head: gpu.upload(&head)?,
+            head_type,
             cos: table(&model.rope.cos)?,
             sin: table(&model.rope.sin)?,
             interleaved: model.rope.interleaved,
@@ -499,12 +542,12 @@ impl GpuDecoder {
     /// [`Self::quantize`] left it in the scratch, the LoRA delta on `x` in f32 (as on the CPU).
     fn project(
         &self,
-        (w, pair): (&Buffer<u8>, &Option<GpuLora>),
+        (w, pair): ((GgmlDType, &Buffer<u8>), &Option<GpuLora>),
         s: &Scratch,
         (x, y): (&Buffer<f32>, &Buffer<f32>),
         (rows, k, n): (usize, usize, usize),
     ) -> std::result::Result<(), crate::gpu::GpuError> {
-        ops::q8_matmul_q8(&self.model.gpu, w, (&s.xq, &s.xd), y, (rows, k, n))?;
+        weight_product(&self.model.gpu, w, (&s.xq, &s.xd), x, y, (rows, k, n))?;
         if let Some(l) = pair {
             let shape = LoraShape {
                 m: rows,
@@ -525,10 +568,11 @@ impl GpuDecoder {
         self.launch_layers(s, 1, &self.pos)?;
         ops::rms_norm(g, &s.x, &self.model.norm, &s.normed, (1, h), cfg.rms_eps)?;
         self.quantize(s, &s.normed, (1, h))?;
-        ops::q8_matmul_q8(
+        weight_product(
             g,
-            &self.model.head,
+            (self.model.head_type, &self.model.head),
             (&s.xq, &s.xd),
+            &s.normed,
             &self.logits,
             (1, h, cfg.vocab_size),
         )?;
@@ -575,7 +619,7 @@ impl GpuDecoder {
         for ((b, (k_cache, v_cache)), pairs) in
             self.model.blocks.iter().zip(&self.caches).zip(&self.pairs)
         {
-            let p = |t: LoraTarget| (&b.proj[slot(t)], &pairs[slot(t)]);
+            let p = |t: LoraTarget| ((b.types[slot(t)], &b.proj[slot(t)]), &pairs[slot(t)]);
             ops::rms_norm(g, &s.x, &b.attn_norm, &s.normed, (rows, h), eps)?;
             self.quantize(s, &s.normed, (rows, h))?;
             self.project(p(LoraTarget::Q), s, (&s.normed, &s.q), (rows, h, qd))?;

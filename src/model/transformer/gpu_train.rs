@@ -2,8 +2,9 @@
 //! set, and the gradient of `Σ d_lp · lp` with respect to every pair's `A` and `B`, through `gpu::ops` over the
 //! weights a [`GpuModel`] holds.
 //!
-//! The math is [`Transformer::target_logps`]'s with training's ops: the frozen products quantize their input to
-//! int8 per 32 values as the CPU path does, the LoRA terms multiply f32 inputs, attention is causal over the
+//! The math is [`Transformer::target_logps`]'s with training's ops: the frozen Q8_0 products quantize their input
+//! to int8 per 32 values as the CPU path does (Q4_0 and K-quant weights multiply f32 inputs, see
+//! [`super::GpuDecoder`]), the LoRA terms multiply f32 inputs, attention is causal over the
 //! sequence with its probabilities kept for the backward, and the head scores every position against its
 //! [`Targets`]. The backward takes the frozen products' transposes in f32, where the CPU quantizes the incoming
 //! gradient to int8: the two differ by that rounding.
@@ -13,7 +14,9 @@
 
 use std::sync::Arc;
 
-use super::gpu_decode::{BlockPairs, GpuBlock, f32s, slot, unsupported, upload_pairs};
+use super::gpu_decode::{
+    BlockPairs, GpuBlock, f32s, slot, unsupported, upload_pairs, weight_product, weight_product_t,
+};
 use super::*;
 use crate::gpu::ops::{self, HeadTargets, LoraGrads, LoraShape, Rotation, SequenceShape};
 use crate::gpu::{Buffer, Gpu, GpuError};
@@ -228,10 +231,12 @@ impl GpuTrainer {
         ops::rms_norm(gpu, &x, &m.norm, &nf, (len, h), cfg.rms_eps)?;
         let probs = gpu.zeros(len * cfg.vocab_size)?;
         quant.of(gpu, &nf, (len, h))?;
-        ops::q8_matmul_q8(
+        let head = (m.head_type, &m.head);
+        weight_product(
             gpu,
-            &m.head,
+            head,
             quant.parts(),
+            &nf,
             &probs,
             (len, h, cfg.vocab_size),
         )?;
@@ -286,7 +291,8 @@ impl GpuTrainer {
                            (k, n): (usize, usize)|
          -> GpuResult<()> {
             let i = slot(target);
-            ops::q8_matmul_q8(gpu, &b.proj[i], quant.parts(), y, (len, k, n))?;
+            let w = (b.types[i], &b.proj[i]);
+            weight_product(gpu, w, quant.parts(), input, y, (len, k, n))?;
             if let Some(l) = &pairs[i] {
                 let ti = zeros(len * l.rank)?;
                 let s = LoraShape {
@@ -382,7 +388,8 @@ impl GpuTrainer {
         let dlp = gpu.upload(d_lp)?;
         ops::head_logps_backward(gpu, &f.probs, &f.targets, &dlp, cfg.vocab_size)?;
         let dnf = gpu.zeros(len * h)?;
-        ops::q8_matmul_t(gpu, &m.head, &f.probs, &dnf, (len, h, cfg.vocab_size))?;
+        let head = (m.head_type, &m.head);
+        weight_product_t(gpu, head, &f.probs, &dnf, (len, h, cfg.vocab_size))?;
         let dx = gpu.zeros(len * h)?;
         ops::rms_norm_backward(
             gpu,
@@ -437,12 +444,13 @@ impl GpuTrainer {
          -> GpuResult<()> {
             let i = slot(target);
             let (n, k) = proj_dims(cfg, i);
+            let w = (b.types[i], &b.proj[i]);
             if add {
                 let tmp = zeros(len * k)?;
-                ops::q8_matmul_t(gpu, &b.proj[i], dy, &tmp, (len, k, n))?;
+                weight_product_t(gpu, w, dy, &tmp, (len, k, n))?;
                 ops::add_into(gpu, d_in, &tmp, len * k)?;
             } else {
-                ops::q8_matmul_t(gpu, &b.proj[i], dy, d_in, (len, k, n))?;
+                weight_product_t(gpu, w, dy, d_in, (len, k, n))?;
             }
             if let (Some(p), Some(t), Some((acc_a, acc_b))) =
                 (&self.pairs[l][i], &s.t[i], &self.grads[l][i])
