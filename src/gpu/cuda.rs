@@ -226,6 +226,13 @@ impl Runtime for CudaRuntime {
         unsafe { drv::memcpy_htod_sync(dst, src) }.map_err(drv_err("cuMemcpyHtoD"))
     }
 
+    fn zero(&self, dst: u64, bytes: usize) -> Result<(), GpuError> {
+        self.current()?;
+        // SAFETY: `dst` is a device allocation of at least `bytes` bytes (Buffer's own size); our stream.
+        unsafe { drv::memset_d8_async(dst, 0, bytes, self.stream) }
+            .map_err(drv_err("cuMemsetD8Async"))
+    }
+
     fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
         self.current()?;
         // SAFETY: the stream is ours.

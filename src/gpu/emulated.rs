@@ -87,6 +87,19 @@ impl Runtime for EmulatedRuntime {
         Ok(())
     }
 
+    fn zero(&self, dst: u64, bytes: usize) -> Result<(), GpuError> {
+        let mut s = self.lock();
+        let buf = s
+            .memory
+            .get_mut(&dst)
+            .ok_or_else(|| fault(format!("zeroing {dst:#x}, not a buffer")))?;
+        let have = buf.len();
+        buf.get_mut(..bytes)
+            .ok_or_else(|| fault(format!("zeroing {bytes} bytes of {have}")))?
+            .fill(0);
+        Ok(())
+    }
+
     fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError> {
         let s = self.lock();
         let buf = s

@@ -237,6 +237,10 @@ pub(crate) trait Runtime: Send + Sync {
     /// `ptr` came from `alloc` on this runtime and is freed once.
     unsafe fn free(&self, ptr: u64);
     fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError>;
+    /// Zeroes `bytes` at `dst` in stream order (after the kernels launched so far, before those after).
+    fn zero(&self, dst: u64, bytes: usize) -> Result<(), GpuError> {
+        self.htod(dst, &vec![0u8; bytes])
+    }
     fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<(), GpuError>;
     fn function(&self, entry: &'static str) -> Result<Func, GpuError>;
     /// # Safety
@@ -409,11 +413,11 @@ impl Gpu {
         Ok(buf)
     }
 
-    /// A device buffer of `len` zeroed elements.
+    /// A device buffer of `len` zeroed elements (zeroed on the device, in stream order).
     pub fn zeros<T: Pod>(&self, len: usize) -> Result<Buffer<T>, GpuError> {
         let buf = self.alloc::<T>(len)?;
         let _g = shared(&self.gate);
-        self.rt.htod(buf.ptr, &vec![0u8; buf.bytes()])?;
+        self.rt.zero(buf.ptr, buf.bytes())?;
         Ok(buf)
     }
 

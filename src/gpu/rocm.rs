@@ -78,6 +78,7 @@ api!(Hip {
     ) -> HipError;
     hipGetErrorString: fn(HipError) -> *const c_char;
     hipStreamCreateWithFlags: fn(*mut *mut c_void, c_uint) -> HipError;
+    hipMemsetAsync: fn(*mut c_void, c_int, usize, *mut c_void) -> HipError;
     hipStreamDestroy: fn(*mut c_void) -> HipError;
     hipStreamSynchronize: fn(*mut c_void) -> HipError;
     hipStreamBeginCapture: fn(*mut c_void, c_int) -> HipError;
@@ -350,6 +351,14 @@ impl Runtime for RocmRuntime {
         // SAFETY: `dst` holds at least `src.len()` bytes (Buffer checks lengths); the copy is synchronous.
         check(self.hip, "hipMemcpyHtoD", unsafe {
             (self.hip.hipMemcpyHtoD)(dst as *mut c_void, src.as_ptr().cast(), src.len())
+        })
+    }
+
+    fn zero(&self, dst: u64, bytes: usize) -> Result<(), GpuError> {
+        self.current()?;
+        // SAFETY: `dst` holds at least `bytes` bytes (Buffer's own size); our stream.
+        check(self.hip, "hipMemsetAsync", unsafe {
+            (self.hip.hipMemsetAsync)(dst as *mut c_void, 0, bytes, self.stream as *mut c_void)
         })
     }
 
