@@ -122,3 +122,44 @@ fn the_graph_names_the_trainer_device() {
     let e = ron::from_str::<TrainerSettings>("(device: \"gpu0\")").unwrap_err();
     assert!(e.to_string().contains("gpu0"), "{e}");
 }
+
+/// The trainer node's `device` reaches each cycle: its delta's provenance says where it trained.
+#[test]
+fn a_cycle_on_the_trainer_device_records_it_in_the_delta() {
+    use hearth::train::{Cycles, cycle::TrainerSettings};
+    use std::sync::Arc;
+    for (device, on) in [(Device::Emulated, "emulated"), (Device::Cpu, "cpu")] {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, _, _) = tiny(dir.path());
+        let data = dir.path().join("data");
+        hearth::store::Store::open(&data).unwrap();
+        let mut recipe = fast_cfg();
+        recipe.steps = 1;
+        let settings = TrainerSettings {
+            min_samples: 2,
+            await_verdict: false,
+            device,
+            train: Box::new(recipe),
+            ..TrainerSettings::default()
+        };
+        let base = Arc::new(hearth::model::Base::load(&model).unwrap());
+        let mut cycles = Cycles::new(
+            settings.cycle_settings("t", &data),
+            Arc::new(move || Ok(base.clone())),
+        );
+        for i in 0..2 {
+            cycles.add(&sft(&format!("s{i}"), &format!("q{i}"), "a"));
+        }
+        cycles.maybe_start().unwrap();
+        let delta = cycles.finished(true).unwrap().expect("a cycle ran");
+        let record = hearth::store::Store::open(&data)
+            .unwrap()
+            .delta(&delta.id)
+            .unwrap()
+            .unwrap();
+        let trained_on = record.provenance["metrics"]["device"]
+            .as_str()
+            .unwrap_or("");
+        assert!(trained_on.starts_with(on), "{device}: {trained_on}");
+    }
+}
