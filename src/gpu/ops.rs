@@ -713,10 +713,6 @@ impl HeadTargets {
             })?,
         })
     }
-
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
 }
 
 /// Row `r`'s weighted log-probability of its targets, `lp[r] = Σ w·(logits[r][id] − logsumexp(logits[r]))`;

@@ -100,11 +100,6 @@ impl GpuTrainer {
         })
     }
 
-    /// The weights this trainer runs over.
-    pub fn model(&self) -> &Arc<GpuModel> {
-        &self.model
-    }
-
     /// Uploads `lora`'s current values (the pairs a step differentiates) and zeroes the gradients. DoRA pairs
     /// are refused with the reason.
     pub fn set_adapter(&mut self, lora: Option<&LoraSet>) -> Result<()> {
