@@ -23,8 +23,8 @@ use super::reward::{Reward, builtin};
 use super::{Result, TrainConfig, TrainError, io_err};
 use crate::message::Sample;
 use crate::model::{
-    DeviceStatus, GenerateConfig, GpuModel, GpuTrainer, LoraPair, LoraSet, StopReason, Tokenizer,
-    Transformer,
+    DeviceStatus, GenerateConfig, GpuDecoder, GpuModel, GpuTrainer, LoraPair, LoraSet, StopReason,
+    Tokenizer, Transformer,
 };
 
 /// What one optimizer step did.
@@ -782,12 +782,33 @@ impl<'m> LoraTrainer<'m> {
         gen_cfg.temperature = self.cfg.grpo_temperature;
         let mut rows = Vec::new();
         let mut rewards = Vec::new();
+        // On a device, the group samples there from one decoder over the trainer's weights: the prompt is
+        // prefilled once and its cache reused by every completion.
+        let mut on_gpu = match &self.gpu {
+            Some(g) => {
+                let weights = g.lock().unwrap_or_else(|e| e.into_inner()).model().clone();
+                Some(GpuDecoder::on(weights, Some(&policy))?)
+            }
+            None => None,
+        };
         for _ in 0..self.cfg.grpo_group_size {
             gen_cfg.seed = rng.random();
-            let out =
-                crate::model::generate(self.model, self.tok, ids, Some(&policy), &gen_cfg, |_| {
-                    true
-                })?;
+            let sampled = on_gpu.as_mut().and_then(|d| {
+                crate::model::generate_on_gpu(d, self.tok, ids, &gen_cfg, |_| true)
+                    .inspect_err(|e| tracing::warn!("trainer: GRPO sample on the CPU: {e}"))
+                    .ok()
+            });
+            let out = match sampled {
+                Some((out, _)) => out,
+                None => crate::model::generate(
+                    self.model,
+                    self.tok,
+                    ids,
+                    Some(&policy),
+                    &gen_cfg,
+                    |_| true,
+                )?,
+            };
             let mut seq_ids = ids.to_vec();
             seq_ids.extend(&out.tokens);
             if let StopReason::StopToken(t) = out.reason {

@@ -70,6 +70,47 @@ fn a_trainer_on_a_gpu_takes_the_cpu_gradients() {
     }
 }
 
+/// A reward that tells completions apart: their length in bytes.
+struct Length;
+
+impl hearth::train::Reward for Length {
+    fn score(&self, _: &[hearth::message::ChatMessage], completion: &str, _: Option<&str>) -> f64 {
+        completion.len() as f64
+    }
+}
+
+/// With GRPO on, each scored prompt's group is sampled on the device from a decoder over the trainer's weights
+/// under the current pairs: the same completions as the CPU samples from the same seeds, so the same gradients
+/// (completions sampled without the pairs are rewarded otherwise, and the gradients are far apart).
+#[test]
+fn grpo_groups_sampled_on_a_gpu_give_the_cpu_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let recipe = TrainConfig {
+        grpo_group_size: 3,
+        grpo_max_new_tokens: 6,
+        grpo_temperature: 1.0,
+        ..cfg()
+    };
+    let parent = with_random_b(&LoraSet::fresh(&m, recipe.lora_config(), 1).unwrap(), 3);
+    let samples = vec![
+        scored("g1", "say hi", "hi", 1.0),
+        scored("g2", "name a colour", "red", 0.5),
+        sft("s1", "the sun is hot", "it is in the sky"),
+    ];
+    let trainer = |recipe: TrainConfig| {
+        LoraTrainer::new(&m, &tok, recipe, Some(&parent))
+            .unwrap()
+            .with_reward(std::sync::Arc::new(Length))
+    };
+    let want = trainer(recipe.clone()).gradients(&samples).unwrap();
+    let mut gpu = trainer(recipe);
+    gpu.use_device(Device::Emulated);
+    let got = gpu.gradients(&samples).unwrap();
+    let err = relative_error(&got, &want);
+    assert!(err < 3e-2, "relative error {err}");
+}
+
 #[test]
 fn a_cycle_reports_where_it_trained_and_why_not_on_the_device() {
     let dir = tempfile::tempdir().unwrap();

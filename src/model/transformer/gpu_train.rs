@@ -100,6 +100,11 @@ impl GpuTrainer {
         })
     }
 
+    /// The weights this trainer runs over (a decoder over them samples on the same device).
+    pub fn model(&self) -> &Arc<GpuModel> {
+        &self.model
+    }
+
     /// Uploads `lora`'s current values (the pairs a step differentiates) and zeroes the gradients. DoRA pairs
     /// are refused with the reason.
     pub fn set_adapter(&mut self, lora: Option<&LoraSet>) -> Result<()> {
