@@ -376,30 +376,53 @@ impl<'m> LoraTrainer<'m> {
 
     /// Runs each sequence's forward and backward on `device` (the optimizer and the losses stay on the CPU).
     /// Where it does not open, or its training step does not cover the base or the recipe (DoRA), training
-    /// stays on the CPU, with the reason in the returned status and in every cycle's report.
+    /// stays on the CPU, with the reason in the returned status and in every cycle's report; so does the rest
+    /// of a cycle in which the device fails.
     pub fn use_device(&mut self, device: crate::gpu::Device) -> &DeviceStatus {
         self.gpu = None;
-        let cpu = |notice: Option<String>| DeviceStatus {
-            running_on: "cpu".into(),
-            notice,
-        };
         self.device = match device.open() {
-            crate::gpu::Opened::Cpu(notice) => cpu(notice),
-            crate::gpu::Opened::Gpu(_) if self.cfg.dora => cpu(Some(format!(
-                "device {device}: DoRA has no GPU training step; training on the CPU"
-            ))),
-            crate::gpu::Opened::Gpu(g) => match GpuModel::new(&g, self.model, self.max_len)
-                .and_then(|m| GpuTrainer::new(Arc::new(m)))
-            {
+            crate::gpu::Opened::Cpu(notice) => DeviceStatus {
+                running_on: "cpu".into(),
+                notice,
+            },
+            crate::gpu::Opened::Gpu(g) => match GpuModel::new(&g, self.model, self.max_len) {
+                Ok(weights) => return self.use_gpu_weights(Arc::new(weights)),
+                Err(e) => DeviceStatus {
+                    running_on: "cpu".into(),
+                    notice: Some(format!("device {device}: {e}; training on the CPU")),
+                },
+            },
+        };
+        if let Some(n) = &self.device.notice {
+            tracing::warn!("trainer: {n}");
+        }
+        &self.device
+    }
+
+    /// [`Self::use_device`] over weights already on a device (of this trainer's base), for sequences of up to
+    /// their capacity.
+    pub fn use_gpu_weights(&mut self, weights: Arc<GpuModel>) -> &DeviceStatus {
+        let on = weights.describe();
+        let cpu = |notice: String| DeviceStatus {
+            running_on: "cpu".into(),
+            notice: Some(notice),
+        };
+        self.gpu = None;
+        self.device = if self.cfg.dora {
+            cpu(format!(
+                "{on}: DoRA has no GPU training step; training on the CPU"
+            ))
+        } else {
+            match GpuTrainer::new(weights) {
                 Ok(t) => {
                     self.gpu = Some(Arc::new(Mutex::new(t)));
                     DeviceStatus {
-                        running_on: format!("{device}: {}", g.describe()),
+                        running_on: on,
                         notice: None,
                     }
                 }
-                Err(e) => cpu(Some(format!("device {device}: {e}; training on the CPU"))),
-            },
+                Err(e) => cpu(format!("{on}: {e}; training on the CPU")),
+            }
         };
         if let Some(n) = &self.device.notice {
             tracing::warn!("trainer: {n}");
@@ -597,17 +620,34 @@ impl<'m> LoraTrainer<'m> {
                 let batch: Vec<&Example> = (0..self.cfg.batch_size)
                     .map(|j| &examples[order.at(micro as usize * self.cfg.batch_size + j)])
                     .collect();
-                let micro = self.micro_loss(&batch, &mut rng)?;
-                tokens += micro.tokens;
-                report.recomputed_micro_batches += usize::from(micro.recomputed);
-                let loss = (&micro.loss / self.cfg.grad_accum as f64)?;
-                let value = loss.to_scalar::<f32>()? as f64;
+                let attempt = match self.micro_gradients(&batch, &mut rng.clone()) {
+                    Err(e) if self.gpu.is_some() => {
+                        // The device failed (out of memory, a driver fault, a sequence it cannot hold): the
+                        // rest of the cycle runs on the CPU, from this micro-batch's own draws again.
+                        let notice = format!(
+                            "{} failed at step {step}: {e}; the rest of the cycle ran on the CPU",
+                            self.device.running_on
+                        );
+                        tracing::warn!("trainer: {notice}");
+                        self.gpu = None;
+                        self.device = DeviceStatus {
+                            running_on: "cpu".into(),
+                            notice: Some(notice),
+                        };
+                        report.device = self.device.running_on.clone();
+                        report.device_notice = self.device.notice.clone();
+                        self.micro_gradients(&batch, &mut rng)?
+                    }
+                    other => other?,
+                };
+                let (value, micro_tokens, recomputed, grads) = attempt;
+                tokens += micro_tokens;
+                report.recomputed_micro_batches += usize::from(recomputed);
                 loss_sum += value;
-                if !value.is_finite() {
+                let Some(grads) = grads else {
                     finite = false;
                     continue;
-                }
-                let grads = micro.gradients(&loss, &self.vars)?;
+                };
                 for (slot, g) in acc.iter_mut().zip(grads) {
                     if let Some(g) = g {
                         *slot = Some(match slot.take() {
@@ -838,6 +878,26 @@ impl<'m> LoraTrainer<'m> {
         }
         batch.grpo_prompts += 1;
         Ok(())
+    }
+
+    /// One micro-batch's share of a step: its loss (divided by `grad_accum`), non-pad tokens, whether its
+    /// forward ran again for the backward, and its gradients for every var (`None` when the loss is not
+    /// finite).
+    #[allow(clippy::type_complexity)]
+    fn micro_gradients(
+        &self,
+        batch: &[&Example],
+        rng: &mut StdRng,
+    ) -> Result<(f64, usize, bool, Option<Vec<Option<Tensor>>>)> {
+        let micro = self.micro_loss(batch, rng)?;
+        let loss = (&micro.loss / self.cfg.grad_accum as f64)?;
+        let value = loss.to_scalar::<f32>()? as f64;
+        let grads = if value.is_finite() {
+            Some(micro.gradients(&loss, &self.vars)?)
+        } else {
+            None
+        };
+        Ok((value, micro.tokens, micro.recomputed, grads))
     }
 
     /// The loss of one micro-batch, its non-pad token count and what its gradients need.

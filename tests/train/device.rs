@@ -149,6 +149,40 @@ fn a_cycle_reports_where_it_trained_and_why_not_on_the_device() {
     );
 }
 
+/// A device that fails mid-cycle (here: weights uploaded for sequences shorter than the cycle's) hands the rest
+/// of the cycle to the CPU from the failed micro-batch's own draws: the cycle ends as a CPU-only one does, to
+/// the byte, and its report says so and why.
+#[test]
+fn a_device_that_fails_mid_cycle_leaves_the_rest_to_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny(dir.path());
+    let gpu = hearth::gpu::Gpu::open(Device::Emulated).unwrap();
+    let short = std::sync::Arc::new(hearth::model::GpuModel::new(&gpu, &m, 8).unwrap());
+    let mut failing = LoraTrainer::new(&m, &tok, cfg(), None).unwrap();
+    assert!(
+        failing
+            .use_gpu_weights(short)
+            .running_on
+            .starts_with("emulated")
+    );
+    let report = failing.train_cycle(&mixed(), |_| {}).unwrap();
+    assert_eq!(report.device, "cpu");
+    let notice = report.device_notice.clone().unwrap_or_default();
+    assert!(
+        notice.contains("failed at step 0") && notice.contains("positions"),
+        "{notice}"
+    );
+    let mut cpu = LoraTrainer::new(&m, &tok, cfg(), None).unwrap();
+    let want = cpu.train_cycle(&mixed(), |_| {}).unwrap();
+    assert_eq!(report.losses, want.losses);
+    let bytes = |tr: &LoraTrainer, name: &str| {
+        let out = dir.path().join(name);
+        tr.adapter().unwrap().save_peft(&out, m.config()).unwrap();
+        std::fs::read(out.join("adapter_model.safetensors")).unwrap()
+    };
+    assert_eq!(bytes(&failing, "failing"), bytes(&cpu, "cpu"));
+}
+
 #[test]
 fn the_graph_names_the_trainer_device() {
     use hearth::train::cycle::TrainerSettings;

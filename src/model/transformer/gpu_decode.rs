@@ -314,6 +314,13 @@ impl GpuModel {
     }
 }
 
+impl GpuModel {
+    /// The device and the GPU's name (`cuda:0: NVIDIA H100 ... (sm_90)`).
+    pub fn describe(&self) -> String {
+        format!("{}: {}", self.gpu.device(), self.gpu.describe())
+    }
+}
+
 impl GpuDecoder {
     /// A decoder for `model` on `device` with a cache as long as the model's context allows (or the attention
     /// kernel holds); `None`, with the reason in the status, when the device does not open or the step does not
