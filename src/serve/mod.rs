@@ -847,15 +847,16 @@ impl Engine {
         }
         let started = Instant::now();
         let pipe = job.pipe.clone();
+        let streamed = std::cell::Cell::new(false);
         let on_token = |ev: crate::model::TokenEvent<'_>| {
             if !ev.text.is_empty() {
+                streamed.set(true);
                 pipe.push(StreamEvent::Text(ev.text.to_owned()));
             }
             !pipe.is_cancelled()
         };
-        let result = match self.gpu.is_empty() {
-            false => self.generate_on_gpu(&job, on_token),
-            true => crate::model::generate_reusing(
+        let on_cpu = |on_token| {
+            crate::model::generate_reusing(
                 &self.model,
                 &self.tok,
                 &job.ids,
@@ -868,7 +869,20 @@ impl Engine {
                 self.prompt_cache
                     .put(job.lora.clone(), prefix, |a| self.registry.holds(a));
                 (out, reused)
-            }),
+            })
+        };
+        let result = match self.gpu.is_empty() {
+            false => match self.generate_on_gpu(&job, on_token) {
+                // What the decoder cannot take (a DoRA delta, a prompt past its cache, the device out of
+                // memory) is answered on the CPU, unless part of the answer has gone out already.
+                Err(e) if !streamed.get() => {
+                    tracing::warn!(id = %job.id, error = %e, "GPU generation failed; answering on the CPU");
+                    metrics::counter!("hearth_serve_gpu_fallbacks_total").increment(1);
+                    on_cpu(on_token)
+                }
+                other => other,
+            },
+            true => on_cpu(on_token),
         };
         let (out, cached_prompt_tokens) = match result {
             Ok(r) => r,

@@ -1120,3 +1120,39 @@ fn the_device_option_moves_generation_and_says_where() {
         .to_string();
     assert!(e.contains("gpu0"), "{e}");
 }
+
+/// A request the GPU decoder cannot take (here a DoRA delta, which it has no step for) is answered on the CPU,
+/// as a server on the CPU answers it, instead of failing.
+#[test]
+fn what_the_gpu_decoder_cannot_take_is_answered_on_the_cpu() {
+    use hearth::gpu::Device as Dev;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-q8.gguf");
+    let mut spec = TinySpec::new(Arch::Llama);
+    spec.dtype = candle_core::quantized::GgmlDType::Q8_0;
+    write_tiny_model(&path, &spec).unwrap();
+    let model = Transformer::from_gguf(&path).unwrap();
+    let mut cfg = LoraConfig::new(4, 8.0, &[LoraTarget::Q, LoraTarget::V]);
+    cfg.use_dora = true;
+    let dora = Arc::new(LoraSet::fresh(&model, cfg, 5).unwrap());
+    let answer = |device: Dev| {
+        let server = Server::load(
+            &path,
+            ServeConfig {
+                device,
+                ..config(4)
+            },
+        )
+        .unwrap();
+        server.engine().insert_adapter("d", dora.clone()).unwrap();
+        let addr = server.listen("127.0.0.1:0").unwrap();
+        let r = chat(addr, "d", "hello there", 10);
+        server.shutdown();
+        assert_eq!(r.code, 200, "{device}: {}", r.body);
+        json_of(&r)["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(answer(Dev::Emulated), answer(Dev::Cpu));
+}
