@@ -571,20 +571,14 @@ impl<'m> Evaluator<'m> {
 
     /// `(sum of scored log-probs, scored tokens)` per sequence, in batches.
     pub(crate) fn logps(&self, lora: Option<&LoraSet>, seqs: &[Seq]) -> Result<Vec<(f64, usize)>> {
-        let mut out = Vec::with_capacity(seqs.len());
         if let Some(scorer) = self.scorer {
-            let mut g = scorer.lock().unwrap_or_else(|p| p.into_inner());
-            if lora.is_some() {
-                g.set_adapter(lora)?;
+            // What the device cannot take (a DoRA delta, a device fault) is scored on the CPU.
+            match self.gpu_logps(scorer, lora, seqs) {
+                Ok(out) => return Ok(out),
+                Err(e) => tracing::warn!("gate: likelihoods on the CPU: {e}"),
             }
-            for s in seqs {
-                let tl = gpu_token_logps(&g, s, self.pad, lora.is_none())?;
-                let sum: f32 = tl.sums()?.to_vec1()?.first().copied().unwrap_or(0.0);
-                let count = tl.counts()?.first().copied().unwrap_or(0.0);
-                out.push((sum as f64, count as usize));
-            }
-            return Ok(out);
         }
+        let mut out = Vec::with_capacity(seqs.len());
         for chunk in seqs.chunks(self.cfg.batch_size.max(1)) {
             let refs: Vec<&Seq> = chunk.iter().collect();
             let tl = token_logps(self.model, lora, &refs, self.pad)?;
@@ -595,6 +589,27 @@ impl<'m> Evaluator<'m> {
                     .zip(counts)
                     .map(|(s, c)| (s as f64, c as usize)),
             );
+        }
+        Ok(out)
+    }
+
+    /// [`Self::logps`] through the scorer's forward, one sequence at a time.
+    fn gpu_logps(
+        &self,
+        scorer: &std::sync::Mutex<crate::model::GpuTrainer>,
+        lora: Option<&LoraSet>,
+        seqs: &[Seq],
+    ) -> Result<Vec<(f64, usize)>> {
+        let mut g = scorer.lock().unwrap_or_else(|p| p.into_inner());
+        if lora.is_some() {
+            g.set_adapter(lora)?;
+        }
+        let mut out = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let tl = gpu_token_logps(&g, s, self.pad, lora.is_none())?;
+            let sum: f32 = tl.sums()?.to_vec1()?.first().copied().unwrap_or(0.0);
+            let count = tl.counts()?.first().copied().unwrap_or(0.0);
+            out.push((sum as f64, count as usize));
         }
         Ok(out)
     }
@@ -695,12 +710,14 @@ impl<'m> Evaluator<'m> {
         let cfg = GenerateConfig::greedy(self.tok, max_tokens);
         if let Some(gpu) = self.gpu {
             let mut dec = gpu.lock().unwrap_or_else(|p| p.into_inner());
-            dec.set_adapter(lora)?;
-            return Ok(
-                crate::model::generate_on_gpu(&mut dec, self.tok, &ids, &cfg, |_| true)?
-                    .0
-                    .text,
-            );
+            let answer = dec.set_adapter(lora).and_then(|()| {
+                crate::model::generate_on_gpu(&mut dec, self.tok, &ids, &cfg, |_| true)
+            });
+            // What the decoder cannot take (a DoRA delta, a device fault) is answered on the CPU.
+            match answer {
+                Ok((out, _)) => return Ok(out.text),
+                Err(e) => tracing::warn!("gate: answering on the CPU: {e}"),
+            }
         }
         Ok(generate(self.model, self.tok, &ids, lora, &cfg, |_| true)?.text)
     }

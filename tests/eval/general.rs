@@ -398,6 +398,44 @@ fn the_likelihood_legs_score_on_the_device_they_are_given() {
     );
 }
 
+/// A delta the device cannot run (DoRA) is judged on the CPU, answers and likelihoods alike, rather than
+/// failing the verdict.
+#[test]
+fn a_delta_the_device_cannot_run_is_judged_on_the_cpu() {
+    use hearth::gpu::{Device, Gpu};
+    use hearth::model::{GpuDecoder, GpuTrainer, LoraConfig, LoraTarget};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, tok) = tiny_with(dir.path(), false);
+    let set = probes();
+    let cfg = GateConfig {
+        general_max_tokens: 4,
+        ..GateConfig::default()
+    };
+    let mut lora_cfg = LoraConfig::new(4, 8.0, &[LoraTarget::Q, LoraTarget::Up]);
+    lora_cfg.use_dora = true;
+    let dora = LoraSet::fresh(&m, lora_cfg, 2).unwrap();
+    let gpu = Gpu::open(Device::Emulated).unwrap();
+    let dec = GpuDecoder::new(&gpu, &m, m.max_positions(), None).unwrap();
+    let scorer = std::sync::Mutex::new(GpuTrainer::new(dec.model().clone()).unwrap());
+    let dec = std::sync::Mutex::new(dec);
+    let on_cpu = Evaluator::new(&m, &tok, &set, &cfg);
+    let on_gpu = Evaluator::new(&m, &tok, &set, &cfg)
+        .with_gpu(Some(&dec))
+        .with_scorer(Some(&scorer));
+    let personal = vec![PersonalProbe {
+        prompt: vec![ChatMessage::new(Role::User, "what is my cat called")],
+        answer: "Miso.".into(),
+    }];
+    assert_eq!(
+        on_gpu.general_answers(Some(&dora)).unwrap(),
+        on_cpu.general_answers(Some(&dora)).unwrap()
+    );
+    assert_eq!(
+        on_gpu.personal_nll(Some(&dora), &personal).unwrap(),
+        on_cpu.personal_nll(Some(&dora), &personal).unwrap()
+    );
+}
+
 /// With a GPU decoder (the emulated device here) the general leg's answers are generated on it, as a server on
 /// that device answers: a delta taught the probes passes them there as on the CPU, the broken one fails the
 /// same two, and the base (no adapter, after both) answers as it did before them.
