@@ -1,4 +1,4 @@
-// The glue of a decode or prefill step: the residual and bias adds and the KV cache append, so a whole step
+// The glue of a decode or prefill step: the residual and bias adds, DoRA's row factors and the KV cache append, so a whole step
 // stays on the device.
 #include "prelude.h"
 
@@ -6,6 +6,12 @@
 extern "C" __global__ void add_into(float* x, const float* d, int n, int period) {
     int i = HEARTH_BID_X * HEARTH_BDIM_X + HEARTH_TID_X;
     if (i < n) x[i] += d[i % period];
+}
+
+// x[i] *= f[i % period] over n values: DoRA's factor on every row of a projection's output.
+extern "C" __global__ void mul_rows(float* x, const float* f, int n, int period) {
+    int i = HEARTH_BID_X * HEARTH_BDIM_X + HEARTH_TID_X;
+    if (i < n) x[i] *= f[i % period];
 }
 
 // Writes rows tokens' keys or values src [rows, kv_heads, hd] at positions *pos .. *pos + rows - 1 of cache

@@ -849,6 +849,16 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
                 Ok(())
             })
         }
+        "mul_rows" => {
+            let (n, period) = (a.int(2)?, a.int(3)?.max(1));
+            let f = m.f32s(a.ptr(1)?, period)?;
+            m.write_f32(a.ptr(0)?, n, |x| {
+                x.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x *= f[i % period]);
+                Ok(())
+            })
+        }
         "kv_append" => {
             let (rows, kv_heads, cap, hd) = (a.int(3)?, a.int(4)?, a.int(5)?, a.int(6)?);
             let first = index(m.i32s(a.ptr(2)?, 1)?[0], cap, "position")?;

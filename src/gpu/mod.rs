@@ -179,7 +179,10 @@ pub const KERNELS: &[Kernel] = &[
     kernel!("silu_mul", ["silu_mul", "silu_mul_backward"]),
     kernel!("softmax", ["softmax_rows", "softmax_backward"]),
     kernel!("lora", ["lora_gemm"]),
-    kernel!("elementwise", ["add_into", "kv_append", "advance"]),
+    kernel!(
+        "elementwise",
+        ["add_into", "mul_rows", "kv_append", "advance"]
+    ),
 ];
 
 /// The kernel source that defines `entry`.

@@ -1066,6 +1066,26 @@ pub fn add_rows(
     )
 }
 
+/// `x[r] *= f` elementwise for each of `rows` rows of `n` values (DoRA's factor per output).
+pub fn mul_rows(
+    gpu: &Gpu,
+    x: &Buffer<f32>,
+    f: &Buffer<f32>,
+    (rows, n): (usize, usize),
+) -> Result<(), GpuError> {
+    const OP: &str = "mul_rows";
+    let (ni, total) = (dim(OP, "n", n)?, dim(OP, "rows · n", rows * n)?);
+    need(OP, "x", x, rows * n)?;
+    need(OP, "f", f, n)?;
+    gpu.launch(
+        OP,
+        (blocks(rows * n), 1, 1),
+        BLOCK,
+        0,
+        &[x.arg(), f.arg(), Arg::I32(total), Arg::I32(ni)],
+    )
+}
+
 /// Writes `rows` tokens' `src` `[rows, kv_heads, head_dim]` into `cache` `[kv_heads, capacity, head_dim]` at
 /// positions `pos[0]..pos[0] + rows` (a device value; the caller keeps them below `capacity` and moves `pos` on
 /// with [`advance`]).

@@ -398,8 +398,8 @@ fn the_likelihood_legs_score_on_the_device_they_are_given() {
     );
 }
 
-/// A delta the device cannot run (DoRA) is judged on the CPU, answers and likelihoods alike, rather than
-/// failing the verdict.
+/// What the device cannot run is judged on the CPU rather than failing the verdict: a DoRA delta's likelihoods
+/// (the scorer is training's forward, which has no DoRA step; the decoder answers with it as the CPU does).
 #[test]
 fn a_delta_the_device_cannot_run_is_judged_on_the_cpu() {
     use hearth::gpu::{Device, Gpu};

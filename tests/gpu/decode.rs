@@ -220,10 +220,6 @@ fn what_the_gpu_step_cannot_run_is_refused_with_the_reason() {
     assert!(e.contains("a cache of 0 positions"), "{e}");
     let e = refused(&m, 1 << 20, None);
     assert!(e.contains("positions"), "{e}");
-    let mut cfg = LoraConfig::new(4, 8.0, &LoraTarget::ALL);
-    cfg.use_dora = true;
-    let dora = LoraSet::fresh(&m, cfg, 1).unwrap();
-    assert!(refused(&m, 16, Some(&dora)).contains("DoRA"));
 
     // Step errors: a token outside the vocabulary, and a full cache.
     let mut d = GpuDecoder::new(&gpu, &m, 2, None).unwrap();
@@ -420,5 +416,42 @@ fn the_gpu_step_reads_the_four_bit_and_k_quant_types_as_stored() {
                 assert!(err < 1e-4, "{dtype:?} step {i}: relative error {err}");
             }
         }
+    }
+}
+
+/// DoRA pairs decode on the GPU: the unmerged product times each output's factor `m / ‖W + ΔW‖_row`, which the
+/// CPU model computes from its weights once per adapter, as the CPU decode does.
+#[test]
+fn dora_pairs_decode_on_the_gpu_as_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny(dir.path(), Arch::Llama, GgmlDType::Q8_0);
+    let mut cfg = LoraConfig::new(4, 8.0, &LoraTarget::ALL);
+    cfg.use_dora = true;
+    let fresh = LoraSet::fresh(&m, cfg.clone(), 1).unwrap();
+    // B ≠ 0 and magnitudes off the weights' own norms, so that both the delta and the factor matter.
+    let mut rng = StdRng::seed_from_u64(2);
+    let mut dora = LoraSet::empty(cfg);
+    for (&(l, t), p) in fresh.iter() {
+        let (out, r) = p.b.dims2().unwrap();
+        let b: Vec<f32> = (0..out * r)
+            .map(|_| rng.random_range(-0.2f32..0.2))
+            .collect();
+        let b = Tensor::from_vec(b, (out, r), &Device::Cpu).unwrap();
+        let mag = (p.magnitude.as_ref().unwrap() * 1.3).unwrap();
+        dora.insert(
+            l,
+            t,
+            LoraPair::with_magnitude(p.a.clone(), b, p.scale, Some(mag)),
+        );
+    }
+    for gpu in devices("dora_pairs_decode_on_the_gpu_as_on_the_cpu") {
+        let mut t = Tally::default();
+        let cpu = cpu_steps(&m, &PROMPT, Some(&dora));
+        let base = cpu_steps(&m, &PROMPT, None);
+        let mut d = GpuDecoder::new(&gpu, &m, 32, Some(&dora)).unwrap();
+        let got = gpu_steps(&mut d, &PROMPT);
+        t.compare(&gpu.describe(), &got, &cpu);
+        t.check(&gpu.describe());
+        assert_ne!(got, base, "the DoRA pairs change nothing");
     }
 }

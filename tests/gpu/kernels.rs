@@ -836,6 +836,16 @@ fn add_kv_append_and_advance_write_what_they_name() {
             .map(|(a, b)| *a as f64 + *b as f64)
             .collect();
         close("add_into", &down(&gpu, &xb), &want, 1e-7);
+        // Three rows of 100 scaled by one factor per column.
+        let f = random(100, 28);
+        let (yb, fb) = (up(&gpu, &x), up(&gpu, &f));
+        ops::mul_rows(&gpu, &yb, &fb, (3, 100)).unwrap();
+        let want: Vec<f64> = x
+            .iter()
+            .enumerate()
+            .map(|(i, a)| *a as f64 * f[i % 100] as f64)
+            .collect();
+        close("mul_rows", &down(&gpu, &yb), &want, 1e-7);
 
         let s = AttentionShape {
             heads: 4,

@@ -1121,38 +1121,48 @@ fn the_device_option_moves_generation_and_says_where() {
     assert!(e.contains("gpu0"), "{e}");
 }
 
-/// A request the GPU decoder cannot take (here a DoRA delta, which it has no step for) is answered on the CPU,
-/// as a server on the CPU answers it, instead of failing.
+/// A request the GPU decoder cannot take (here a prompt past its cache, which attention's shared memory
+/// bounds below this model's context) is answered on the CPU, as a server on the CPU answers it, instead of
+/// failing; a DoRA delta is answered on the GPU as on the CPU.
 #[test]
 fn what_the_gpu_decoder_cannot_take_is_answered_on_the_cpu() {
     use hearth::gpu::Device as Dev;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny-q8.gguf");
+    let path = dir.path().join("tiny-long.gguf");
     let mut spec = TinySpec::new(Arch::Llama);
     spec.dtype = candle_core::quantized::GgmlDType::Q8_0;
+    spec.context_length = hearth::gpu::ops::ATTENTION_MAX_POSITIONS + 512;
     write_tiny_model(&path, &spec).unwrap();
     let model = Transformer::from_gguf(&path).unwrap();
     let mut cfg = LoraConfig::new(4, 8.0, &[LoraTarget::Q, LoraTarget::V]);
     cfg.use_dora = true;
     let dora = Arc::new(LoraSet::fresh(&model, cfg, 5).unwrap());
-    let answer = |device: Dev| {
-        let server = Server::load(
-            &path,
-            ServeConfig {
-                device,
-                ..config(4)
-            },
-        )
-        .unwrap();
+    // Four tokens a repeat in the tiny vocabulary: a prompt between the two limits.
+    let long = "the owl ".repeat((hearth::gpu::ops::ATTENTION_MAX_POSITIONS + 200) / 4);
+    let answers = |device: Dev| {
+        let cfg = ServeConfig {
+            device,
+            max_body_bytes: 1 << 20,
+            ..config(4)
+        };
+        let server = Server::load(&path, cfg).unwrap();
         server.engine().insert_adapter("d", dora.clone()).unwrap();
         let addr = server.listen("127.0.0.1:0").unwrap();
-        let r = chat(addr, "d", "hello there", 10);
+        let mut out = Vec::new();
+        for (m, prompt) in [("d", "hello there"), ("tiny", long.as_str())] {
+            let r = chat(addr, m, prompt, 4);
+            assert_eq!(r.code, 200, "{device}: {}", r.body);
+            let j = json_of(&r);
+            assert!(j["usage"]["prompt_tokens"].as_u64().unwrap() > 10, "{j}");
+            out.push(
+                j["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
         server.shutdown();
-        assert_eq!(r.code, 200, "{device}: {}", r.body);
-        json_of(&r)["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .to_owned()
+        out
     };
-    assert_eq!(answer(Dev::Emulated), answer(Dev::Cpu));
+    assert_eq!(answers(Dev::Emulated), answers(Dev::Cpu));
 }

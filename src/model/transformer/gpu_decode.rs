@@ -11,8 +11,8 @@
 //! define, which the CPU computes within its own 8-bit rounding of the activations.
 //!
 //! Covered: the llama, qwen2 (q/k/v biases), qwen3 (q/k norms) and phi3 architectures with those weight types
-//! (load with `requantize: Q8_0` for others), plain LoRA and rsLoRA pairs. Gemma 3 and DoRA are refused with
-//! the reason, so that a caller can stay on the CPU.
+//! (load with `requantize: Q8_0` for others), LoRA, rsLoRA and DoRA pairs. Gemma 3 is refused with the reason,
+//! so that a caller can stay on the CPU.
 
 use candle_core::quantized::GgmlDType;
 
@@ -26,6 +26,8 @@ pub(super) struct GpuLora {
     pub(super) b: Buffer<f32>,
     pub(super) rank: usize,
     pub(super) scale: f32,
+    /// DoRA's `m / ‖W + ΔW‖_row` per output, applied to the whole product (decoding only).
+    pub(super) dora: Option<Buffer<f32>>,
 }
 
 /// One block's frozen weights on the device.
@@ -63,6 +65,8 @@ pub struct GpuModel {
     pub(super) cos: Buffer<f32>,
     pub(super) sin: Buffer<f32>,
     pub(super) interleaved: bool,
+    /// The model on the CPU (its weights shared, not copied): DoRA pairs' row factors come from its weights.
+    pub(super) cpu: Transformer,
     /// The longest sequence a decoder over it holds (the RoPE tables' length).
     pub(super) capacity: usize,
 }
@@ -152,10 +156,13 @@ pub(super) fn unsupported(what: impl std::fmt::Display) -> ModelError {
 }
 
 /// `lora`'s pairs for `layers` blocks on the device (none with `None`), and the largest rank (1 without any).
+/// DoRA pairs take their row factors from `dora`'s weights (the model the pairs adapt); without it, as in
+/// training, whose backward does not differentiate the factor, they are refused.
 pub(super) fn upload_pairs(
     gpu: &Gpu,
     lora: Option<&LoraSet>,
     layers: usize,
+    dora: Option<&Transformer>,
 ) -> Result<(Vec<BlockPairs>, usize)> {
     let mut max_rank = 1;
     let mut out: Vec<BlockPairs> = (0..layers).map(|_| Default::default()).collect();
@@ -163,10 +170,22 @@ pub(super) fn upload_pairs(
         for t in LoraTarget::ALL {
             pairs[slot(t)] = match lora.and_then(|set| set.get(l, t)) {
                 None => None,
-                Some(pair) if pair.magnitude.is_some() => {
-                    return Err(unsupported("DoRA pairs have no GPU step yet"));
-                }
                 Some(pair) => {
+                    let factor = match (&pair.magnitude, dora) {
+                        (None, _) => None,
+                        (Some(_), Some(model)) => {
+                            let block = model.blocks.get(l).ok_or_else(|| {
+                                unsupported(format!("a DoRA pair for block {l} of {layers}"))
+                            })?;
+                            match block.linear(t).dora_factor(pair)? {
+                                Some(f) => Some(gpu.upload(&f32s(&f)?)?),
+                                None => None,
+                            }
+                        }
+                        (Some(_), None) => {
+                            return Err(unsupported("DoRA pairs have no GPU training step yet"));
+                        }
+                    };
                     let rank = pair.a.dim(0)?;
                     max_rank = max_rank.max(rank);
                     Some(GpuLora {
@@ -174,6 +193,7 @@ pub(super) fn upload_pairs(
                         b: gpu.upload(&f32s(&pair.b)?)?,
                         rank,
                         scale: pair.scale as f32,
+                        dora: factor,
                     })
                 }
             };
@@ -304,6 +324,7 @@ impl GpuModel {
             norm: up_f32(&model.norm)?,
             head: gpu.upload(&head)?,
             head_type,
+            cpu: model.clone(),
             cos: table(&model.rope.cos)?,
             sin: table(&model.rope.sin)?,
             interleaved: model.rope.interleaved,
@@ -405,7 +426,8 @@ impl GpuDecoder {
         self.graph = None;
         self.reset()?;
         let gpu = self.model.gpu.clone();
-        let (pairs, max_rank) = upload_pairs(&gpu, lora, self.model.blocks.len())?;
+        let model = &self.model;
+        let (pairs, max_rank) = upload_pairs(&gpu, lora, model.blocks.len(), Some(&model.cpu))?;
         self.pairs = pairs;
         if max_rank > self.rank {
             self.rank = max_rank;
@@ -563,6 +585,9 @@ impl GpuDecoder {
                 n,
             };
             ops::lora_forward(&self.model.gpu, x, &l.a, &l.b, &s.lora_t, y, shape, l.scale)?;
+            if let Some(f) = &l.dora {
+                ops::mul_rows(&self.model.gpu, y, f, (rows, n))?;
+            }
         }
         Ok(())
     }

@@ -109,7 +109,7 @@ impl GpuTrainer {
     /// are refused with the reason.
     pub fn set_adapter(&mut self, lora: Option<&LoraSet>) -> Result<()> {
         let gpu = &self.model.gpu;
-        let (pairs, _) = upload_pairs(gpu, lora, self.model.blocks.len())?;
+        let (pairs, _) = upload_pairs(gpu, lora, self.model.blocks.len(), None)?;
         let mut grads = Vec::new();
         for block in &pairs {
             let mut g: BlockGrads = Default::default();
