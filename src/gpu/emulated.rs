@@ -755,6 +755,19 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
                 Ok(())
             })
         }
+        "gelu_mul" => {
+            let n = a.int(3)?;
+            let g = m.f32s(a.ptr(0)?, n)?;
+            let u = m.f32s(a.ptr(1)?, n)?;
+            m.write_f32(a.ptr(2)?, n, |out| {
+                for i in 0..n {
+                    let x = g[i];
+                    let y = 0.797_884_6 * x * (1.0 + 0.044715 * x * x);
+                    out[i] = 0.5 * x * (1.0 + y.tanh()) * u[i];
+                }
+                Ok(())
+            })
+        }
         "silu_mul_backward" => {
             let n = a.int(5)?;
             let g = m.f32s(a.ptr(0)?, n)?;

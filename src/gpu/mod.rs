@@ -176,7 +176,7 @@ pub const KERNELS: &[Kernel] = &[
         ]
     ),
     kernel!("head", ["head_logps", "head_logps_backward"]),
-    kernel!("silu_mul", ["silu_mul", "silu_mul_backward"]),
+    kernel!("silu_mul", ["silu_mul", "silu_mul_backward", "gelu_mul"]),
     kernel!("softmax", ["softmax_rows", "softmax_backward"]),
     kernel!("lora", ["lora_gemm"]),
     kernel!(

@@ -799,6 +799,28 @@ pub fn silu_mul(
     )
 }
 
+/// `out = gelu(g) · u` (GELU's tanh approximation, as Gemma's MLP), elementwise over `n` values.
+pub fn gelu_mul(
+    gpu: &Gpu,
+    g: &Buffer<f32>,
+    u: &Buffer<f32>,
+    out: &Buffer<f32>,
+    n: usize,
+) -> Result<(), GpuError> {
+    const OP: &str = "gelu_mul";
+    let ni = dim(OP, "n", n)?;
+    for (what, b) in [("g", g), ("u", u), ("out", out)] {
+        need(OP, what, b, n)?;
+    }
+    gpu.launch(
+        OP,
+        (blocks(n), 1, 1),
+        BLOCK,
+        0,
+        &[g.arg(), u.arg(), out.arg(), Arg::I32(ni)],
+    )
+}
+
 /// The backward of [`silu_mul`]: `dg` and `du` from `dy`.
 pub fn silu_mul_backward(
     gpu: &Gpu,

@@ -228,6 +228,13 @@ fn what_gpu_training_cannot_run_is_refused_with_the_reason() {
         let dora = LoraSet::fresh(&m, cfg, 1).unwrap();
         let e = tr.set_adapter(Some(&dora)).unwrap_err();
         assert!(e.to_string().contains("DoRA"), "{e}");
+        // Gemma 3 decodes on the device but has no training step there.
+        let gemma = tiny(dir.path(), Arch::Gemma3, GgmlDType::Q8_0);
+        let weights = GpuModel::new(&gpu, &gemma, 16).unwrap();
+        let e = GpuTrainer::new(Arc::new(weights))
+            .err()
+            .expect("gemma3 refused");
+        assert!(e.to_string().contains("gemma3"), "{e}");
     }
 }
 

@@ -10,8 +10,9 @@
 //! Q6_K weights are dequantized in the kernel and multiply f32 inputs: the model their dequantized weights
 //! define, which the CPU computes within its own 8-bit rounding of the activations.
 //!
-//! Covered: the llama, qwen2 (q/k/v biases), qwen3 (q/k norms) and phi3 architectures with those weight types
-//! (load with `requantize: Q8_0` for others), LoRA, rsLoRA and DoRA pairs. Gemma 3 is refused with the reason,
+//! Covered: the llama, qwen2 (q/k/v biases), qwen3 (q/k norms), phi3 and gemma3 (scaled embeddings and
+//! queries, post-norms, GELU, the sliding layers' RoPE tables) architectures with those weight types (load with
+//! `requantize: Q8_0` for others), LoRA, rsLoRA and DoRA pairs. What is not covered is refused with the reason,
 //! so that a caller can stay on the CPU.
 
 use candle_core::quantized::GgmlDType;
@@ -36,6 +37,10 @@ pub(super) struct GpuBlock {
     pub(super) ffn_norm: Buffer<f32>,
     pub(super) qk_norm: Option<(Buffer<f32>, Buffer<f32>)>,
     pub(super) bias: Option<[Buffer<f32>; 3]>,
+    /// Gemma 3's norms of the attention's and the MLP's outputs, before the residual adds.
+    pub(super) post_norms: Option<(Buffer<f32>, Buffer<f32>)>,
+    /// Whether the block uses the sliding-window layers' RoPE tables (Gemma 3).
+    pub(super) sliding: bool,
     /// The projections in [`LoraTarget::ALL`]'s order (q, k, v, o, gate, up, down), in GGUF layout.
     pub(super) proj: [Buffer<u8>; 7],
     /// Their GGUF types.
@@ -64,6 +69,8 @@ pub struct GpuModel {
     pub(super) head_type: GgmlDType,
     pub(super) cos: Buffer<f32>,
     pub(super) sin: Buffer<f32>,
+    /// The sliding-window layers' own tables (Gemma 3).
+    pub(super) sliding: Option<(Buffer<f32>, Buffer<f32>)>,
     pub(super) interleaved: bool,
     /// The model on the CPU (its weights shared, not copied): DoRA pairs' row factors come from its weights.
     pub(super) cpu: Transformer,
@@ -262,16 +269,6 @@ impl GpuModel {
     /// Uploads `model`'s weights to `gpu` for sequences of up to `capacity` positions.
     pub fn new(gpu: &Gpu, model: &Transformer, capacity: usize) -> Result<Self> {
         let cfg = model.config().clone();
-        if cfg.arch == Arch::Gemma3 {
-            return Err(unsupported(
-                "gemma3 (scaled embeddings, post-norms, GELU, sliding layers) has no GPU step yet",
-            ));
-        }
-        if cfg.query_scale != 1.0 || model.rope_sliding.is_some() {
-            return Err(unsupported(
-                "query scaling and sliding layers have no GPU step yet",
-            ));
-        }
         let limit = ops::ATTENTION_MAX_POSITIONS.min(model.max_positions());
         if capacity == 0 || capacity > limit {
             return Err(unsupported(format!(
@@ -298,6 +295,11 @@ impl GpuModel {
                 proj.push(gpu.upload(&bytes)?);
             }
             blocks.push(GpuBlock {
+                post_norms: match (&b.post_attn_norm, &b.post_ffw_norm) {
+                    (Some(a), Some(f)) => Some((up_f32(a)?, up_f32(f)?)),
+                    _ => None,
+                },
+                sliding: model.rope_sliding.is_some() && cfg.is_sliding_layer(l),
                 attn_norm: up_f32(&b.attn_norm)?,
                 ffn_norm: up_f32(&b.ffn_norm)?,
                 qk_norm: match (&b.q_norm, &b.k_norm) {
@@ -327,6 +329,10 @@ impl GpuModel {
             cpu: model.clone(),
             cos: table(&model.rope.cos)?,
             sin: table(&model.rope.sin)?,
+            sliding: match &model.rope_sliding {
+                Some(r) => Some((table(&r.cos)?, table(&r.sin)?)),
+                None => None,
+            },
             interleaved: model.rope.interleaved,
             blocks,
             capacity,
@@ -336,6 +342,29 @@ impl GpuModel {
 }
 
 impl GpuModel {
+    /// The input rows of `ids`: their embeddings, scaled as the model scales them (Gemma).
+    pub(super) fn embed_rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let mut x = f32s(&self.embed.embedding(&Tensor::new(ids, &Device::Cpu)?)?)?;
+        if let Some(scale) = self.cpu.embed_scale() {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(x)
+    }
+
+    /// The RoPE tables block `b` uses.
+    pub(super) fn rope_tables(&self, b: &GpuBlock) -> (&Buffer<f32>, &Buffer<f32>) {
+        match &self.sliding {
+            Some((c, s)) if b.sliding => (c, s),
+            _ => (&self.cos, &self.sin),
+        }
+    }
+
+    /// The attention's score scale: `1/√head_dim`, times the model's query scale (Gemma; RoPE is linear, so
+    /// scaling the scores equals scaling the queries).
+    pub(super) fn attention_scale(&self) -> f32 {
+        self.config.query_scale / (self.config.head_dim as f32).sqrt()
+    }
+
     /// The device and the GPU's name (`cuda:0: NVIDIA H100 ... (sm_90)`).
     pub fn describe(&self) -> String {
         format!("{}: {}", self.gpu.device(), self.gpu.describe())
@@ -504,12 +533,7 @@ impl GpuDecoder {
                 self.prefill = Some(s);
             }
             let s = self.prefill.as_ref().expect("made above");
-            let mut x = f32s(
-                &self
-                    .model
-                    .embed
-                    .embedding(&Tensor::new(chunk, &Device::Cpu)?)?,
-            )?;
+            let mut x = self.model.embed_rows(chunk)?;
             x.resize(s.rows * h, 0.0);
             self.model.gpu.write(&s.x, &x)?;
             let start = self.tokens.len();
@@ -537,8 +561,7 @@ impl GpuDecoder {
                 self.model.capacity
             )));
         }
-        let ids = Tensor::new(&[token], &Device::Cpu)?;
-        let row = f32s(&self.model.embed.embedding(&ids)?)?;
+        let row = self.model.embed_rows(&[token])?;
         self.model.gpu.write(&self.s.x, &row)?;
         if self.capture && self.graph.is_none() {
             match self.model.gpu.capture(|_| self.launch_step()) {
@@ -635,22 +658,23 @@ impl GpuDecoder {
             capacity: self.model.capacity,
         };
         let g = &self.model.gpu;
-        let rope = |x: &Buffer<f32>, heads: usize| {
-            ops::rope(
-                g,
-                x,
-                &self.model.cos,
-                &self.model.sin,
-                rope_pos,
-                (rows, heads, hd),
-                self.model.interleaved,
-                Rotation::Forward,
-            )
-        };
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = self.model.attention_scale();
         for ((b, (k_cache, v_cache)), pairs) in
             self.model.blocks.iter().zip(&self.caches).zip(&self.pairs)
         {
+            let (cos, sin) = self.model.rope_tables(b);
+            let rope = |x: &Buffer<f32>, heads: usize| {
+                ops::rope(
+                    g,
+                    x,
+                    cos,
+                    sin,
+                    rope_pos,
+                    (rows, heads, hd),
+                    self.model.interleaved,
+                    Rotation::Forward,
+                )
+            };
             let p = |t: LoraTarget| ((b.types[slot(t)], &b.proj[slot(t)]), &pairs[slot(t)]);
             ops::rms_norm(g, &s.x, &b.attn_norm, &s.normed, (rows, h), eps)?;
             self.quantize(s, &s.normed, (rows, h))?;
@@ -675,14 +699,24 @@ impl GpuDecoder {
             )?;
             self.quantize(s, &s.context, (rows, qd))?;
             self.project(p(LoraTarget::O), s, (&s.context, &s.out), (rows, qd, h))?;
+            if let Some((post_attn, _)) = &b.post_norms {
+                ops::rms_norm(g, &s.out, post_attn, &s.out, (rows, h), eps)?;
+            }
             ops::add_into(g, &s.x, &s.out, rows * h)?;
             ops::rms_norm(g, &s.x, &b.ffn_norm, &s.normed, (rows, h), eps)?;
             self.quantize(s, &s.normed, (rows, h))?;
             self.project(p(LoraTarget::Gate), s, (&s.normed, &s.gate), (rows, h, ff))?;
             self.project(p(LoraTarget::Up), s, (&s.normed, &s.up), (rows, h, ff))?;
-            ops::silu_mul(g, &s.gate, &s.up, &s.act, rows * ff)?;
+            if cfg.arch.gelu_mlp() {
+                ops::gelu_mul(g, &s.gate, &s.up, &s.act, rows * ff)?;
+            } else {
+                ops::silu_mul(g, &s.gate, &s.up, &s.act, rows * ff)?;
+            }
             self.quantize(s, &s.act, (rows, ff))?;
             self.project(p(LoraTarget::Down), s, (&s.act, &s.out), (rows, ff, h))?;
+            if let Some((_, post_ffw)) = &b.post_norms {
+                ops::rms_norm(g, &s.out, post_ffw, &s.out, (rows, h), eps)?;
+            }
             ops::add_into(g, &s.x, &s.out, rows * h)?;
         }
         Ok(())

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use super::gpu_decode::{
-    BlockPairs, GpuBlock, f32s, slot, unsupported, upload_pairs, weight_product, weight_product_t,
+    BlockPairs, GpuBlock, slot, unsupported, upload_pairs, weight_product, weight_product_t,
 };
 use super::*;
 use crate::gpu::ops::{self, HeadTargets, LoraGrads, LoraShape, Rotation, SequenceShape};
@@ -81,9 +81,19 @@ pub struct GpuTrainer {
 }
 
 impl GpuTrainer {
-    /// A trainer over `model`'s weights with no pairs yet ([`Self::set_adapter`]).
+    /// A trainer over `model`'s weights with no pairs yet ([`Self::set_adapter`]). Gemma 3 (GELU, post-norms,
+    /// scaled queries) has no training step on the device yet and is refused with the reason.
     pub fn new(model: Arc<GpuModel>) -> Result<Self> {
         let cfg = &model.config;
+        if cfg.arch.gelu_mlp()
+            || cfg.query_scale != 1.0
+            || model.blocks.iter().any(|b| b.post_norms.is_some())
+        {
+            return Err(unsupported(format!(
+                "{} has no GPU training step yet",
+                cfg.arch.as_str()
+            )));
+        }
         let dw = model.gpu.zeros(cfg.hidden_size.max(cfg.head_dim))?;
         Ok(Self {
             pairs: (0..model.blocks.len())
@@ -216,7 +226,7 @@ impl GpuTrainer {
         let (offsets, ids, weights) = targets.parts();
         let targets = HeadTargets::new(gpu, offsets, ids, weights, cfg.vocab_size)?;
         let h = cfg.hidden_size;
-        let x0 = f32s(&m.embed.embedding(&Tensor::new(tokens, &Device::Cpu)?)?)?;
+        let x0 = m.embed_rows(tokens)?;
         let positions: Vec<i32> = (0..len as i32).collect();
         let positions = gpu.upload(&positions)?;
         let quant = Quant::new(gpu, cfg, len)?;
