@@ -724,25 +724,13 @@ pub fn head_logps(
     lp: &Buffer<f32>,
     vocab: usize,
 ) -> Result<(), GpuError> {
-    const OP: &str = "head_logps";
-    let rows = targets.rows;
-    let vi = dim(OP, "vocab", vocab)?;
-    dim(OP, "rows", rows)?;
-    need(OP, "logits", logits, rows * vocab)?;
-    need(OP, "lp", lp, rows)?;
-    gpu.launch(
-        OP,
-        (rows as u32, 1, 1),
-        BLOCK,
-        0,
-        &[
-            logits.arg(),
-            targets.offsets.arg(),
-            targets.ids.arg(),
-            targets.weights.arg(),
-            lp.arg(),
-            Arg::I32(vi),
-        ],
+    head_launch(
+        gpu,
+        "head_logps",
+        (logits, "logits"),
+        targets,
+        (lp, "lp"),
+        vocab,
     )
 }
 
@@ -755,23 +743,41 @@ pub fn head_logps_backward(
     dlp: &Buffer<f32>,
     vocab: usize,
 ) -> Result<(), GpuError> {
-    const OP: &str = "head_logps_backward";
+    head_launch(
+        gpu,
+        "head_logps_backward",
+        (probs, "probs"),
+        targets,
+        (dlp, "dlp"),
+        vocab,
+    )
+}
+
+/// Both head kernels: one block per row over `[rows, vocab]` values, the targets, and a value per row.
+fn head_launch(
+    gpu: &Gpu,
+    op: &'static str,
+    (rows_buf, rows_name): (&Buffer<f32>, &str),
+    targets: &HeadTargets,
+    (per_row, per_row_name): (&Buffer<f32>, &str),
+    vocab: usize,
+) -> Result<(), GpuError> {
     let rows = targets.rows;
-    let vi = dim(OP, "vocab", vocab)?;
-    dim(OP, "rows", rows)?;
-    need(OP, "probs", probs, rows * vocab)?;
-    need(OP, "dlp", dlp, rows)?;
+    let vi = dim(op, "vocab", vocab)?;
+    dim(op, "rows", rows)?;
+    need(op, rows_name, rows_buf, rows * vocab)?;
+    need(op, per_row_name, per_row, rows)?;
     gpu.launch(
-        OP,
+        op,
         (rows as u32, 1, 1),
         BLOCK,
         0,
         &[
-            probs.arg(),
+            rows_buf.arg(),
             targets.offsets.arg(),
             targets.ids.arg(),
             targets.weights.arg(),
-            dlp.arg(),
+            per_row.arg(),
             Arg::I32(vi),
         ],
     )
@@ -785,18 +791,7 @@ pub fn silu_mul(
     out: &Buffer<f32>,
     n: usize,
 ) -> Result<(), GpuError> {
-    const OP: &str = "silu_mul";
-    let ni = dim(OP, "n", n)?;
-    for (what, b) in [("g", g), ("u", u), ("out", out)] {
-        need(OP, what, b, n)?;
-    }
-    gpu.launch(
-        OP,
-        (blocks(n), 1, 1),
-        BLOCK,
-        0,
-        &[g.arg(), u.arg(), out.arg(), Arg::I32(ni)],
-    )
+    gated(gpu, "silu_mul", (g, u, out), n)
 }
 
 /// `out = gelu(g) · u` (GELU's tanh approximation, as Gemma's MLP), elementwise over `n` values.
@@ -807,13 +802,22 @@ pub fn gelu_mul(
     out: &Buffer<f32>,
     n: usize,
 ) -> Result<(), GpuError> {
-    const OP: &str = "gelu_mul";
-    let ni = dim(OP, "n", n)?;
+    gated(gpu, "gelu_mul", (g, u, out), n)
+}
+
+/// Either MLP gate kernel: `out = act(g) · u` over `n` values.
+fn gated(
+    gpu: &Gpu,
+    op: &'static str,
+    (g, u, out): (&Buffer<f32>, &Buffer<f32>, &Buffer<f32>),
+    n: usize,
+) -> Result<(), GpuError> {
+    let ni = dim(op, "n", n)?;
     for (what, b) in [("g", g), ("u", u), ("out", out)] {
-        need(OP, what, b, n)?;
+        need(op, what, b, n)?;
     }
     gpu.launch(
-        OP,
+        op,
         (blocks(n), 1, 1),
         BLOCK,
         0,

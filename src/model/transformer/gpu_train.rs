@@ -279,20 +279,17 @@ impl GpuTrainer {
     ) -> Result<(Saved, Buffer<f32>)> {
         let m = &self.model;
         let (gpu, cfg) = (&m.gpu, &m.config);
-        let (h, hd, ff, eps) = (
-            cfg.hidden_size,
-            cfg.head_dim,
-            cfg.intermediate_size,
-            cfg.rms_eps,
-        );
-        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
-        let (qd, kvd) = (nh * hd, nkv * hd);
-        let shape = SequenceShape {
-            len,
-            heads: nh,
-            kv_heads: nkv,
-            head_dim: hd,
-        };
+        let Dims {
+            h,
+            hd,
+            ff,
+            eps,
+            nh,
+            nkv,
+            qd,
+            kvd,
+            shape,
+        } = Dims::of(cfg, len);
         let zeros = |n: usize| gpu.zeros::<f32>(n);
         let mut t: [Option<Buffer<f32>>; 7] = Default::default();
         let mut project = |target: LoraTarget,
@@ -429,20 +426,17 @@ impl GpuTrainer {
     ) -> Result<()> {
         let m = &self.model;
         let (gpu, cfg) = (&m.gpu, &m.config);
-        let (h, hd, ff, eps) = (
-            cfg.hidden_size,
-            cfg.head_dim,
-            cfg.intermediate_size,
-            cfg.rms_eps,
-        );
-        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
-        let (qd, kvd) = (nh * hd, nkv * hd);
-        let shape = SequenceShape {
-            len,
-            heads: nh,
-            kv_heads: nkv,
-            head_dim: hd,
-        };
+        let Dims {
+            h,
+            hd,
+            ff,
+            eps,
+            nh,
+            nkv,
+            qd,
+            kvd,
+            shape,
+        } = Dims::of(cfg, len);
         let b = &m.blocks[l];
         let zeros = |n: usize| gpu.zeros::<f32>(n);
         // The product's input gradient into `d_in` (added to it when `add`), and the pair's gradients.
@@ -540,6 +534,41 @@ impl GpuTrainer {
         ops::add_into(gpu, dx, &d, len * h)?;
         gpu.synchronize()?;
         Ok(())
+    }
+}
+
+/// A block's widths over a sequence of `len` positions.
+struct Dims {
+    h: usize,
+    hd: usize,
+    ff: usize,
+    eps: f32,
+    nh: usize,
+    nkv: usize,
+    qd: usize,
+    kvd: usize,
+    shape: SequenceShape,
+}
+
+impl Dims {
+    fn of(cfg: &ModelConfig, len: usize) -> Self {
+        let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
+        Self {
+            h: cfg.hidden_size,
+            hd,
+            ff: cfg.intermediate_size,
+            eps: cfg.rms_eps,
+            nh,
+            nkv,
+            qd: nh * hd,
+            kvd: nkv * hd,
+            shape: SequenceShape {
+                len,
+                heads: nh,
+                kv_heads: nkv,
+                head_dim: hd,
+            },
+        }
     }
 }
 
