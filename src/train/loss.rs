@@ -1,9 +1,9 @@
 //! Losses over per-token log-probabilities. All functions are differentiable candle graphs.
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use candle_core::{Device, Tensor, Var};
 use rayon::prelude::*;
-
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::Result;
 use super::data::Seq;
