@@ -1,4 +1,5 @@
-// The glue of a decode or prefill step: the residual and bias adds, DoRA's row factors and the KV cache append, so a whole step
+// The glue of a decode or prefill step: the residual and bias adds, DoRA's row factors, row gathers and the KV cache
+// append, so a whole step
 // stays on the device.
 #include "prelude.h"
 
@@ -12,6 +13,20 @@ extern "C" __global__ void add_into(float* x, const float* d, int n, int period)
 extern "C" __global__ void mul_rows(float* x, const float* f, int n, int period) {
     int i = HEARTH_BID_X * HEARTH_BDIM_X + HEARTH_TID_X;
     if (i < n) x[i] *= f[i % period];
+}
+
+// dst[r] = src[idx[r]] for rows of n values (gather), or dst[idx[r]] = src[r] (scatter): training's head
+// projects only the positions that are scored.
+extern "C" __global__ void gather_rows(const float* src, const int* idx, float* dst, int rows, int n) {
+    int i = HEARTH_BID_X * HEARTH_BDIM_X + HEARTH_TID_X;
+    if (i >= rows * n) return;
+    dst[i] = src[(u64)idx[i / n] * n + i % n];
+}
+
+extern "C" __global__ void scatter_rows(const float* src, const int* idx, float* dst, int rows, int n) {
+    int i = HEARTH_BID_X * HEARTH_BDIM_X + HEARTH_TID_X;
+    if (i >= rows * n) return;
+    dst[(u64)idx[i / n] * n + i % n] = src[i];
 }
 
 // Writes rows tokens' keys or values src [rows, kv_heads, hd] at positions *pos .. *pos + rows - 1 of cache

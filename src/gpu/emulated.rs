@@ -872,6 +872,36 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
                 Ok(())
             })
         }
+        "gather_rows" | "scatter_rows" => {
+            let (rows, n) = (a.int(3)?, a.int(4)?);
+            let idx = m.i32s(a.ptr(1)?, rows)?;
+            let gather = l.entry == "gather_rows";
+            // The indexed side is as long as its buffer is; each index must lie inside it.
+            let indexed = if gather { a.ptr(0)? } else { a.ptr(2)? };
+            let bound = m.0.get(&indexed).map_or(0, |b| b.len() / 4) / n.max(1);
+            let idx = idx
+                .iter()
+                .map(|&i| {
+                    index(i, bound, "row").and_then(|i| {
+                        if i < bound {
+                            Ok(i)
+                        } else {
+                            Err(fault(format!("row {i} of {bound}")))
+                        }
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let src_len = if gather { bound * n } else { rows * n };
+            let src = m.f32s(a.ptr(0)?, src_len)?;
+            let dst_len = if gather { rows * n } else { bound * n };
+            m.write_f32(a.ptr(2)?, dst_len, |dst| {
+                for (r, &i) in idx.iter().enumerate() {
+                    let (from, to) = if gather { (i, r) } else { (r, i) };
+                    dst[to * n..][..n].copy_from_slice(&src[from * n..][..n]);
+                }
+                Ok(())
+            })
+        }
         "kv_append" => {
             let (rows, kv_heads, cap, hd) = (a.int(3)?, a.int(4)?, a.int(5)?, a.int(6)?);
             let first = index(m.i32s(a.ptr(2)?, 1)?[0], cap, "position")?;

@@ -181,7 +181,14 @@ pub const KERNELS: &[Kernel] = &[
     kernel!("lora", ["lora_gemm"]),
     kernel!(
         "elementwise",
-        ["add_into", "mul_rows", "kv_append", "advance"]
+        [
+            "add_into",
+            "mul_rows",
+            "gather_rows",
+            "scatter_rows",
+            "kv_append",
+            "advance"
+        ]
     ),
 ];
 

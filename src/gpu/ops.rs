@@ -1112,6 +1112,55 @@ pub fn mul_rows(
     )
 }
 
+/// Which way [`move_rows`] moves rows of `n` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowMove {
+    /// `dst[r] = src[idx[r]]`.
+    Gather,
+    /// `dst[idx[r]] = src[r]`.
+    Scatter,
+}
+
+/// Gathers or scatters `idx.len()` rows of `n` values between `src` and `dst`; the indices are checked here
+/// against `dst`'s (scatter) or `src`'s (gather) rows.
+pub fn move_rows(
+    gpu: &Gpu,
+    how: RowMove,
+    src: &Buffer<f32>,
+    idx: (&Buffer<i32>, &[usize]),
+    dst: &Buffer<f32>,
+    n: usize,
+) -> Result<(), GpuError> {
+    let op = match how {
+        RowMove::Gather => "gather_rows",
+        RowMove::Scatter => "scatter_rows",
+    };
+    let (buf, host) = idx;
+    let rows = host.len();
+    let (ri, ni) = (dim(op, "rows", rows)?, dim(op, "n", n)?);
+    dim(op, "rows · n", rows * n)?;
+    need(op, "idx", buf, rows)?;
+    let (indexed, compact) = match how {
+        RowMove::Gather => (src, dst),
+        RowMove::Scatter => (dst, src),
+    };
+    need(op, "the compact rows", compact, rows * n)?;
+    let bound = indexed.len() / n;
+    if let Some(&bad) = host.iter().find(|&&i| i >= bound) {
+        return Err(GpuError::Shape {
+            op,
+            reason: format!("row {bad} of {bound}"),
+        });
+    }
+    gpu.launch(
+        op,
+        (blocks(rows * n), 1, 1),
+        BLOCK,
+        0,
+        &[src.arg(), buf.arg(), dst.arg(), Arg::I32(ri), Arg::I32(ni)],
+    )
+}
+
 /// Writes `rows` tokens' `src` `[rows, kv_heads, head_dim]` into `cache` `[kv_heads, capacity, head_dim]` at
 /// positions `pos[0]..pos[0] + rows` (a device value; the caller keeps them below `capacity` and moves `pos` on
 /// with [`advance`]).

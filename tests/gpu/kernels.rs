@@ -860,6 +860,32 @@ fn add_kv_append_and_advance_write_what_they_name() {
             .map(|(i, a)| *a as f64 * f[i % 100] as f64)
             .collect();
         close("mul_rows", &down(&gpu, &yb), &want, 1e-7);
+        // Rows 2 and 0 of three gathered, then scattered back into rows 1 and 2 of a zeroed three.
+        let idx = [2usize, 0];
+        let ib = up(&gpu, &[2i32, 0]);
+        let gb = gpu.zeros::<f32>(200).unwrap();
+        ops::move_rows(&gpu, ops::RowMove::Gather, &xb, (&ib, &idx), &gb, 100).unwrap();
+        let added: Vec<f32> = down(&gpu, &xb);
+        let want: Vec<f64> = [&added[200..300], &added[..100]]
+            .concat()
+            .iter()
+            .map(|v| *v as f64)
+            .collect();
+        close("gather_rows", &down(&gpu, &gb), &want, 0.0);
+        let (sb, ib2) = (gpu.zeros::<f32>(300).unwrap(), up(&gpu, &[1i32, 2]));
+        ops::move_rows(&gpu, ops::RowMove::Scatter, &gb, (&ib2, &[1, 2]), &sb, 100).unwrap();
+        let mut want = vec![0f64; 100];
+        want.extend(
+            [&added[200..300], &added[..100]]
+                .concat()
+                .iter()
+                .map(|v| *v as f64),
+        );
+        close("scatter_rows", &down(&gpu, &sb), &want, 0.0);
+        // An index past the indexed buffer's rows is refused before launching.
+        let e =
+            ops::move_rows(&gpu, ops::RowMove::Gather, &xb, (&ib, &[3, 0]), &gb, 100).unwrap_err();
+        assert!(e.to_string().contains("row 3 of 3"), "{e}");
 
         let s = AttentionShape {
             heads: 4,

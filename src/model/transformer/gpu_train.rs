@@ -5,8 +5,8 @@
 //! The math is [`Transformer::target_logps`]'s with training's ops: the frozen Q8_0 products quantize their input
 //! to int8 per 32 values as the CPU path does (Q4_0 and K-quant weights multiply f32 inputs, see
 //! [`super::GpuDecoder`]), the LoRA terms multiply f32 inputs, attention is causal over the
-//! sequence with its probabilities kept for the backward, and the head scores every position against its
-//! [`Targets`]. The backward takes the frozen products' transposes in f32, where the CPU quantizes the incoming
+//! sequence with its probabilities kept for the backward, and the head scores the positions its [`Targets`]
+//! score (the others are never projected onto the vocabulary). The backward takes the frozen products' transposes in f32, where the CPU quantizes the incoming
 //! gradient to int8: the two differ by that rounding.
 //!
 //! Gradients of all sequences given to [`GpuTrainer::accumulate`] add up on the device until
@@ -18,7 +18,7 @@ use super::gpu_decode::{
     BlockPairs, GpuBlock, slot, unsupported, upload_pairs, weight_product, weight_product_t,
 };
 use super::*;
-use crate::gpu::ops::{self, HeadTargets, LoraGrads, LoraShape, Rotation, SequenceShape};
+use crate::gpu::ops::{self, HeadTargets, LoraGrads, LoraShape, Rotation, RowMove, SequenceShape};
 use crate::gpu::{Buffer, Gpu, GpuError};
 use crate::model::q8::QK8_0;
 
@@ -50,11 +50,20 @@ struct Saved {
 struct Forward {
     len: usize,
     blocks: Vec<Saved>,
-    /// The stream after the last block, and the head's probabilities `[len, vocab]`.
+    /// The stream after the last block.
     last: Buffer<f32>,
+    /// The head over the scored positions; `None` when none is scored.
+    head: Option<Head>,
+    positions: Buffer<i32>,
+}
+
+/// The head's side of a forward: the scored positions' probabilities `[scored, vocab]`, their targets, and
+/// which positions they are (on the device and here).
+struct Head {
     probs: Buffer<f32>,
     targets: HeadTargets,
-    positions: Buffer<i32>,
+    idx: Buffer<i32>,
+    scored: Vec<usize>,
 }
 
 /// Accumulated `dA` and `dB` of each pair of a block, in [`LoraTarget::ALL`]'s order.
@@ -223,8 +232,16 @@ impl GpuTrainer {
                 cfg.vocab_size
             )));
         }
-        let (offsets, ids, weights) = targets.parts();
-        let targets = HeadTargets::new(gpu, offsets, ids, weights, cfg.vocab_size)?;
+        // The head projects only the scored positions, as the CPU's does: their rows are gathered first.
+        let scored: Vec<usize> = (0..len).filter(|&i| !targets.at(i).0.is_empty()).collect();
+        let mut offsets = vec![0usize];
+        let (mut ids, mut weights) = (Vec::new(), Vec::new());
+        for &i in &scored {
+            let (t, w) = targets.at(i);
+            ids.extend_from_slice(t);
+            weights.extend_from_slice(w);
+            offsets.push(ids.len());
+        }
         let h = cfg.hidden_size;
         let x0 = m.embed_rows(tokens)?;
         let positions: Vec<i32> = (0..len as i32).collect();
@@ -237,30 +254,43 @@ impl GpuTrainer {
             blocks.push(saved);
             x = next;
         }
-        let nf = gpu.zeros(len * h)?;
-        ops::rms_norm(gpu, &x, &m.norm, &nf, (len, h), cfg.rms_eps)?;
-        let probs = gpu.zeros(len * cfg.vocab_size)?;
-        quant.of(gpu, &nf, (len, h))?;
-        let head = (m.head_type, &m.head);
-        weight_product(
-            gpu,
-            head,
-            quant.parts(),
-            &nf,
-            &probs,
-            (len, h, cfg.vocab_size),
-        )?;
-        let lp = gpu.zeros(len)?;
-        ops::head_logps(gpu, &probs, &targets, &lp, cfg.vocab_size)?;
-        let lp = gpu.download(&lp)?;
+        let mut lp = vec![0f32; len];
+        let head = match scored.len() {
+            0 => None,
+            rows => {
+                let nf = gpu.zeros(len * h)?;
+                ops::rms_norm(gpu, &x, &m.norm, &nf, (len, h), cfg.rms_eps)?;
+                let idx: Vec<i32> = scored.iter().map(|&i| i as i32).collect();
+                let idx = gpu.upload(&idx)?;
+                let rows_nf = gpu.zeros(rows * h)?;
+                ops::move_rows(gpu, RowMove::Gather, &nf, (&idx, &scored), &rows_nf, h)?;
+                let probs = gpu.zeros(rows * cfg.vocab_size)?;
+                quant.of(gpu, &rows_nf, (rows, h))?;
+                let w = (m.head_type, &m.head);
+                let shape = (rows, h, cfg.vocab_size);
+                weight_product(gpu, w, quant.parts(), &rows_nf, &probs, shape)?;
+                let targets = HeadTargets::new(gpu, &offsets, &ids, &weights, cfg.vocab_size)?;
+                let rows_lp = gpu.zeros(rows)?;
+                ops::head_logps(gpu, &probs, &targets, &rows_lp, cfg.vocab_size)?;
+                for (&i, v) in scored.iter().zip(gpu.download(&rows_lp)?) {
+                    lp[i] = v;
+                }
+                Some(Head {
+                    probs,
+                    targets,
+                    idx,
+                    scored,
+                })
+            }
+        };
+        gpu.synchronize()?;
         Ok((
             lp,
             Forward {
                 len,
                 blocks,
                 last: x,
-                probs,
-                targets,
+                head,
                 positions,
             },
         ))
@@ -392,11 +422,20 @@ impl GpuTrainer {
         let m = self.model.clone();
         let (gpu, cfg) = (&m.gpu, &m.config);
         let (len, h) = (f.len, cfg.hidden_size);
-        let dlp = gpu.upload(d_lp)?;
-        ops::head_logps_backward(gpu, &f.probs, &f.targets, &dlp, cfg.vocab_size)?;
+        // Nothing scored: nothing to differentiate.
+        let Some(head) = &f.head else {
+            return Ok(());
+        };
+        let rows = head.scored.len();
+        let rows_dlp: Vec<f32> = head.scored.iter().map(|&i| d_lp[i]).collect();
+        let dlp = gpu.upload(&rows_dlp)?;
+        ops::head_logps_backward(gpu, &head.probs, &head.targets, &dlp, cfg.vocab_size)?;
+        let rows_dnf = gpu.zeros(rows * h)?;
+        let w = (m.head_type, &m.head);
+        weight_product_t(gpu, w, &head.probs, &rows_dnf, (rows, h, cfg.vocab_size))?;
         let dnf = gpu.zeros(len * h)?;
-        let head = (m.head_type, &m.head);
-        weight_product_t(gpu, head, &f.probs, &dnf, (len, h, cfg.vocab_size))?;
+        let idx = (&head.idx, head.scored.as_slice());
+        ops::move_rows(gpu, RowMove::Scatter, &rows_dnf, idx, &dnf, h)?;
         let dx = gpu.zeros(len * h)?;
         ops::rms_norm_backward(
             gpu,
