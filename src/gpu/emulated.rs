@@ -768,6 +768,32 @@ fn run(memory: &mut HashMap<u64, Vec<u8>>, l: &Launch) -> Result<(), GpuError> {
                 Ok(())
             })
         }
+        "gelu_mul_backward" => {
+            let n = a.int(5)?;
+            let g = m.f32s(a.ptr(0)?, n)?;
+            let u = m.f32s(a.ptr(1)?, n)?;
+            let dy = m.f32s(a.ptr(2)?, n)?;
+            let parts = |x: f32| {
+                let t = (0.797_884_6 * x * (1.0 + 0.044715 * x * x)).tanh();
+                let dt = 0.797_884_6 * (1.0 + 3.0 * 0.044715 * x * x);
+                (
+                    0.5 * x * (1.0 + t),
+                    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dt,
+                )
+            };
+            m.write_f32(a.ptr(3)?, n, |dg| {
+                for i in 0..n {
+                    dg[i] = dy[i] * u[i] * parts(g[i]).1;
+                }
+                Ok(())
+            })?;
+            m.write_f32(a.ptr(4)?, n, |du| {
+                for i in 0..n {
+                    du[i] = dy[i] * parts(g[i]).0;
+                }
+                Ok(())
+            })
+        }
         "silu_mul_backward" => {
             let n = a.int(5)?;
             let g = m.f32s(a.ptr(0)?, n)?;

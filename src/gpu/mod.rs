@@ -176,7 +176,15 @@ pub const KERNELS: &[Kernel] = &[
         ]
     ),
     kernel!("head", ["head_logps", "head_logps_backward"]),
-    kernel!("silu_mul", ["silu_mul", "silu_mul_backward", "gelu_mul"]),
+    kernel!(
+        "silu_mul",
+        [
+            "silu_mul",
+            "silu_mul_backward",
+            "gelu_mul",
+            "gelu_mul_backward"
+        ]
+    ),
     kernel!("softmax", ["softmax_rows", "softmax_backward"]),
     kernel!("lora", ["lora_gemm"]),
     kernel!(

@@ -834,13 +834,35 @@ pub fn silu_mul_backward(
     (dg, du): (&Buffer<f32>, &Buffer<f32>),
     n: usize,
 ) -> Result<(), GpuError> {
-    const OP: &str = "silu_mul_backward";
-    let ni = dim(OP, "n", n)?;
+    gated_backward(gpu, "silu_mul_backward", (g, u, dy), (dg, du), n)
+}
+
+/// The backward of [`gelu_mul`]: `dg` and `du` from `dy`.
+pub fn gelu_mul_backward(
+    gpu: &Gpu,
+    g: &Buffer<f32>,
+    u: &Buffer<f32>,
+    dy: &Buffer<f32>,
+    (dg, du): (&Buffer<f32>, &Buffer<f32>),
+    n: usize,
+) -> Result<(), GpuError> {
+    gated_backward(gpu, "gelu_mul_backward", (g, u, dy), (dg, du), n)
+}
+
+/// Either MLP gate's backward kernel.
+fn gated_backward(
+    gpu: &Gpu,
+    op: &'static str,
+    (g, u, dy): (&Buffer<f32>, &Buffer<f32>, &Buffer<f32>),
+    (dg, du): (&Buffer<f32>, &Buffer<f32>),
+    n: usize,
+) -> Result<(), GpuError> {
+    let ni = dim(op, "n", n)?;
     for (what, b) in [("g", g), ("u", u), ("dy", dy), ("dg", dg), ("du", du)] {
-        need(OP, what, b, n)?;
+        need(op, what, b, n)?;
     }
     gpu.launch(
-        OP,
+        op,
         (blocks(n), 1, 1),
         BLOCK,
         0,

@@ -538,6 +538,22 @@ fn silu_mul_and_its_backward_match_the_reference() {
         let gb3 = up(&gpu, &g3);
         ops::gelu_mul(&gpu, &gb3, &ub, &ob, n).unwrap();
         close("gelu_mul", &down(&gpu, &ob), &want, 1e-6);
+        let gelu_ref = |g: &[f64], u: &[f64]| -> Vec<f64> {
+            g.iter()
+                .zip(u)
+                .map(|(&x, &u)| {
+                    0.5 * x
+                        * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)).tanh())
+                        * u
+                })
+                .collect()
+        };
+        let g3d = f64s(&g3);
+        ops::gelu_mul_backward(&gpu, &gb3, &ub, &dyb, (&dgb, &dub), n).unwrap();
+        let dg = numeric_grad(&g3d, &dyd, |g| gelu_ref(g, &ud));
+        let du = numeric_grad(&ud, &dyd, |u| gelu_ref(&g3d, u));
+        close("gelu_mul_backward dg", &down(&gpu, &dgb), &dg, 1e-5);
+        close("gelu_mul_backward du", &down(&gpu, &dub), &du, 1e-5);
     }
 }
 

@@ -31,6 +31,9 @@ struct Saved {
     n1: Buffer<f32>,
     x_mid: Buffer<f32>,
     n2: Buffer<f32>,
+    /// The attention's and the MLP's outputs before their post-norms (Gemma 3).
+    attn_raw: Option<Buffer<f32>>,
+    mlp_raw: Option<Buffer<f32>>,
     /// Queries and keys before their q/k norms (architectures that have them).
     qk_raw: Option<(Buffer<f32>, Buffer<f32>)>,
     /// Queries and keys after RoPE, values, the attention probabilities `[heads, len, len]` and the context.
@@ -90,19 +93,9 @@ pub struct GpuTrainer {
 }
 
 impl GpuTrainer {
-    /// A trainer over `model`'s weights with no pairs yet ([`Self::set_adapter`]). Gemma 3 (GELU, post-norms,
-    /// scaled queries) has no training step on the device yet and is refused with the reason.
+    /// A trainer over `model`'s weights with no pairs yet ([`Self::set_adapter`]).
     pub fn new(model: Arc<GpuModel>) -> Result<Self> {
         let cfg = &model.config;
-        if cfg.arch.gelu_mlp()
-            || cfg.query_scale != 1.0
-            || model.blocks.iter().any(|b| b.post_norms.is_some())
-        {
-            return Err(unsupported(format!(
-                "{} has no GPU training step yet",
-                cfg.arch.as_str()
-            )));
-        }
         let dw = model.gpu.zeros(cfg.hidden_size.max(cfg.head_dim))?;
         Ok(Self {
             pairs: (0..model.blocks.len())
@@ -364,27 +357,40 @@ impl GpuTrainer {
             }
             None => (q, k, None),
         };
+        let (cos, sin) = m.rope_tables(b);
         for (buf, heads) in [(&q, nh), (&k, nkv)] {
             ops::rope(
                 gpu,
                 buf,
-                &m.cos,
-                &m.sin,
+                cos,
+                sin,
                 positions,
                 (len, heads, hd),
                 m.interleaved,
                 Rotation::Forward,
             )?;
         }
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = m.attention_scale();
         let p = zeros(nh * len * len)?;
         ops::attention_scores(gpu, &q, &k, &p, shape, scale)?;
         ops::softmax_rows(gpu, &p, &p, (nh * len, len), true)?;
         let ctx = zeros(len * qd)?;
         ops::attention_context(gpu, &p, &v, &ctx, shape)?;
         quant.of(gpu, &ctx, (len, qd))?;
+        // Gemma normalises each half's output before its residual add; the raw output is kept for the backward.
         let x_mid = zeros(len * h)?;
-        project(LoraTarget::O, &ctx, &x_mid, (qd, h))?;
+        let attn_raw = match &b.post_norms {
+            Some((post_attn, _)) => {
+                let raw = zeros(len * h)?;
+                project(LoraTarget::O, &ctx, &raw, (qd, h))?;
+                ops::rms_norm(gpu, &raw, post_attn, &x_mid, (len, h), eps)?;
+                Some(raw)
+            }
+            None => {
+                project(LoraTarget::O, &ctx, &x_mid, (qd, h))?;
+                None
+            }
+        };
         ops::add_into(gpu, &x_mid, &x, len * h)?;
         let n2 = zeros(len * h)?;
         ops::rms_norm(gpu, &x_mid, &b.ffn_norm, &n2, (len, h), eps)?;
@@ -392,10 +398,25 @@ impl GpuTrainer {
         let (gate, up, act) = (zeros(len * ff)?, zeros(len * ff)?, zeros(len * ff)?);
         project(LoraTarget::Gate, &n2, &gate, (h, ff))?;
         project(LoraTarget::Up, &n2, &up, (h, ff))?;
-        ops::silu_mul(gpu, &gate, &up, &act, len * ff)?;
+        if cfg.arch.gelu_mlp() {
+            ops::gelu_mul(gpu, &gate, &up, &act, len * ff)?;
+        } else {
+            ops::silu_mul(gpu, &gate, &up, &act, len * ff)?;
+        }
         quant.of(gpu, &act, (len, ff))?;
         let out = zeros(len * h)?;
-        project(LoraTarget::Down, &act, &out, (ff, h))?;
+        let mlp_raw = match &b.post_norms {
+            Some((_, post_ffw)) => {
+                let raw = zeros(len * h)?;
+                project(LoraTarget::Down, &act, &raw, (ff, h))?;
+                ops::rms_norm(gpu, &raw, post_ffw, &out, (len, h), eps)?;
+                Some(raw)
+            }
+            None => {
+                project(LoraTarget::Down, &act, &out, (ff, h))?;
+                None
+            }
+        };
         ops::add_into(gpu, &out, &x_mid, len * h)?;
         Ok((
             Saved {
@@ -403,6 +424,8 @@ impl GpuTrainer {
                 n1,
                 x_mid,
                 n2,
+                attn_raw,
+                mlp_raw,
                 qk_raw,
                 q,
                 k,
@@ -523,33 +546,58 @@ impl GpuTrainer {
                 ops::rms_norm_backward(gpu, x, w, dy, &d, &self.dw, rows, eps)?;
                 GpuResult::Ok(d)
             };
-        // The MLP: out = x_mid + down(silu(gate(n2)) · up(n2)).
+        // The MLP: out = x_mid + post_ffw(down(act(gate(n2)) · up(n2))), the post-norm Gemma's only.
+        let d_down = match (&s.mlp_raw, &b.post_norms) {
+            (Some(raw), Some((_, post_ffw))) => Some(norm_back(raw, post_ffw, dx, (len, h))?),
+            _ => None,
+        };
         let dact = zeros(len * ff)?;
-        back(LoraTarget::Down, &s.act, dx, &dact, false)?;
+        back(
+            LoraTarget::Down,
+            &s.act,
+            d_down.as_ref().unwrap_or(dx),
+            &dact,
+            false,
+        )?;
         let (dgate, dup) = (zeros(len * ff)?, zeros(len * ff)?);
-        ops::silu_mul_backward(gpu, &s.gate, &s.up, &dact, (&dgate, &dup), len * ff)?;
+        if cfg.arch.gelu_mlp() {
+            ops::gelu_mul_backward(gpu, &s.gate, &s.up, &dact, (&dgate, &dup), len * ff)?;
+        } else {
+            ops::silu_mul_backward(gpu, &s.gate, &s.up, &dact, (&dgate, &dup), len * ff)?;
+        }
         let dn2 = zeros(len * h)?;
         back(LoraTarget::Gate, &s.n2, &dgate, &dn2, false)?;
         back(LoraTarget::Up, &s.n2, &dup, &dn2, true)?;
         let d = norm_back(&s.x_mid, &b.ffn_norm, &dn2, (len, h))?;
         ops::add_into(gpu, dx, &d, len * h)?;
-        // Attention: x_mid = x + o(attention(q, k, v)).
+        // Attention: x_mid = x + post_attn(o(attention(q, k, v))).
+        let d_o = match (&s.attn_raw, &b.post_norms) {
+            (Some(raw), Some((post_attn, _))) => Some(norm_back(raw, post_attn, dx, (len, h))?),
+            _ => None,
+        };
         let dctx = zeros(len * qd)?;
-        back(LoraTarget::O, &s.ctx, dx, &dctx, false)?;
+        back(
+            LoraTarget::O,
+            &s.ctx,
+            d_o.as_ref().unwrap_or(dx),
+            &dctx,
+            false,
+        )?;
         let ns = nh * len * len;
         let (dp, ds) = (zeros(ns)?, zeros(ns)?);
         ops::attention_grad_probs(gpu, &dctx, &s.v, &dp, shape)?;
         ops::softmax_backward(gpu, &s.p, &dp, &ds, (nh * len, len))?;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = m.attention_scale();
         let (dq, dk, dv) = (zeros(len * qd)?, zeros(len * kvd)?, zeros(len * kvd)?);
         ops::attention_grad_q(gpu, &ds, &s.k, &dq, shape, scale)?;
         ops::attention_grad_kv(gpu, (&ds, &s.p), (&s.q, &dctx), (&dk, &dv), shape, scale)?;
+        let (cos, sin) = m.rope_tables(b);
         for (buf, heads) in [(&dq, nh), (&dk, nkv)] {
             ops::rope(
                 gpu,
                 buf,
-                &m.cos,
-                &m.sin,
+                cos,
+                sin,
                 positions,
                 (len, heads, hd),
                 m.interleaved,
