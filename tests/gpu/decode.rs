@@ -383,6 +383,14 @@ fn a_step_recorded_while_another_thread_decodes_records_only_its_own() {
     }
 }
 
+/// The block types the GPU reads besides Q8_0: Q4_0 and the K-quants of Q4_K_M and Q5_K_M files.
+pub(super) const BLOCK_TYPES: [GgmlDType; 4] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
 /// A tiny Llama whose rows fill whole 256-weight blocks, stored as `dtype`.
 pub(super) fn tiny_blocks(dir: &std::path::Path, dtype: GgmlDType) -> Transformer {
     let mut spec = TinySpec::new(Arch::Llama);
@@ -403,12 +411,7 @@ pub(super) fn tiny_blocks(dir: &std::path::Path, dtype: GgmlDType) -> Transforme
 fn the_gpu_step_reads_the_four_bit_and_k_quant_types_as_stored() {
     let dir = tempfile::tempdir().unwrap();
     for gpu in devices("the_gpu_step_reads_the_four_bit_and_k_quant_types_as_stored") {
-        for dtype in [
-            GgmlDType::Q4_0,
-            GgmlDType::Q4K,
-            GgmlDType::Q5K,
-            GgmlDType::Q6K,
-        ] {
+        for dtype in BLOCK_TYPES {
             let m = tiny_blocks(dir.path(), dtype);
             let set = random_adapter(&m, 4, false);
             let dense = m.merged(None).unwrap();

@@ -199,12 +199,7 @@ fn kquant_products_match_candles_dequantization() {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
     for gpu in devices("kquant_products_match_candles_dequantization") {
-        for dtype in [
-            GgmlDType::Q4_0,
-            GgmlDType::Q4K,
-            GgmlDType::Q5K,
-            GgmlDType::Q6K,
-        ] {
+        for dtype in super::decode::BLOCK_TYPES {
             let (m, k, n) = (3, 512, 24);
             // Rows of different ranges and offsets, so that scales and minimums differ across blocks.
             let w: Vec<f32> = random(n * k, 50)

@@ -14,7 +14,7 @@ use hearth::model::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::decode::{random_adapter, tiny, tiny_blocks};
+use super::decode::{BLOCK_TYPES, random_adapter, tiny, tiny_blocks};
 use super::devices;
 
 const TOKENS: [u32; 14] = [72, 101, 108, 108, 111, 262, 119, 44, 300, 5, 17, 200, 33, 2];
@@ -250,12 +250,7 @@ fn what_gpu_training_cannot_run_is_refused_with_the_reason() {
 fn training_on_four_bit_and_k_quant_weights_is_the_f32_route() {
     let dir = tempfile::tempdir().unwrap();
     for gpu in devices("training_on_four_bit_and_k_quant_weights_is_the_f32_route") {
-        for dtype in [
-            GgmlDType::Q4_0,
-            GgmlDType::Q4K,
-            GgmlDType::Q5K,
-            GgmlDType::Q6K,
-        ] {
+        for dtype in BLOCK_TYPES {
             let m = tiny_blocks(dir.path(), dtype);
             let dense = m.merged(None).unwrap();
             let lora = random_adapter(&m, 6, false);

@@ -377,20 +377,24 @@ impl GpuTrainer {
         let ctx = zeros(len * qd)?;
         ops::attention_context(gpu, &p, &v, &ctx, shape)?;
         quant.of(gpu, &ctx, (len, qd))?;
-        // Gemma normalises each half's output before its residual add; the raw output is kept for the backward.
-        let x_mid = zeros(len * h)?;
-        let attn_raw = match &b.post_norms {
-            Some((post_attn, _)) => {
-                let raw = zeros(len * h)?;
-                project(LoraTarget::O, &ctx, &raw, (qd, h))?;
-                ops::rms_norm(gpu, &raw, post_attn, &x_mid, (len, h), eps)?;
-                Some(raw)
-            }
-            None => {
-                project(LoraTarget::O, &ctx, &x_mid, (qd, h))?;
-                None
-            }
+        // Gemma normalises each half's output before its residual add: the projection then writes a raw buffer,
+        // kept for the backward, which the post-norm reads into the half's output.
+        let (post_attn, post_ffw) = match &b.post_norms {
+            Some((a, f)) => (Some(a), Some(f)),
+            None => (None, None),
         };
+        let raw_for = |post: Option<&Buffer<f32>>| post.map(|_| zeros(len * h)).transpose();
+        let x_mid = zeros(len * h)?;
+        let attn_raw = raw_for(post_attn)?;
+        project(
+            LoraTarget::O,
+            &ctx,
+            attn_raw.as_ref().unwrap_or(&x_mid),
+            (qd, h),
+        )?;
+        if let (Some(raw), Some(w)) = (&attn_raw, post_attn) {
+            ops::rms_norm(gpu, raw, w, &x_mid, (len, h), eps)?;
+        }
         ops::add_into(gpu, &x_mid, &x, len * h)?;
         let n2 = zeros(len * h)?;
         ops::rms_norm(gpu, &x_mid, &b.ffn_norm, &n2, (len, h), eps)?;
@@ -405,18 +409,16 @@ impl GpuTrainer {
         }
         quant.of(gpu, &act, (len, ff))?;
         let out = zeros(len * h)?;
-        let mlp_raw = match &b.post_norms {
-            Some((_, post_ffw)) => {
-                let raw = zeros(len * h)?;
-                project(LoraTarget::Down, &act, &raw, (ff, h))?;
-                ops::rms_norm(gpu, &raw, post_ffw, &out, (len, h), eps)?;
-                Some(raw)
-            }
-            None => {
-                project(LoraTarget::Down, &act, &out, (ff, h))?;
-                None
-            }
-        };
+        let mlp_raw = raw_for(post_ffw)?;
+        project(
+            LoraTarget::Down,
+            &act,
+            mlp_raw.as_ref().unwrap_or(&out),
+            (ff, h),
+        )?;
+        if let (Some(raw), Some(w)) = (&mlp_raw, post_ffw) {
+            ops::rms_norm(gpu, raw, w, &out, (len, h), eps)?;
+        }
         ops::add_into(gpu, &out, &x_mid, len * h)?;
         Ok((
             Saved {
