@@ -4,13 +4,15 @@
 //!
 //! MODEL is the base the probe reads: a GGUF, or a data directory, meaning the default model
 //! prepared there as `serve` prepares it (`DATA_DIR/models/SmolLM2-135M-Instruct.Q8_0.gguf`).
-//! It embeds the probe's training prompts, the dev split and the five hand-written held-out sets
-//! with the base (cached under `target/guard_probe/`, keyed by the base's hash, so a rerun costs
-//! seconds), fits a binary logistic head, chooses the threshold on the combined score on dev only
-//! (the most recall minus safe-flag rate), prints dev and held-out figures side by side for
+//! It embeds the probe's training prompts, the two dev splits and the six hand-written held-out
+//! sets with the base (cached under `target/guard_probe/`, keyed by the base's hash, so a rerun
+//! costs seconds), fits a binary logistic head, chooses the threshold on the combined score on the
+//! dev splits only (the most recall minus safe-flag rate), prints dev and held-out figures side by
+//! side for
 //! builtin, probe alone and the backend, and writes the head. Held-out texts are embedded and
-//! scored, never printed. `C` (inverse regularisation, default 0.01), `EPOCHS` (default 300) and
-//! `LAYER` (default 24) change the fit.
+//! scored, never printed. `C` (inverse regularisation, default 0.01), `EPOCHS` (default 300),
+//! `LAYER` (default 24) and `W` (the builtin guard's share of the combined score, default 0.5)
+//! change the fit; `SHOW_DEV` prints the backend's errors on the dev splits.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -28,6 +30,9 @@ use hearth::serve::default_model;
 const DEV_FLAG_BUDGET: f64 = 0.02;
 /// The builtin guard's share of the combined score: the two log-odds count alike.
 const BUILTIN_WEIGHT: f32 = 0.5;
+
+/// The sets (indices into `sets` in `main`) the combined cut is chosen on.
+const TUNING: [usize; 2] = [0, 1];
 
 struct Set {
     name: &'static str,
@@ -172,11 +177,13 @@ fn main() -> ExitCode {
     );
     let sets = [
         prompts("dev_prompts.jsonl", "dev"),
+        prompts("dev2_prompts.jsonl", "dev-2"),
         prompts("heldout_prompts.jsonl", "held-out"),
         prompts("heldout2_prompts.jsonl", "held-out-2"),
         prompts("heldout3_prompts.jsonl", "held-out-3"),
         prompts("heldout_personal.jsonl", "held-out-personal"),
         prompts("heldout4_prompts.jsonl", "held-out-4"),
+        prompts("heldout5_prompts.jsonl", "held-out-5"),
     ];
     let evs: Vec<Vec<Vec<f32>>> = sets
         .iter()
@@ -208,7 +215,7 @@ fn main() -> ExitCode {
         base_sha256: base.sha256.clone(),
         layer,
         max_tokens: MAX_TOKENS,
-        builtin_weight: BUILTIN_WEIGHT,
+        builtin_weight: env("W", BUILTIN_WEIGHT),
         threshold: 0.0,
         bias,
         weights,
@@ -255,8 +262,8 @@ fn main() -> ExitCode {
                 .collect()
         })
         .collect();
-    // Thresholds from dev only.
-    let (dev, dev_b, dev_m) = (&sets[0], &bv[0], &margins[0]);
+    // Thresholds from the dev splits only.
+    let (dev, dev_m) = (&sets[0], &margins[0]);
     let safe_n = dev.unsafe_.iter().filter(|u| !**u).count();
     let budget = (DEV_FLAG_BUDGET * safe_n as f64).floor() as usize;
     let safe_m: Vec<f32> = (0..dev.texts.len())
@@ -277,21 +284,27 @@ fn main() -> ExitCode {
                 .collect()
         })
         .collect();
-    let dev_unsafe_n = dev.unsafe_.iter().filter(|u| **u).count();
-    let mut cuts: Vec<f32> = comb[0].clone();
+    // Both dev splits, pooled: the generated one and the one written like held-out prompts.
+    let tune: Vec<(usize, usize)> = TUNING
+        .iter()
+        .flat_map(|&k| (0..sets[k].texts.len()).map(move |i| (k, i)))
+        .collect();
+    let tune_unsafe_n = tune.iter().filter(|&&(k, i)| sets[k].unsafe_[i]).count();
+    let tune_safe_n = tune.len() - tune_unsafe_n;
+    let mut cuts: Vec<f32> = tune.iter().map(|&(k, i)| comb[k][i]).collect();
     cuts.sort_by(f32::total_cmp);
     let cuts: Vec<f32> = cuts.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
     let youden = |t: f32| {
         let (mut tp, mut fp) = (0, 0);
-        for i in 0..dev.texts.len() {
-            let f = comb[0][i] >= t || dev_b[i] == Severity::Unsafe;
-            if dev.unsafe_[i] {
+        for &(k, i) in &tune {
+            let f = comb[k][i] >= t || bv[k][i] == Severity::Unsafe;
+            if sets[k].unsafe_[i] {
                 tp += f as usize;
             } else {
                 fp += f as usize;
             }
         }
-        tp as f64 / dev_unsafe_n as f64 - fp as f64 / safe_n as f64
+        tp as f64 / tune_unsafe_n as f64 - fp as f64 / tune_safe_n as f64
     };
     let j: Vec<f64> = cuts.iter().map(|&t| youden(t)).collect();
     let best = j.iter().cloned().fold(f64::MIN, f64::max);
@@ -303,7 +316,7 @@ fn main() -> ExitCode {
         .collect();
     head.threshold = tied[tied.len() / 2];
     eprintln!(
-        "dev: {safe_n} safe, probe alone cut {alone:.3} (budget {budget}); combined cut {:.3} (J {best:.3}, {} tied cuts)",
+        "dev: {safe_n} safe, probe alone cut {alone:.3} (budget {budget}); combined cut on dev and dev-2 {:.3} (J {best:.3}, {} tied cuts)",
         head.threshold,
         tied.len()
     );
@@ -340,13 +353,28 @@ fn main() -> ExitCode {
             comb[k][i] >= head.threshold || b_drop(k, i)
         }
     };
-    let backend_drop =
-        |k: usize, i: usize| b_drop(k, i) && (sets[k].response[i] || comb[k][i] >= head.threshold);
+    let backend_drop = |k: usize, i: usize| {
+        b_drop(k, i)
+            && (sets[k].response[i] || (comb[k][i] >= head.threshold && margins[k][i] >= 0.0))
+    };
     row(
         &format!("Probe backend (combined cut {:.2})", head.threshold),
         &backend_flag,
         &backend_drop,
     );
+    // With SHOW_DEV set, the backend's errors on the dev splits (never a held-out text): what the
+    // next training prompts should cover.
+    if std::env::var_os("SHOW_DEV").is_some() {
+        for &k in &TUNING {
+            for (i, t) in sets[k].texts.iter().enumerate() {
+                let (u, f) = (sets[k].unsafe_[i], backend_flag(k, i));
+                if u != f {
+                    let what = if u { "missed" } else { "flagged" };
+                    eprintln!("{} {what} ({:.2}): {t}", sets[k].name, comb[k][i]);
+                }
+            }
+        }
+    }
     // Over prompts only: the probe never reads an assistant turn.
     let auc = |s: &Set, score: &[f32]| {
         let prompt = |i: &usize| !s.response[*i];

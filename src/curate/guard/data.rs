@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use super::{Category, GuardError, Side};
 use crate::curate::dedup::minhash::SplitMix64;
+use crate::curate::redact::{RedactConfig, Redactor};
 
 const TEMPLATES: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -30,8 +31,16 @@ const COMPOSED: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/data/guard/compose_train.jsonl"
 ));
-/// [`LabelledSample::template`] of composed prompts starts here, apart from template lines.
+/// Prompts written one by one, not from templates or parts, training split only.
+const WRITTEN: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/data/guard/written_train.jsonl"
+));
+/// [`LabelledSample::template`] of composed and written prompts starts here, apart from template
+/// lines.
 pub const COMPOSED_BASE: usize = 1 << 20;
+/// [`LabelledSample::template`] of written prompts starts here, apart from composed lines.
+const WRITTEN_BASE: usize = 1 << 21;
 
 /// Which part of the shipped data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,31 +105,45 @@ struct Composed {
     text: String,
     #[serde(default)]
     side: Side2,
+    /// The written prompts' language (ISO 639-1), for readers of the file.
+    #[serde(default, rename = "lang")]
+    _lang: Option<String>,
 }
 
-/// Reads `compose_train.jsonl` (a first line holding only `_comment` is skipped).
-fn composed() -> Result<Vec<LabelledSample>, GuardError> {
+/// Reads a file of labelled turns (`compose_train.jsonl`, `written_train.jsonl`; a first line
+/// holding only `_comment` is skipped). With `redactor`, each text is what that redactor leaves
+/// of it: the guard reads redacted turns, and prompts written with raw names would teach it that
+/// raw personal values are harmless.
+fn labelled_turns(
+    file: &str,
+    data: &str,
+    base: usize,
+    redactor: Option<&Redactor>,
+) -> Result<Vec<LabelledSample>, GuardError> {
     let mut out = Vec::new();
-    for (i, line) in COMPOSED.lines().enumerate() {
+    for (i, line) in data.lines().enumerate() {
         if line.trim().is_empty() || (i == 0 && line.starts_with("{\"_comment\"")) {
             continue;
         }
         let c: Composed = serde_json::from_str(line)
-            .map_err(|e| GuardError::Data(format!("compose_train.jsonl line {}: {e}", i + 1)))?;
+            .map_err(|e| GuardError::Data(format!("{file} line {}: {e}", i + 1)))?;
         if (c.kind == "unsafe") == c.labels.is_empty() {
             return Err(GuardError::Data(format!(
-                "compose_train.jsonl line {}: kind {:?} with labels {:?}",
+                "{file} line {}: kind {:?} with labels {:?}",
                 i + 1,
                 c.kind,
                 c.labels
             )));
         }
         out.push(LabelledSample {
-            text: c.text,
+            text: match redactor {
+                Some(r) => r.redact(&c.text).text,
+                None => c.text,
+            },
             side: c.side.into(),
             labels: c.labels,
             refusal: None,
-            template: COMPOSED_BASE + i,
+            template: base + i,
         });
     }
     Ok(out)
@@ -130,7 +153,7 @@ fn composed() -> Result<Vec<LabelledSample>, GuardError> {
 const PER_TEMPLATE: usize = 14;
 
 /// Expands the shipped templates of `split` (same output on every run); the training split also
-/// holds the composed prompts.
+/// holds the composed and the written prompts.
 pub fn dataset(split: Split) -> Result<Vec<LabelledSample>, GuardError> {
     let fillers: HashMap<String, FillerList> = serde_json::from_str(FILLERS)
         .map_err(|e| GuardError::Data(format!("fillers.json: {e}")))?;
@@ -235,7 +258,21 @@ pub fn dataset(split: Split) -> Result<Vec<LabelledSample>, GuardError> {
         }
     }
     if split == Split::Train {
-        out.extend(composed()?);
+        out.extend(labelled_turns(
+            "compose_train.jsonl",
+            COMPOSED,
+            COMPOSED_BASE,
+            None,
+        )?);
+        // The composed prompts' personal values were rendered as sentinels (or raw, standing
+        // for a redactor miss) by their generator.
+        let redactor = Redactor::new(RedactConfig::default());
+        out.extend(labelled_turns(
+            "written_train.jsonl",
+            WRITTEN,
+            WRITTEN_BASE,
+            Some(&redactor),
+        )?);
     }
     Ok(out)
 }

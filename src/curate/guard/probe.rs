@@ -1,17 +1,21 @@
 //! The probe guard (`backend: Probe`): the builtin guard, plus a binary logistic head on a frozen
 //! base model's pooled residual stream ([`super::embed`]). A prompt is judged on one combined
 //! score, the two models' log-odds of unsafe added with the head's weights, against a threshold
-//! chosen on the dev split: at or above it the prompt is flagged; it is dropped only when the
-//! builtin guard also calls it Unsafe, and a prompt the builtin guard calls Unsafe but the
-//! combined score clears goes to a person (`Controversial`).
+//! chosen on the dev splits: at or above it the prompt is flagged; it is dropped only when the
+//! builtin guard also calls it Unsafe and the head alone leans to unsafe, and a prompt the builtin
+//! guard calls Unsafe that the combined score or the head clears goes to a person
+//! (`Controversial`).
 //!
 //! Why: the builtin guard knows only the words of its training prompts; the base model has read
 //! far more text, so an unsafe prompt in words the guard data lacks can still land near the
 //! training prompts it means the same as. Why one sum rather than either model flagging alone: the
 //! two err on different prompts, and a sum ranks unsafe above safe more often on every held-out
-//! set than either does (docs/guard.md). Why the probe never drops by itself: the head names no
-//! category and its flags were never checked for drop-level precision, so they go to a person (the
-//! policy's `controversial` action), never silently out of the training set.
+//! set than either does (docs/guard.md). Why a drop needs the head's own lean: the builtin guard
+//! calls raw personal values Unsafe (PII), which a sentence teaching a phone number has, while the
+//! head reads intent; where they part the sample goes to a person. Why the probe never drops by
+//! itself: the head names no category and its flags were never checked for drop-level precision,
+//! so they go to a person (the policy's `controversial` action), never silently out of the
+//! training set.
 //!
 //! The head ships in `data/guard/probe.json`, written by `examples/guard_probe.rs`. It is tied to
 //! the base it was trained on (the SHA-256 of its GGUF file): another base is refused.
@@ -249,8 +253,10 @@ impl ProbeGuard {
         Ok(e.iter().map(|x| self.head.margin(x)).collect())
     }
 
-    /// The prompt side's verdict: Unsafe when the combined score reaches the threshold and the
-    /// builtin guard calls the prompt Unsafe, Safe when neither holds, else Controversial.
+    /// The prompt side's verdict: Unsafe when the combined score reaches the threshold, the
+    /// builtin guard calls the prompt Unsafe and the head on its own leans to unsafe (margin ≥ 0);
+    /// Safe when neither the builtin guard's Unsafe nor the combined score flags it; else
+    /// Controversial.
     pub fn prompt_verdict(&self, prompt: &str) -> Result<Verdict, GuardError> {
         let v = self.builtin.verdict(prompt, Side::Prompt);
         let m = self.margins(&[prompt])?[0];
@@ -259,7 +265,7 @@ impl ProbeGuard {
             .combined(self.builtin.top_logit(prompt, Side::Prompt), m)
             >= self.head.threshold;
         match (v.severity == Severity::Unsafe, flagged) {
-            (true, true) => return Ok(v),
+            (true, true) if m >= 0.0 => return Ok(v),
             (false, false) => return Ok(Verdict::safe()),
             _ => {}
         }
