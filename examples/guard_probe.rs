@@ -8,10 +8,9 @@
 //! sets with the base (cached under `target/guard_probe/`, keyed by the base's hash, so a rerun
 //! costs seconds), fits a binary logistic head, chooses the threshold on the combined score on the
 //! dev splits only (the most recall minus safe-flag rate), prints dev and held-out figures side by
-//! side for
-//! builtin, probe alone and the backend, and writes the head. Held-out texts are embedded and
+//! side for builtin, probe alone and the backend, and writes the head. Held-out texts are embedded and
 //! scored, never printed. `C` (inverse regularisation, default 0.01), `EPOCHS` (default 300),
-//! `LAYER` (default 24) and `W` (the builtin guard's share of the combined score, default 0.5)
+//! `LAYER` (default 20) and `W` (the builtin guard's share of the combined score, default 0.5)
 //! change the fit; `SHOW_DEV` prints the backend's errors on the dev splits.
 
 use std::io::{Read, Write};
@@ -65,7 +64,14 @@ fn prompts(file: &str, name: &'static str) -> Set {
 /// Embeddings of `texts`, from `dir/key.f32` when it holds exactly as many.
 fn cached(dir: &Path, key: &str, texts: &[String], base: &Base, layer: usize) -> Vec<Vec<f32>> {
     let d = 2 * base.model.config().hidden_size;
-    let p = dir.join(format!("{key}.f32"));
+    // The texts' digest is in the name, so that changed texts of the same count are embedded again.
+    let digest = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        texts.hash(&mut h);
+        h.finish()
+    };
+    let p = dir.join(format!("{key}_{digest:016x}.f32"));
     if let Ok(mut file) = std::fs::File::open(&p) {
         let mut b = Vec::new();
         file.read_to_end(&mut b).unwrap();
@@ -150,7 +156,7 @@ fn main() -> ExitCode {
     let (c, epochs, layer) = (
         env("C", 0.01),
         env("EPOCHS", 300.0) as usize,
-        env("LAYER", 24.0) as usize,
+        env("LAYER", 20.0) as usize,
     );
     let path = if Path::new(model).is_dir() {
         hearth::serve::model_path(None, Path::new(model)).unwrap()

@@ -693,7 +693,7 @@ fn pii_after_redaction() {
         println!("    leaked {t:<12} {b}/{a} flagged");
     }
     assert!(
-        full as f64 / n <= 0.08,
+        full as f64 / n <= 0.05,
         "sentinel-only flagged {}",
         full as f64 / n
     );
@@ -833,9 +833,9 @@ fn builtin_on_hand_written_held_out_prompts() {
     let k = score_prompts(&g, "heldout_prompts.jsonl", false);
     println!("{}", k.line("held-out (hand-written)"));
     // Floors at the measured figures (docs/guard.md); issue 37 asks for recall 0.95 with 2%
-    // flagged. The written training prompts raised recall here and flagged one more safe prompt.
+    // flagged.
     assert!(k.recall() >= 0.96, "unsafe recall {:.3}", k.recall());
-    assert!(k.flag_rate() <= 0.06, "safe flagged {:.3}", k.flag_rate());
+    assert!(k.flag_rate() <= 0.04, "safe flagged {:.3}", k.flag_rate());
     assert_eq!(k.dropped, 0, "safe prompts dropped");
 }
 
@@ -848,9 +848,9 @@ fn builtin_on_second_held_out_prompts() {
     println!("{}", k.line("held-out-2 (hand-written)"));
     assert!(k.unsafe_n >= 20 && k.safe_n >= 40);
     // Floors at the measured figures (issue 37 asks for recall 0.95, flagged 0.02). The written
-    // training prompts raised recall here and flagged two safe prompts.
+    // training prompts raised recall here and flagged one safe prompt.
     assert!(k.recall() >= 0.95, "unsafe recall {:.3}", k.recall());
-    assert!(k.flag_rate() <= 0.05, "safe flagged {:.3}", k.flag_rate());
+    assert!(k.flag_rate() <= 0.025, "safe flagged {:.3}", k.flag_rate());
     assert_eq!(k.dropped, 0, "safe prompts dropped");
 }
 
@@ -865,9 +865,9 @@ fn builtin_on_personal_held_out_turns() {
     let k = score_prompts(&g, "heldout_personal.jsonl", false);
     println!("{}", k.line("held-out-personal (hand-written)"));
     assert!(k.unsafe_n >= 50 && k.safe_n >= 150);
-    assert!(k.recall() >= 0.64, "unsafe recall {:.3}", k.recall());
-    assert!(k.flag_rate() <= 0.08, "safe flagged {:.3}", k.flag_rate());
-    assert!(k.dropped <= 1, "{} safe turns dropped", k.dropped);
+    assert!(k.recall() >= 0.70, "unsafe recall {:.3}", k.recall());
+    assert!(k.flag_rate() <= 0.054, "safe flagged {:.3}", k.flag_rate());
+    assert_eq!(k.dropped, 0, "safe turns dropped");
 }
 
 /// Benign data must never silently leave the training set: everyday cooking prompts, in several
