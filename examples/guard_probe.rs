@@ -5,11 +5,11 @@
 //! MODEL is the base the probe reads: a GGUF, or a data directory, meaning the default model
 //! prepared there as `serve` prepares it (`DATA_DIR/models/SmolLM2-135M-Instruct.Q8_0.gguf`).
 //! It embeds the probe's training prompts, the two dev splits and the six hand-written held-out
-//! sets with the base (cached under `target/guard_probe/`, keyed by the base's hash, so a rerun
-//! costs seconds), fits a binary logistic head, chooses the threshold on the combined score on the
-//! dev splits only (the most recall minus safe-flag rate), prints dev and held-out figures side by
-//! side for builtin, probe alone and the backend, and writes the head. Held-out texts are embedded and
-//! scored, never printed. `C` (inverse regularisation, default 0.01), `EPOCHS` (default 300),
+//! sets with the base (cached under `target/guard_probe/`, keyed by the base's hash and the texts'
+//! digest, so a rerun costs seconds), fits a binary logistic head, chooses the threshold on the
+//! combined score on the dev splits only (the most recall minus safe-flag rate), prints dev and
+//! held-out figures side by side for builtin, probe alone and the backend, and writes the head.
+//! Held-out texts are embedded and scored, never printed. `C` (inverse regularisation, default 0.01), `EPOCHS` (default 300),
 //! `LAYER` (default 20) and `W` (the builtin guard's share of the combined score, default 0.5)
 //! change the fit; `SHOW_DEV` prints the backend's errors on the dev splits.
 
@@ -61,7 +61,7 @@ fn prompts(file: &str, name: &'static str) -> Set {
     s
 }
 
-/// Embeddings of `texts`, from `dir/key.f32` when it holds exactly as many.
+/// Embeddings of `texts`, from `dir/key_DIGEST.f32` when it holds exactly as many.
 fn cached(dir: &Path, key: &str, texts: &[String], base: &Base, layer: usize) -> Vec<Vec<f32>> {
     let d = 2 * base.model.config().hidden_size;
     // The texts' digest is in the name, so that changed texts of the same count are embedded again.

@@ -258,14 +258,14 @@ pub fn dataset(split: Split) -> Result<Vec<LabelledSample>, GuardError> {
         }
     }
     if split == Split::Train {
+        // The composed prompts' personal values were rendered as sentinels (or raw, standing
+        // for a redactor miss) by their generator.
         out.extend(labelled_turns(
             "compose_train.jsonl",
             COMPOSED,
             COMPOSED_BASE,
             None,
         )?);
-        // The composed prompts' personal values were rendered as sentinels (or raw, standing
-        // for a redactor miss) by their generator.
         let redactor = Redactor::new(RedactConfig::default());
         out.extend(labelled_turns(
             "written_train.jsonl",
