@@ -110,13 +110,7 @@ fn the_gpu_step_matches_the_cpu_decode_for_each_architecture() {
     let dir = tempfile::tempdir().unwrap();
     for gpu in devices("the_gpu_step_matches_the_cpu_decode_for_each_architecture") {
         let mut t = Tally::default();
-        for arch in [
-            Arch::Llama,
-            Arch::Qwen2,
-            Arch::Qwen3,
-            Arch::Phi3,
-            Arch::Gemma3,
-        ] {
+        for arch in ARCHS {
             let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
             let what = format!("{arch:?} on {}", gpu.describe());
             let cpu = cpu_steps(&m, &PROMPT, None);
@@ -382,6 +376,15 @@ fn a_step_recorded_while_another_thread_decodes_records_only_its_own() {
         });
     }
 }
+
+/// The architectures the GPU path runs, each tested against the CPU model.
+pub(super) const ARCHS: [Arch; 5] = [
+    Arch::Llama,
+    Arch::Qwen2,
+    Arch::Qwen3,
+    Arch::Phi3,
+    Arch::Gemma3,
+];
 
 /// The block types the GPU reads besides Q8_0: Q4_0 and the K-quants of Q4_K_M and Q5_K_M files.
 pub(super) const BLOCK_TYPES: [GgmlDType; 4] = [

@@ -14,7 +14,7 @@ use hearth::model::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::decode::{BLOCK_TYPES, random_adapter, tiny, tiny_blocks};
+use super::decode::{ARCHS, BLOCK_TYPES, random_adapter, tiny, tiny_blocks};
 use super::devices;
 
 const TOKENS: [u32; 14] = [72, 101, 108, 108, 111, 262, 119, 44, 300, 5, 17, 200, 33, 2];
@@ -104,13 +104,7 @@ fn cpu_gradients(m: &Transformer, lora: &LoraSet, c: &[f32]) -> Vec<PairGradient
 fn training_log_probs_match_the_cpu_for_each_architecture() {
     let dir = tempfile::tempdir().unwrap();
     for gpu in devices("training_log_probs_match_the_cpu_for_each_architecture") {
-        for arch in [
-            Arch::Llama,
-            Arch::Qwen2,
-            Arch::Qwen3,
-            Arch::Phi3,
-            Arch::Gemma3,
-        ] {
+        for arch in ARCHS {
             let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
             let lora = random_adapter(&m, 7, false);
             let want: Vec<f32> = cpu_logps(&m, &lora)
@@ -150,13 +144,7 @@ fn training_log_probs_match_the_cpu_for_each_architecture() {
 fn lora_gradients_match_the_cpu_backward_for_each_architecture() {
     let dir = tempfile::tempdir().unwrap();
     for gpu in devices("lora_gradients_match_the_cpu_backward_for_each_architecture") {
-        for arch in [
-            Arch::Llama,
-            Arch::Qwen2,
-            Arch::Qwen3,
-            Arch::Phi3,
-            Arch::Gemma3,
-        ] {
+        for arch in ARCHS {
             let m = tiny(dir.path(), arch, GgmlDType::Q8_0);
             let lora = random_adapter(&m, 9, arch == Arch::Qwen3);
             let c = loss_weights(3);
