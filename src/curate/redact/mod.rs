@@ -15,7 +15,7 @@ mod national_id;
 mod structured;
 pub mod tagger;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, Write};
 use std::sync::LazyLock;
 
@@ -320,7 +320,7 @@ struct KeywordHits {
     groups: u8,
 }
 
-/// Whose keyword a pattern of [`KEYWORDS`] is.
+/// Whose keyword a pattern of a [`KeywordAutomaton`] is.
 #[derive(Clone, Copy)]
 enum KeywordOwner {
     /// A secret rule, by index.
@@ -331,38 +331,62 @@ enum KeywordOwner {
 
 /// The secret rules' keywords and the structured detectors' context keywords in one
 /// ASCII-case-insensitive automaton, searched with overlaps (every occurrence of every
-/// keyword): each pass walks the text once for both instead of twice.
+/// keyword): each pass walks the text once for both instead of twice. It holds only the
+/// keywords the redactor's types consult, as a smaller DFA walks text faster.
 struct KeywordAutomaton {
     ac: AhoCorasick,
     owner: Vec<KeywordOwner>,
+    /// The structured groups it holds: a walk may stop once it has seen them all.
+    groups: u8,
 }
 
-static KEYWORDS: LazyLock<KeywordAutomaton> = LazyLock::new(|| {
-    let mut patterns = Vec::new();
-    let mut owner = Vec::new();
-    for (rule, k) in super::secrets::rule_keywords() {
-        patterns.push(k);
-        owner.push(KeywordOwner::SecretRule(rule));
+impl KeywordAutomaton {
+    /// The automaton for secret rules' keywords (if `secret_rules`) and these groups' keywords,
+    /// built once per combination.
+    fn shared(secret_rules: bool, groups: u8) -> std::sync::Arc<Self> {
+        type Built = HashMap<(bool, u8), std::sync::Arc<KeywordAutomaton>>;
+        static BUILT: LazyLock<std::sync::Mutex<Built>> = LazyLock::new(Default::default);
+        let mut built = BUILT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        built
+            .entry((secret_rules, groups))
+            .or_insert_with(|| std::sync::Arc::new(Self::build(secret_rules, groups)))
+            .clone()
     }
-    for (group, ks) in structured::KEYWORD_GROUPS {
-        for k in *ks {
-            patterns.push(k);
-            owner.push(KeywordOwner::Group(*group));
+
+    fn build(secret_rules: bool, groups: u8) -> Self {
+        let mut patterns = Vec::new();
+        let mut owner = Vec::new();
+        if secret_rules {
+            for (rule, k) in super::secrets::rule_keywords() {
+                patterns.push(k);
+                owner.push(KeywordOwner::SecretRule(rule));
+            }
+        }
+        for (group, ks) in structured::KEYWORD_GROUPS {
+            if groups & group != 0 {
+                for k in *ks {
+                    patterns.push(k);
+                    owner.push(KeywordOwner::Group(*group));
+                }
+            }
+        }
+        KeywordAutomaton {
+            ac: AhoCorasick::builder()
+                // For this many patterns the builder would pick an NFA; the DFA, built once,
+                // walks short texts faster.
+                .kind(Some(AhoCorasickKind::DFA))
+                .ascii_case_insensitive(true)
+                .match_kind(MatchKind::Standard)
+                .build(&patterns)
+                // constant short literals: building cannot fail
+                .expect("constant keyword automaton"),
+            owner,
+            groups,
         }
     }
-    KeywordAutomaton {
-        ac: AhoCorasick::builder()
-            // For this many patterns the builder would pick an NFA; the DFA, built once, walks
-            // short texts faster.
-            .kind(Some(AhoCorasickKind::DFA))
-            .ascii_case_insensitive(true)
-            .match_kind(MatchKind::Standard)
-            .build(&patterns)
-            // constant short literals: building cannot fail
-            .expect("constant keyword automaton"),
-        owner,
-    }
-});
+}
 
 /// The redactor. Build once, share across threads.
 pub struct Redactor {
@@ -373,6 +397,7 @@ pub struct Redactor {
     known_names: Vec<String>,
     /// Tagger weights other than the shipped ones (see [`Redactor::with_tagger_weights`]).
     tagger_weights: Option<std::sync::Arc<tagger::TaggerWeights>>,
+    keywords: std::sync::Arc<KeywordAutomaton>,
 }
 
 impl Redactor {
@@ -405,6 +430,9 @@ impl Redactor {
             .map(|s| s.trim().to_string())
             .filter(|s| s.chars().count() >= 2)
             .collect();
+        let on = |t: PiiType| enabled[t as usize];
+        let keywords =
+            KeywordAutomaton::shared(on(PiiType::ApiKey), structured::keyword_groups_for(on));
         Self {
             config,
             enabled,
@@ -412,6 +440,7 @@ impl Redactor {
             allow,
             known_names,
             tagger_weights: None,
+            keywords,
         }
     }
 
@@ -493,17 +522,26 @@ impl Redactor {
         (cands, None)
     }
 
-    /// Which keywords of [`KEYWORDS`] occur in `text`: one overlapping automaton walk, stopped
-    /// once every secret rule and every structured group has been seen.
+    /// Which of the redactor's keywords occur in `text`: one overlapping automaton walk,
+    /// stopped once every secret rule and every structured group it holds has been seen.
     fn keyword_hits(&self, text: &str) -> KeywordHits {
         let b = text.as_bytes();
         let mut hits = KeywordHits {
             secret_rules: 0,
             groups: 0,
         };
-        let mut rules_left = self.secrets.enabled_rules();
-        for m in KEYWORDS.ac.find_overlapping_iter(b) {
-            match KEYWORDS.owner[m.pattern().as_usize()] {
+        let kw = &*self.keywords;
+        let mut rules_left = if kw
+            .owner
+            .iter()
+            .any(|o| matches!(o, KeywordOwner::SecretRule(_)))
+        {
+            self.secrets.enabled_rules()
+        } else {
+            0
+        };
+        for m in kw.ac.find_overlapping_iter(b) {
+            match kw.owner[m.pattern().as_usize()] {
                 KeywordOwner::SecretRule(r) => {
                     if hits.secret_rules & 1 << r == 0
                         && self.secrets.keyword_selects(r, &b[m.start()..m.end()])
@@ -514,7 +552,7 @@ impl Redactor {
                 }
                 KeywordOwner::Group(g) => hits.groups |= g,
             }
-            if rules_left == 0 && hits.groups == structured::ALL_KEYWORD_GROUPS {
+            if rules_left == 0 && hits.groups == kw.groups {
                 break;
             }
         }
@@ -865,6 +903,20 @@ mod tests {
                 .filter(|(_, ks)| ks.iter().any(|k| lower.contains(&k.to_ascii_lowercase())))
                 .fold(0, |m, (g, _)| m | g);
             prop_assert_eq!(hits.groups, groups);
+            // A redactor without API keys walks no secret keywords, and only its types' groups:
+            // here birth dates, and home paths (whose shields every redactor keeps).
+            let types = [PiiType::Email, PiiType::DateOfBirth];
+            let narrow = Redactor::new(RedactConfig {
+                types: types.to_vec(),
+                ..RedactConfig::default()
+            });
+            let narrow_hits = narrow.keyword_hits(&text);
+            prop_assert_eq!(narrow_hits.secret_rules, 0);
+            let wanted = structured::KEYWORD_GROUPS
+                .iter()
+                .filter(|(_, ks)| ks.contains(&"born") || ks.contains(&"/home/"))
+                .fold(0, |m, (g, _)| m | g);
+            prop_assert_eq!(narrow_hits.groups, groups & wanted);
         }
     }
 

@@ -15,8 +15,8 @@ use smallvec::SmallVec;
 
 use super::{Cand, PiiType, prio, structured};
 
-/// Words that name a national person number, lower case where ASCII (matched without regard to ASCII case). The
-/// structured pass's keyword walk wakes [`cued`] on any of them.
+/// Words that name a national person number, lower case where ASCII (matched without regard to ASCII case), each
+/// of three bytes or more (see [`cue_heads`]).
 pub(super) const CUES: &[&str] = &[
     "ssn",
     "social security",
@@ -92,6 +92,14 @@ pub(super) const CUES: &[&str] = &[
     "\u{e40}\u{e25}\u{e02}\u{e1b}\u{e23}\u{e30}\u{e08}\u{e33}\u{e15}\u{e31}\u{e27}",
 ];
 
+const _: () = {
+    let mut i = 0;
+    while i < CUES.len() {
+        assert!(CUES[i].len() >= 3, "a cue's head is three bytes");
+        i += 1;
+    }
+};
+
 /// Cues that are also everyday words, parts of words or other acronyms in lower or mixed case (`sin`, `run`,
 /// `setting`, `apps`, `nie` in Polish and German): they count only in capitals, and are found apart from [`CUES`],
 /// so that the keyword walk does not stop inside every common word that holds one.
@@ -150,10 +158,111 @@ fn alnum(c: u8) -> bool {
     c.is_ascii_alphanumeric()
 }
 
-/// Values after a cue: one of [`CUES`] when `cues_seen` (the keyword walk saw one), or of [`CAPITAL_CUES`].
-pub(super) fn cued(b: &[u8], cues_seen: bool, out: &mut Vec<Cand>) {
-    let cues = cues_seen.then(|| CUE_AC.find_iter(b)).into_iter().flatten();
-    for m in cues.chain(CAPITAL_CUE_AC.find_iter(b)) {
+/// A hash of a cue's first three bytes, ASCII lower-cased, into [`CUE_HEADS`].
+fn head_hash(h: &[u8]) -> usize {
+    let l = |c: u8| usize::from(c.to_ascii_lowercase());
+    (l(h[0]) * 961 + l(h[1]) * 31 + l(h[2])) % 4096
+}
+
+/// A bit per [`head_hash`] of each of [`CUES`].
+static CUE_HEADS: LazyLock<[u64; 64]> = LazyLock::new(|| {
+    let mut t = [0u64; 64];
+    for c in CUES {
+        let h = head_hash(c.as_bytes());
+        t[h / 64] |= 1 << (h % 64);
+    }
+    t
+});
+
+/// Bit `i` set where `piece[i]` is not an ASCII letter or digit, and bit `i` set where it is not one and ASCII
+/// (punctuation, space, control): on x86-64 SSE2's compares and byte masks, 16 bytes at a time.
+#[cfg(target_arch = "x86_64")]
+fn boundary_masks(piece: &[u8; 16]) -> (u16, u16) {
+    // SAFETY: SSE2 is part of every x86-64 CPU.
+    unsafe { boundary_masks_sse2(piece) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn boundary_masks_sse2(piece: &[u8; 16]) -> (u16, u16) {
+    use std::arch::x86_64::*;
+    // SAFETY: an unaligned 16-byte load from a 16-byte array.
+    let v = unsafe { _mm_loadu_si128(piece.as_ptr().cast()) };
+    // a byte is a digit when `v - '0'` is at most 9 unsigned, a letter when `(v | 0x20) - 'a'` is at most 25
+    let d = _mm_sub_epi8(v, _mm_set1_epi8(b'0' as i8));
+    let digit = _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
+    let l = _mm_sub_epi8(
+        _mm_or_si128(v, _mm_set1_epi8(0x20)),
+        _mm_set1_epi8(b'a' as i8),
+    );
+    let letter = _mm_cmpeq_epi8(_mm_min_epu8(l, _mm_set1_epi8(25)), l);
+    let alnum = _mm_movemask_epi8(_mm_or_si128(digit, letter)) as u16;
+    let non_ascii = _mm_movemask_epi8(v) as u16;
+    (!alnum, !alnum & !non_ascii)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn boundary_masks(piece: &[u8; 16]) -> (u16, u16) {
+    boundary_masks_portable(piece)
+}
+
+#[cfg(any(test, not(target_arch = "x86_64")))]
+fn boundary_masks_portable(piece: &[u8; 16]) -> (u16, u16) {
+    piece.iter().enumerate().fold((0, 0), |(b, a), (i, &x)| {
+        let other = !x.is_ascii_alphanumeric();
+        (
+            b | u16::from(other) << i,
+            a | u16::from(other && x.is_ascii()) << i,
+        )
+    })
+}
+
+/// Whether one of [`CUES`], and whether one of [`CAPITAL_CUES`], may start where [`cued`] takes a cue: after a byte
+/// that is not an ASCII letter or digit. A look at those places' first three bytes answers for most texts, so that
+/// the automata run only where a cue may be.
+fn cue_heads(b: &[u8]) -> (bool, bool) {
+    let t = &*CUE_HEADS;
+    let (mut lower, mut capital) = (false, false);
+    // after a byte that is not an ASCII letter or digit, and not itself ASCII punctuation or space
+    let mut after_boundary = true;
+    for (c, chunk) in b.chunks(16).enumerate() {
+        // (the tail padded with spaces, which start nothing)
+        let mut piece = [b' '; 16];
+        piece[..chunk.len()].copy_from_slice(chunk);
+        let (boundary, ascii_other) = boundary_masks(&piece);
+        let mut starts = (boundary << 1 | u16::from(after_boundary)) & !ascii_other;
+        after_boundary = boundary >> 15 != 0;
+        while starts != 0 {
+            let p = c * 16 + starts.trailing_zeros() as usize;
+            starts &= starts - 1;
+            let Some(h) = b.get(p..p + 3) else {
+                break;
+            };
+            let k = head_hash(h);
+            lower |= t[k / 64] >> (k % 64) & 1 != 0;
+            capital |= h.iter().all(u8::is_ascii_uppercase);
+            if lower && capital {
+                return (true, true);
+            }
+        }
+    }
+    (lower, capital)
+}
+
+/// Values after a cue: one of [`CUES`] or of [`CAPITAL_CUES`].
+pub(super) fn cued(b: &[u8], out: &mut Vec<Cand>) {
+    let (lower, capital) = cue_heads(b);
+    cued_by(b, lower, capital, out);
+}
+
+/// [`cued`], searching for [`CUES`] if `lower` and for [`CAPITAL_CUES`] if `capital`.
+fn cued_by(b: &[u8], lower: bool, capital: bool, out: &mut Vec<Cand>) {
+    let cues = lower.then(|| CUE_AC.find_iter(b)).into_iter().flatten();
+    let capitals = capital
+        .then(|| CAPITAL_CUE_AC.find_iter(b))
+        .into_iter()
+        .flatten();
+    for m in cues.chain(capitals) {
         let (s, e) = (m.start(), m.end());
         if (s > 0 && alnum(b[s - 1])) || (e < b.len() && b[e].is_ascii_alphabetic()) {
             continue;
@@ -598,7 +707,7 @@ mod tests {
 
     fn found(text: &str) -> Vec<&str> {
         let mut out = Vec::new();
-        cued(text.as_bytes(), true, &mut out);
+        cued(text.as_bytes(), &mut out);
         bare(text.as_bytes(), &mut out);
         let mut v: Vec<&str> = out.iter().map(|c| &text[c.start..c.end]).collect();
         v.dedup();
@@ -689,5 +798,86 @@ mod tests {
         ] {
             assert!(found(text).is_empty(), "{text}: {:?}", found(text));
         }
+    }
+
+    /// Fragments of texts with cues at and off word starts, in any case, glued to letters, digits or non-ASCII
+    /// letters, beside values.
+    const CUE_PARTS: &[&str] = &[
+        "SSN",
+        "ssn",
+        "Ssn",
+        "xssn",
+        "PESEL",
+        "pesel",
+        "personnummer",
+        "Personnummer",
+        "NIE",
+        "nie",
+        "SIN",
+        "ЕГН",
+        "é",
+        "ö",
+        "fødselsnummer",
+        "sécurité sociale",
+        "tax id",
+        "TAX ID",
+        "vers",
+        "versicherungsnummer",
+        " ",
+        ": ",
+        "-",
+        ".",
+        "(",
+        "1",
+        "12",
+        "123-45-6789",
+        "870708-2932879",
+        "AB 12 34 56 C",
+        "a",
+        "Z",
+        "_",
+        "\n",
+        "ЕГН: 7501020018",
+        "pesel 44051401359",
+        "SIN 046 454 286",
+    ];
+
+    proptest::proptest! {
+        /// The look at word starts never keeps an automaton from a text where it would find a cue's value.
+        #[test]
+        fn cue_heads_skip_only_texts_without_a_cue(
+            parts in proptest::collection::vec(proptest::sample::select(CUE_PARTS), 0..8),
+        ) {
+            let text = parts.concat();
+            let (mut gated, mut full) = (Vec::new(), Vec::new());
+            cued(text.as_bytes(), &mut gated);
+            cued_by(text.as_bytes(), true, true, &mut full);
+            let spans = |v: &[Cand]| v.iter().map(|c| (c.start, c.end)).collect::<Vec<_>>();
+            proptest::prop_assert_eq!(spans(&gated), spans(&full));
+        }
+    }
+
+    #[test]
+    fn boundary_masks_hold_for_every_byte_in_every_lane() {
+        for first in (0..=255u8).step_by(16) {
+            for turn in 0..16 {
+                let piece: [u8; 16] = std::array::from_fn(|i| first + ((i + turn) % 16) as u8);
+                assert_eq!(
+                    boundary_masks(&piece),
+                    boundary_masks_portable(&piece),
+                    "{piece:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn cue_heads_see_each_kind_of_cue() {
+        assert_eq!(cue_heads(b"my pesel: 1"), (true, false));
+        assert_eq!(cue_heads(b"(PESEL) 1"), (true, true));
+        assert_eq!(cue_heads(b"the SIN is"), (false, true));
+        assert_eq!(cue_heads("é ЕГН".as_bytes()), (true, false));
+        assert_eq!(cue_heads(b"xpesel no"), (false, false));
+        assert_eq!(cue_heads(b"a plain line of text"), (false, false));
     }
 }

@@ -105,7 +105,8 @@ fn bounded(b: &[u8], s: usize, e: usize, extra_before: &[u8], extra_after: &[u8]
     ok_before && ok_after
 }
 
-/// Lower-cased ASCII window of up to `n` bytes before `s` (for context cues).
+/// Lower-cased ASCII window of up to `n` bytes before `s` (for context cues), on the stack for
+/// the windows this module asks for (one per candidate: a heap copy cost more than the look).
 fn before_ctx(b: &[u8], s: usize, n: usize) -> Vec<u8> {
     b[s.saturating_sub(n)..s].to_ascii_lowercase()
 }
@@ -162,7 +163,7 @@ fn count_digits(b: &[u8]) -> usize {
         .sum()
 }
 
-fn stats(b: &[u8]) -> Stats {
+fn stats(b: &[u8], ctx: &Ctx) -> Stats {
     static BECH32_HEAD: LazyLock<memchr::memmem::Finder<'static>> =
         LazyLock::new(|| memchr::memmem::Finder::new(b"bc1"));
     let mut st = Stats {
@@ -205,13 +206,15 @@ fn stats(b: &[u8]) -> Stats {
         }
     }
     // Both sides of the window are tested without a branch, so the loop vectorises.
-    st.iban_head = b.windows(4).fold(false, |hit, w| {
-        hit | (w[0].is_ascii_alphabetic()
-            & w[1].is_ascii_alphabetic()
-            & w[2].is_ascii_digit()
-            & w[3].is_ascii_digit())
-    });
-    st.bech32_head = BECH32_HEAD.find(b).is_some();
+    // (the IBAN and wallet heads are looked for only when their types are on)
+    st.iban_head = ctx.on(PiiType::Iban)
+        && b.windows(4).fold(false, |hit, w| {
+            hit | (w[0].is_ascii_alphabetic()
+                & w[1].is_ascii_alphabetic()
+                & w[2].is_ascii_digit()
+                & w[3].is_ascii_digit())
+        });
+    st.bech32_head = ctx.on(PiiType::CryptoWallet) && BECH32_HEAD.find(b).is_some();
     // A run of 25 or more hex digits holds one of every 25th byte: only those are probed, and
     // a run is measured around a probe that hits one.
     const STEP: usize = 25;
@@ -239,14 +242,13 @@ fn stats(b: &[u8]) -> Stats {
 }
 
 /// Bits of the detector groups that case-insensitive context keywords wake (birth dates, id
-/// numbers, legacy wallets, home paths, national person numbers).
+/// numbers, legacy wallets, home paths).
 const KW_DOB: u8 = 1;
 const KW_ID: u8 = 2;
 const KW_B58: u8 = 4;
 const KW_HOME: u8 = 8;
-const KW_NATID: u8 = 16;
 /// Every group: a keyword scan may stop once it has seen them all.
-pub(crate) const ALL_KEYWORD_GROUPS: u8 = KW_DOB | KW_ID | KW_B58 | KW_HOME | KW_NATID;
+pub(crate) const ALL_KEYWORD_GROUPS: u8 = KW_DOB | KW_ID | KW_B58 | KW_HOME;
 
 /// Context keywords by group. The redactor searches them in the same automaton pass as the
 /// secret filter's rule keywords (one walk over the text instead of two).
@@ -286,7 +288,6 @@ pub(crate) const KEYWORD_GROUPS: &[(u8, &[&str])] = &[
         ],
     ),
     (KW_B58, &["btc", "bitcoin", "wallet"]),
-    (KW_NATID, super::national_id::CUES),
     (
         KW_HOME,
         &[
@@ -299,21 +300,29 @@ pub(crate) const KEYWORD_GROUPS: &[(u8, &[&str])] = &[
     ),
 ];
 
+/// The groups whose keywords a redactor with these types consults: home paths always (their
+/// shields hold whatever types are on), each other group only for its detector's type.
+pub(crate) fn keyword_groups_for(on: impl Fn(PiiType) -> bool) -> u8 {
+    let mut groups = ALL_KEYWORD_GROUPS;
+    for (group, ty) in [
+        (KW_DOB, PiiType::DateOfBirth),
+        (KW_ID, PiiType::IdNumber),
+        (KW_B58, PiiType::CryptoWallet),
+    ] {
+        if !on(ty) {
+            groups &= !group;
+        }
+    }
+    groups
+}
+
 /// Runs every structured detector. `keyword_groups` gives the [`KEYWORD_GROUPS`] bits whose
-/// keywords occur in `text`; it is asked only when a gated detector could match at all.
-pub(crate) fn detect(
-    text: &str,
-    ctx: &Ctx,
-    keyword_groups: impl FnOnce() -> u8,
-    out: &mut Vec<Cand>,
-) {
+/// keywords occur in `text` (the caller keeps the answer: it may be asked more than once); it
+/// is asked only when a detector it gates is on and could match at all.
+pub(crate) fn detect(text: &str, ctx: &Ctx, keyword_groups: impl Fn() -> u8, out: &mut Vec<Cand>) {
     let b = text.as_bytes();
-    let st = stats(b);
-    let kw = if st.slash || st.digits > 0 {
-        keyword_groups()
-    } else {
-        0
-    };
+    let st = stats(b, ctx);
+    let kw = |group: u8| keyword_groups() & group != 0;
     if st.at {
         if ctx.on(PiiType::Email) {
             emails(b, out);
@@ -326,7 +335,7 @@ pub(crate) fn detect(
             url_creds(b, out);
         }
     }
-    if st.slash && kw & KW_HOME != 0 {
+    if st.slash && kw(KW_HOME) {
         home_paths(b, ctx, out);
     }
     if st.digits == 0 {
@@ -363,17 +372,20 @@ pub(crate) fn detect(
     if st.digits >= 7 && ctx.on(PiiType::Phone) {
         phones(b, out);
     }
-    if (st.hex_run_25 || kw & KW_B58 != 0 || st.bech32_head) && ctx.on(PiiType::CryptoWallet) {
-        wallets(b, kw & KW_B58 != 0, out);
+    if ctx.on(PiiType::CryptoWallet) {
+        let keyword = kw(KW_B58);
+        if st.hex_run_25 || keyword || st.bech32_head {
+            wallets(b, keyword, out);
+        }
     }
-    if kw & KW_DOB != 0 && ctx.on(PiiType::DateOfBirth) {
+    if ctx.on(PiiType::DateOfBirth) && kw(KW_DOB) {
         dates_of_birth(b, out);
     }
-    if kw & KW_ID != 0 && ctx.on(PiiType::IdNumber) {
+    if ctx.on(PiiType::IdNumber) && kw(KW_ID) {
         id_numbers(b, out);
     }
     if st.digits >= 6 && ctx.on(PiiType::Ssn) {
-        super::national_id::cued(b, kw & KW_NATID != 0, out);
+        super::national_id::cued(b, out);
         super::national_id::bare(b, out);
     }
 }
