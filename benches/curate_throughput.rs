@@ -6,8 +6,9 @@
 //! (`PiiDetector::detect` + `redact`, its default config: SSN, card, e-mail, phone, IP, API
 //! key). Besides criterion's figures, each corpus prints interleaved best-of-5 MB/s for both
 //! and the ratio, so that load from other processes hits both alike; once with every type
-//! hearth finds, and once with hearth held to the peer's six. Python peers
-//! (detect-secrets, Presidio) are timed by scripts/bench_curate_peers.sh.
+//! hearth finds, once with hearth held to the peer's six, and once with both held to the five
+//! they share apart from API keys. Python peers (detect-secrets, Presidio) are timed by
+//! scripts/bench_curate_peers.sh.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -80,9 +81,16 @@ fn best_secs(runs: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// Interleaved side-by-side: hearth's redactor vs hanzo-guard, MB/s (10^6 bytes/s) and ratio.
-fn side_by_side(name: &str, bytes: usize, records: &[&str], red: &Redactor) {
-    let guard = hanzo_guard::pii::PiiDetector::new(hanzo_guard::config::PiiConfig::default());
+/// Interleaved side-by-side: hearth's redactor vs hanzo-guard (with `peer`'s types), MB/s
+/// (10^6 bytes/s) and ratio.
+fn side_by_side(
+    name: &str,
+    bytes: usize,
+    records: &[&str],
+    red: &Redactor,
+    peer: hanzo_guard::config::PiiConfig,
+) {
+    let guard = hanzo_guard::pii::PiiDetector::new(peer);
     let (mut h, mut g) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..5 {
         h = h.min(best_secs(1, || {
@@ -247,6 +255,23 @@ fn bench(c: &mut Criterion) {
         ],
         ..RedactConfig::default()
     });
+    // Both held to the five types whose formats they share: hanzo-guard's API-key regex knows
+    // two shapes, hearth's ApiKey type runs the whole secret filter.
+    let shared_types = Redactor::new(RedactConfig {
+        types: vec![
+            PiiType::Email,
+            PiiType::Phone,
+            PiiType::CreditCard,
+            PiiType::Ssn,
+            PiiType::IpAddress,
+        ],
+        ..RedactConfig::default()
+    });
+    let peer_all = hanzo_guard::config::PiiConfig::default;
+    let peer_shared = || hanzo_guard::config::PiiConfig {
+        detect_api_keys: false,
+        ..hanzo_guard::config::PiiConfig::default()
+    };
     let with_tagger = Redactor::new(RedactConfig {
         tagger: true,
         ..RedactConfig::default()
@@ -289,13 +314,21 @@ fn bench(c: &mut Criterion) {
             })
         });
         g.finish();
-        side_by_side(name, text.len(), &records, &red);
+        side_by_side(name, text.len(), &records, &red, peer_all());
         tagger_cost(name, text.len(), &records, &with_tagger, &red);
         side_by_side(
             &format!("{name}, the peer's six types only"),
             text.len(),
             &records,
             &peer_types,
+            peer_all(),
+        );
+        side_by_side(
+            &format!("{name}, both without API keys (five types)"),
+            text.len(),
+            &records,
+            &shared_types,
+            peer_shared(),
         );
         // Long texts (an answer of a few KB, a pasted log): per-record costs fade, and any
         // cost that grows faster than the text shows up.
@@ -306,8 +339,15 @@ fn bench(c: &mut Criterion) {
             text.len(),
             &joined,
             &red,
+            peer_all(),
         );
-        side_by_side(&format!("{name}, one text"), text.len(), &[&text], &red);
+        side_by_side(
+            &format!("{name}, one text"),
+            text.len(),
+            &[&text],
+            &red,
+            peer_all(),
+        );
     }
     scaling("redact", SCALING_PATTERNS, |t| {
         black_box(red.redact(t));
