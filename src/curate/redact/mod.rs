@@ -336,6 +336,8 @@ enum KeywordOwner {
 struct KeywordAutomaton {
     ac: AhoCorasick,
     owner: Vec<KeywordOwner>,
+    /// Whether it holds the secret rules' keywords.
+    secret_rules: bool,
     /// The structured groups it holds: a walk may stop once it has seen them all.
     groups: u8,
 }
@@ -383,6 +385,7 @@ impl KeywordAutomaton {
                 // constant short literals: building cannot fail
                 .expect("constant keyword automaton"),
             owner,
+            secret_rules,
             groups,
         }
     }
@@ -531,11 +534,7 @@ impl Redactor {
             groups: 0,
         };
         let kw = &*self.keywords;
-        let mut rules_left = if kw
-            .owner
-            .iter()
-            .any(|o| matches!(o, KeywordOwner::SecretRule(_)))
-        {
+        let mut rules_left = if kw.secret_rules {
             self.secrets.enabled_rules()
         } else {
             0

@@ -101,8 +101,8 @@ const _: () = {
 };
 
 /// Cues that are also everyday words, parts of words or other acronyms in lower or mixed case (`sin`, `run`,
-/// `setting`, `apps`, `nie` in Polish and German): they count only in capitals, and are found apart from [`CUES`],
-/// so that the keyword walk does not stop inside every common word that holds one.
+/// `setting`, `apps`, `nie` in Polish and German): they count only in capitals, so their automaton is apart from
+/// [`CUES`]' and heeds case.
 const CAPITAL_CUES: &[&str] = &[
     "SIN", "TIN", "ITIN", "INSEE", "NIR", "AHV", "AVS", "CPR", "BSN", "EGN", "OIB", "CNP", "AMKA",
     "NIE", "NIF", "NSS", "RFC", "CUIT", "RUT", "RUN", "PPS", "PPSN", "TFN", "SSS",
