@@ -105,8 +105,7 @@ fn bounded(b: &[u8], s: usize, e: usize, extra_before: &[u8], extra_after: &[u8]
     ok_before && ok_after
 }
 
-/// Lower-cased ASCII window of up to `n` bytes before `s` (for context cues), on the stack for
-/// the windows this module asks for (one per candidate: a heap copy cost more than the look).
+/// Lower-cased ASCII window of up to `n` bytes before `s` (for context cues).
 fn before_ctx(b: &[u8], s: usize, n: usize) -> Vec<u8> {
     b[s.saturating_sub(n)..s].to_ascii_lowercase()
 }
