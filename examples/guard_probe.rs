@@ -9,9 +9,10 @@
 //! digest, so a rerun costs seconds), fits a binary logistic head, chooses the threshold on the
 //! combined score on the dev splits only (the most recall minus safe-flag rate), prints dev and
 //! held-out figures side by side for builtin, probe alone and the backend, and writes the head.
-//! Held-out texts are embedded and scored, never printed. `C` (inverse regularisation, default 0.01), `EPOCHS` (default 300),
-//! `LAYER` (default 20) and `W` (the builtin guard's share of the combined score, default 0.5)
-//! change the fit; `SHOW_DEV` prints the backend's errors on the dev splits.
+//! Held-out texts are embedded and scored, never printed. `C` (inverse regularisation, default
+//! 0.01), `EPOCHS` (default 300), `LAYER` (default 20) and `W` (the builtin guard's share of the
+//! combined score, default 0.5) change the fit; `SHOW_DEV` prints the backend's errors on the dev
+//! splits.
 
 use std::io::{Read, Write};
 use std::path::Path;
